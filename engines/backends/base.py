@@ -1,0 +1,102 @@
+"""The runner interface shared by the onnxruntime, torch and TensorRT backends.
+
+``infer`` only enqueues work on the caller's stream and returns at once; the handle's
+``result()`` waits until the outputs are on the host. On the CPU backend a "stream" is a
+single-thread executor; on CUDA backends it is a CUDA stream.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+import numpy as np
+
+from engines.exceptions import InferenceFailed, RunnerStateError
+
+Outputs = dict[str, np.ndarray]
+
+
+class InferHandle(Protocol):
+    def done(self) -> bool: ...
+
+    def result(self, timeout: float | None = None) -> Outputs: ...
+
+
+class FutureHandle:
+    """An :class:`InferHandle` over a ``concurrent.futures.Future``; wraps runtime errors."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: Future[Outputs]) -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> Outputs:
+        try:
+            return self._future.result(timeout)
+        except InferenceFailed:
+            raise
+        except (RuntimeError, ValueError) as exc:
+            raise InferenceFailed(f"inference failed: {exc}") from exc
+
+
+class Runner(abc.ABC):
+    """Base runner: subclasses implement ``_activate``, ``_infer`` and ``_deactivate``."""
+
+    backend: str = "abstract"
+
+    def __init__(self) -> None:
+        self._active = False
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    @property
+    @abc.abstractmethod
+    def engine_hash(self) -> str:
+        """A short identity of the loaded artifact (model bytes + backend and version)."""
+
+    def activate(self) -> None:
+        if not self._active:
+            self._activate()
+            self._active = True
+
+    def deactivate(self) -> None:
+        if self._active:
+            try:
+                self._deactivate()
+            finally:
+                self._active = False
+
+    def infer(self, feeds: Mapping[str, np.ndarray], stream: Any = None) -> InferHandle:
+        if not self._active:
+            raise RunnerStateError(f"{type(self).__name__}.infer() called before activate()")
+        return self._infer(feeds, stream)
+
+    def __enter__(self) -> Self:
+        self.activate()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.deactivate()
+
+    @abc.abstractmethod
+    def _activate(self) -> None: ...
+
+    @abc.abstractmethod
+    def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle: ...
+
+    @abc.abstractmethod
+    def _deactivate(self) -> None: ...

@@ -1,0 +1,87 @@
+"""ONNX Runtime on the CPU: the embedded default on machines with no GPU."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engines.backends.base import FutureHandle, InferHandle, Outputs, Runner
+from engines.exceptions import BackendUnavailable, InferenceFailed
+from engines.spec import EngineSpec
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+
+def _ort_errors() -> tuple[type[BaseException], ...]:
+    """ORT's pybind exceptions derive from Exception directly, not RuntimeError."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    names = ("Fail", "InvalidArgument", "InvalidProtobuf", "NoSuchFile", "InvalidGraph",
+             "RuntimeException", "NotImplemented", "EPFail")
+    found = tuple(getattr(state, n) for n in names if hasattr(state, n))
+    return (*found, RuntimeError, ValueError)
+
+
+class OrtRunner(Runner):
+    """Runs an :class:`EngineSpec`'s ONNX with onnxruntime's CPU provider.
+
+    The "stream" is an executor: ``infer`` submits the run and returns immediately, so the
+    worker loop keeps polling Kafka while a batch computes. Without a caller's executor the
+    runner uses its own single thread, which keeps batches in submission order.
+    """
+
+    backend = "onnxruntime"
+
+    def __init__(self, spec: EngineSpec, *, intra_op_threads: int | None = None) -> None:
+        super().__init__()
+        self.spec = spec
+        self._threads = intra_op_threads or os.cpu_count() or 1
+        self._session: ort.InferenceSession | None = None
+        self._own_stream: ThreadPoolExecutor | None = None
+        self._hash = ""
+
+    @property
+    def engine_hash(self) -> str:
+        return self._hash
+
+    def _activate(self) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:  # pragma: no cover - a hard dependency of the package
+            raise BackendUnavailable("onnxruntime does not import") from exc
+        model = self.spec.onnx()
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = self._threads
+        try:
+            self._session = ort.InferenceSession(
+                model.data, sess_options=opts, providers=["CPUExecutionProvider"]
+            )
+        except _ort_errors() as exc:
+            raise InferenceFailed(f"onnxruntime could not load {model.source}: {exc}") from exc
+        self._hash = f"onnxruntime-{ort.__version__}-{model.sha256[:12]}"
+        self._own_stream = ThreadPoolExecutor(1, thread_name_prefix=f"ort-{self.spec.model_id}")
+
+    def _run(self, feeds: Mapping[str, np.ndarray]) -> Outputs:
+        assert self._session is not None
+        names = [o.name for o in self.spec.outputs]
+        try:
+            values = self._session.run(names, dict(feeds))
+        except _ort_errors() as exc:
+            raise InferenceFailed(f"onnxruntime run failed: {exc}") from exc
+        return {name: np.asarray(v) for name, v in zip(names, values, strict=True)}
+
+    def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle:
+        executor: Executor = stream if stream is not None else self._own_stream
+        return FutureHandle(executor.submit(self._run, feeds))
+
+    def _deactivate(self) -> None:
+        if self._own_stream is not None:
+            self._own_stream.shutdown(wait=True)
+            self._own_stream = None
+        self._session = None

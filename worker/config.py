@@ -1,0 +1,204 @@
+"""One frozen, validated configuration object per process.
+
+Sources, highest priority first: explicit overrides (CLI flags), environment variables
+(``KTW_`` prefix, ``__`` between levels, e.g. ``KTW_BATCH__MAX_BATCH_SIZE=32``), a TOML file
+(``--config`` or ``KTW_CONFIG_FILE``), then defaults. ``KAFKA_BOOTSTRAP_SERVERS`` is honoured
+when no other source names the brokers. Secrets are ``SecretStr`` and never printed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from worker.exceptions import ConfigError
+
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("ktw_config_file", default=None)
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _default_client_id() -> str:
+    return f"trt-worker-{socket.gethostname()}-{os.getpid()}"
+
+
+class KafkaSettings(_Part):
+    bootstrap_servers: str = ""
+    group_id: str = "trt-worker"
+    client_id: str = Field(default_factory=_default_client_id)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    session_timeout_ms: int = Field(45_000, ge=1_000)
+    max_poll_interval_ms: int = Field(300_000, ge=10_000)
+    # librdkafka settings passed through unchanged (both clients / consumer / producer only).
+    extra: dict[str, str] = Field(default_factory=dict)
+    consumer_extra: dict[str, str] = Field(default_factory=dict)
+    producer_extra: dict[str, str] = Field(default_factory=dict)
+
+
+class TopicsSettings(_Part):
+    jobs: str = Field("moderation.jobs", min_length=1)
+    results: str = Field("moderation.results", min_length=1)
+    dlq: str = Field("moderation.dlq", min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> TopicsSettings:
+        if len({self.jobs, self.results, self.dlq}) != 3:
+            raise ValueError("jobs, results and dlq topics must be three different topics")
+        return self
+
+
+class BatchSettings(_Part):
+    max_batch_size: int = Field(16, ge=1, le=4096)
+    max_delay_ms: float = Field(20.0, ge=0)
+    max_in_flight_batches: int = Field(2, ge=1, le=64)
+    # Backpressure: pause the assignment when this many jobs are held, resume below low.
+    high_watermark: int = Field(512, ge=1)
+    low_watermark: int = Field(128, ge=0)
+    poll_timeout_ms: float = Field(50.0, gt=0)
+
+    @model_validator(mode="after")
+    def _watermarks(self) -> BatchSettings:
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError("low_watermark must be below high_watermark")
+        if self.high_watermark < self.max_batch_size:
+            raise ValueError("high_watermark must be at least max_batch_size")
+        return self
+
+
+class LimitsSettings(_Part):
+    max_message_bytes: int = Field(25 * 1024 * 1024, ge=1024)
+    max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    max_image_pixels: int = Field(40_000_000, ge=64)
+    max_image_side: int = Field(16_384, ge=8)
+    max_text_chars: int = Field(20_000, ge=0, le=100_000)
+
+
+class Thresholds(_Part):
+    """nsfw >= block -> block; nsfw >= review -> review; else allow (Yahoo: <0.2 safe, >0.8)."""
+
+    review: float = Field(0.2, ge=0, le=1)
+    block: float = Field(0.8, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Thresholds:
+        if self.review > self.block:
+            raise ValueError("review threshold must not exceed block threshold")
+        return self
+
+
+def _default_policies() -> dict[str, Thresholds]:
+    return {"default": Thresholds()}
+
+
+class ModelSettings(_Part):
+    backend: Literal["onnxruntime"] = "onnxruntime"
+    open_nsfw_onnx: Path | None = None
+    intra_op_threads: int | None = Field(None, ge=1)
+    decode_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    jpeg_roundtrip: bool = True
+    policies: dict[str, Thresholds] = Field(default_factory=_default_policies)
+
+    @field_validator("policies", mode="before")
+    @classmethod
+    def _keep_default(cls, value: Any) -> Any:
+        # A job that names no policy uses 'default'; keep the built-in one unless overridden.
+        if isinstance(value, dict) and "default" not in value:
+            return {"default": Thresholds(), **value}
+        return value
+
+
+class CommitSettings(_Part):
+    interval_ms: float = Field(1_000.0, ge=0)
+    drain_timeout_s: float = Field(30.0, gt=0)
+
+
+class LogSettings(_Part):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["json", "console"] = "json"
+
+
+class WorkerConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        frozen=True, extra="forbid", env_prefix="KTW_", env_nested_delimiter="__",
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    topics: TopicsSettings = Field(default_factory=TopicsSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    commit: CommitSettings = Field(default_factory=CommitSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _CONFIG_FILE.get()
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path, deep_merge=True))
+        return tuple(sources)
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        env = "KTW_" + "__".join(str(p).upper() for p in e["loc"]) if loc else ""
+        where = f"{loc} (env {env})" if env else "config"
+        lines.append(f"  {where}: {e['msg']}")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def load_config(path: Path | str | None = None, **overrides: Any) -> WorkerConfig:
+    """Build the process's config; raise :class:`ConfigError` listing every bad value."""
+    path = path or os.environ.get("KTW_CONFIG_FILE") or None
+    file = Path(path) if path else None
+    if file is not None and not file.is_file():
+        raise ConfigError(f"config file not found: {file}")
+    token = _CONFIG_FILE.set(file)
+    try:
+        cfg = WorkerConfig(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc)) from exc
+    except ValueError as exc:  # malformed TOML or env JSON
+        raise ConfigError(f"invalid configuration: {exc}") from exc
+    finally:
+        _CONFIG_FILE.reset(token)
+    fallback = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+    if not cfg.kafka.bootstrap_servers and fallback:
+        cfg = cfg.model_copy(
+            update={"kafka": cfg.kafka.model_copy(update={"bootstrap_servers": fallback})}
+        )
+    return cfg

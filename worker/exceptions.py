@@ -1,0 +1,86 @@
+"""The worker's exception tree.
+
+Every error the worker raises derives from :class:`WorkerError`. Each class says whether the
+condition is ``recoverable`` (the loop may keep running: the job goes to the DLQ or is retried)
+or fatal (the process must stop without committing past unfinished work). Third-party errors are
+wrapped with ``raise ... from`` so the cause stays visible.
+"""
+
+from __future__ import annotations
+
+
+class WorkerError(Exception):
+    """Root of every error raised by the worker package."""
+
+    recoverable: bool = False
+
+
+class ConfigError(WorkerError):
+    """Configuration is invalid or incomplete. Fatal: fix the settings and restart."""
+
+
+class JobRejected(WorkerError):
+    """A job cannot be processed; it goes to the dead-letter queue with this reason.
+
+    ``reason`` is a short machine-readable class (``not_msgpack``, ``schema``, ...) written to the
+    DLQ headers next to the human-readable message.
+    """
+
+    recoverable = True
+    reason: str = "rejected"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class MalformedPayload(JobRejected):
+    """The payload is not valid msgpack, or not a map at the top level."""
+
+    reason = "not_msgpack"
+
+
+class SchemaViolation(JobRejected):
+    """The payload decodes but violates the wire contract (types, required fields, ranges)."""
+
+    reason = "schema"
+
+
+class UnsupportedVersion(JobRejected):
+    """The payload's ``v`` is a schema version this worker does not speak."""
+
+    reason = "unsupported_version"
+
+
+class UnknownPolicy(JobRejected):
+    """The job names a moderation policy that is not configured."""
+
+    reason = "unknown_policy"
+
+
+class ImageRejected(JobRejected):
+    """The image cannot be decoded, is too large, or looks like a decompression bomb."""
+
+    reason = "bad_image"
+
+
+class OversizedMessage(JobRejected):
+    """The Kafka record is larger than the configured maximum job size."""
+
+    reason = "oversized"
+
+
+class KafkaIOError(WorkerError):
+    """A Kafka operation failed. ``recoverable`` follows librdkafka's retriable flag."""
+
+    def __init__(self, message: str, *, recoverable: bool = False) -> None:
+        super().__init__(message)
+        self.recoverable = recoverable
+
+
+class DeliveryFailed(KafkaIOError):
+    """A result or DLQ record could not be delivered after the client's own retries.
+
+    Fatal for the loop: the source offset is never committed, so a restart reprocesses it.
+    """

@@ -1,0 +1,59 @@
+"""Typed jobs and results: what the codec produces and what the tasks return.
+
+These are plain frozen dataclasses so they cost little on the hot path; the wire contract they
+mirror lives in ``schemas/`` (JSON Schema) and is enforced by :mod:`worker.codec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+SCHEMA_VERSION = 1
+JOB_SCHEMA = "moderation-job/v1"
+RESULT_SCHEMA = "moderation-result/v1"
+
+
+class Status(StrEnum):
+    OK = "ok"
+    EXPIRED = "expired"
+    REJECTED = "rejected"
+    ERROR = "error"
+
+
+class Verdict(StrEnum):
+    ALLOW = "allow"
+    REVIEW = "review"
+    BLOCK = "block"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """Where a job came from; carried to its result, its DLQ record and its offset commit."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModerationJob:
+    id: str
+    image: bytes
+    text: str | None = None
+    policy: str = "default"
+    deadline_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModerationResult:
+    id: str
+    status: Status
+    policy: str
+    model_id: str
+    engine_hash: str
+    verdict: Verdict | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    source: SourceRef | None = None

@@ -1,0 +1,50 @@
+"""Topic administration against the local (or any) broker via confluent_kafka."""
+
+from __future__ import annotations
+
+import time
+
+from .errors import LocalKafkaError
+
+
+def create_topics(
+    bootstrap: str,
+    names: list[str],
+    partitions: int = 1,
+    config: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> None:
+    """Create topics (RF 1), ignoring ones that already exist, and wait until
+    every partition has a leader so an immediate produce does not race creation."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = [NewTopic(n, num_partitions=partitions, replication_factor=1, config=dict(config or {}))
+           for n in names]
+    futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout=timeout)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+                raise LocalKafkaError(f"creating topic {name!r} failed: {err}") from exc
+    _wait_leaders(admin, names, timeout)
+
+
+def _wait_leaders(admin: object, names: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = set(names)
+    while pending and time.monotonic() < deadline:
+        meta = admin.list_topics(timeout=5)  # type: ignore[attr-defined]
+        for name in list(pending):
+            topic = meta.topics.get(name)
+            if topic is not None and topic.error is None and topic.partitions and all(
+                p.leader >= 0 and p.error is None for p in topic.partitions.values()
+            ):
+                pending.discard(name)
+        if pending:
+            time.sleep(0.1)
+    if pending:
+        raise LocalKafkaError(f"topics without leaders after {timeout:.0f}s: {sorted(pending)}")

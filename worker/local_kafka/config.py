@@ -1,0 +1,105 @@
+"""Files and identifiers for a single-node KRaft broker+controller."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def free_port() -> int:
+    """An ephemeral port that is free on 127.0.0.1 right now.
+
+    Racy by nature (someone may grab it before the broker binds); the broker
+    start logic retries with fresh ports when it sees a bind failure.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def random_cluster_id() -> str:
+    """Kafka `Uuid` text form: 16 random bytes, URL-safe base64 without padding.
+
+    Kafka's own generator rejects ids starting with '-' because they parse as
+    CLI flags; we do the same since the id goes on StorageTool's command line.
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+
+
+def server_properties(
+    *,
+    broker_port: int,
+    controller_port: int,
+    data_dir: Path,
+    num_partitions: int,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    host = "127.0.0.1"
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        # Dynamic (KIP-853) quorum, the 4.x default; paired with `format --standalone`.
+        "controller.quorum.bootstrap.servers": f"{host}:{controller_port}",
+        "listeners": f"PLAINTEXT://{host}:{broker_port},CONTROLLER://{host}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{broker_port},CONTROLLER://{host}:{controller_port}",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data_dir),
+        "num.partitions": str(num_partitions),
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        "auto.create.topics.enable": "false",
+        "group.initial.rebalance.delay.ms": "0",
+        # Internal topics default to RF 3 / 50 partitions; a single node needs RF 1,
+        # and fewer partitions make the first group/transaction use much faster.
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        # Keep disk use small; 4.x rejects segment.bytes below 1 MiB.
+        "log.segment.bytes": str(8 * 1024 * 1024),
+        "log.index.size.max.bytes": str(1024 * 1024),
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+    }
+    props.update(extra or {})
+    return props
+
+
+def render_properties(props: Mapping[str, str]) -> str:
+    # Values we generate never contain characters needing .properties escaping
+    # except backslashes (none on POSIX paths); escape them anyway.
+    return "".join(f"{k}={v.replace(chr(92), chr(92) * 2)}\n" for k, v in props.items())
+
+
+def log4j2_properties(log_file: Path) -> str:
+    """log4j2 config appending everything to `log_file`.
+
+    The broker's stdout/stderr are redirected (O_APPEND) to the same file, so
+    JVM crashes and log4j status messages end up next to the broker log.
+    """
+    return f"""\
+status = warn
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = {log_file}
+appender.file.append = true
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = FILE
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.statechange.name = state.change.logger
+logger.statechange.level = WARN
+"""

@@ -1,0 +1,103 @@
+"""JVM process helpers: storage format, launch, readiness probe, termination."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from .errors import LocalKafkaError, tail
+from .java import checked_java
+
+HEAP_OPTS = ["-Xms128m", "-Xmx512m"]
+JVM_OPTS = ["-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
+
+
+def read_tail(path: Path, max_lines: int = 80) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 64 * 1024))
+            return tail(fh.read().decode("utf-8", "replace"), max_lines)
+    except OSError:
+        return "<no log>"
+
+
+def _java_cmd(libs: Path, log4j_conf: Path, main: str, *args: str) -> list[str]:
+    return [
+        checked_java(),
+        *HEAP_OPTS,
+        *JVM_OPTS,
+        f"-Dlog4j2.configurationFile={log4j_conf}",
+        "-cp",
+        f"{libs}/*",  # expanded by the JVM, not a shell
+        main,
+        *args,
+    ]
+
+
+def format_storage(libs: Path, log4j_conf: Path, props: Path, cluster_id: str, log: Path) -> None:
+    """`kafka-storage.sh format --standalone`: in 4.x the class is still kafka.tools.StorageTool."""
+    cmd = _java_cmd(
+        libs, log4j_conf, "kafka.tools.StorageTool",
+        "format", "--standalone", "-t", cluster_id, "-c", str(props),
+    )
+    with open(log, "ab") as out:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, check=False)
+    if proc.returncode != 0:
+        raise LocalKafkaError(f"kafka storage format failed (rc={proc.returncode}):\n{read_tail(log)}")
+
+
+def launch_broker(libs: Path, log4j_conf: Path, props: Path, log: Path) -> subprocess.Popen[bytes]:
+    cmd = _java_cmd(libs, log4j_conf, "kafka.Kafka", str(props))
+    # setpriv's PDEATHSIG makes the kernel SIGTERM the broker if our process
+    # dies without calling stop() (e.g. pytest killed by a CI timeout), so no
+    # orphan JVM keeps ports and disk. setpriv execs, so the pid stays java's.
+    # Caveat: the signal fires when the *thread* that started it exits.
+    setpriv = shutil.which("setpriv")
+    if setpriv:
+        cmd = [setpriv, "--pdeathsig", "TERM", "--", *cmd]
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+
+
+def wait_ready(proc: subprocess.Popen[bytes], bootstrap: str, log: Path, timeout: float) -> None:
+    """Block until the broker answers a metadata request listing itself."""
+    from confluent_kafka.admin import AdminClient  # lazy: only needed with a live broker
+
+    admin = AdminClient({
+        "bootstrap.servers": bootstrap,
+        "log_level": 0,  # "connection refused" while the JVM boots is expected noise
+        "reconnect.backoff.max.ms": 200,  # default backoff grows to 10s and delays readiness
+        "socket.timeout.ms": 2000,
+    })
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if proc.poll() is not None:
+            raise LocalKafkaError(
+                f"Kafka broker exited early (rc={proc.returncode}); log {log}:\n{read_tail(log)}"
+            )
+        try:
+            if admin.list_topics(timeout=min(1.0, max(0.1, left))).brokers:
+                return
+        except Exception:  # KafkaException (_TRANSPORT/_TIMED_OUT) while still starting
+            time.sleep(0.1)
+    raise LocalKafkaError(f"Kafka broker not ready after {timeout:.0f}s; log {log}:\n{read_tail(log)}")
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """SIGTERM (controlled shutdown), then SIGKILL after `timeout`. True if it exited cleanly."""
+    if proc.poll() is not None:
+        return True
+    proc.send_signal(signal.SIGTERM)
+    # A SIGSTOPped JVM would sit on the pending SIGTERM forever; SIGCONT is harmless otherwise.
+    proc.send_signal(signal.SIGCONT)
+    try:
+        proc.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+        return False
