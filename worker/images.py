@@ -70,8 +70,9 @@ def decode_image(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
 def preprocess_open_nsfw(img: Image.Image, *, jpeg_roundtrip: bool = True) -> np.ndarray:
     """The open_nsfw input for one image: float32 HWC [224, 224, 3], BGR, mean subtracted.
 
-    ``jpeg_roundtrip`` re-encodes the cropped image as JPEG (PIL's default quality 75), as Yahoo's reference classifier does; it reproduces the published scores exactly
-    and is the default. Turning it off saves about a millisecond per image.
+    ``jpeg_roundtrip`` re-encodes the cropped image as JPEG (PIL's default quality 75), as
+    Yahoo's reference classifier does; it reproduces the published scores and is the
+    default. Turning it off saves about a millisecond per image.
     """
     resized = img.resize((RESIZE, RESIZE), resample=Image.Resampling.BILINEAR)
     off = (RESIZE - CROP) // 2

@@ -38,15 +38,14 @@ class LocalKafka:
         self.num_partitions = num_partitions
         self.extra_config = dict(extra_config or {})
         self.keep_logs_on_failure = keep_logs_on_failure
+        self.paused = False
         self._given_workdir = workdir
         self._tmpdir: Path | None = None  # created by us, hence ours to delete
         self._workdir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._bootstrap: str | None = None
         self._failed = False
-        self.paused = False
 
-    # -- properties -------------------------------------------------------
     @property
     def bootstrap_servers(self) -> str:
         if self._bootstrap is None:
@@ -70,23 +69,24 @@ class LocalKafka:
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    # -- lifecycle ----------------------------------------------------------
     def start(self, timeout: float = 90.0) -> str:
         """Format storage, launch the broker, block until it answers metadata."""
         if self.is_running():
             return self.bootstrap_servers
         libs = ensure_jars(self.version, self.cache_dir)
-        self._prepare_workdir()
+        self._workdir = self._given_workdir or Path(tempfile.mkdtemp(prefix="local-kafka-"))
+        self._tmpdir = None if self._given_workdir else self._workdir
+        self._workdir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
         try:
             for attempt in range(1, BIND_ATTEMPTS + 1):
-                log_offset = self._log_size()
+                offset = process.file_size(self.log_path)
                 try:
-                    self._start_once(libs, attempt, max(1.0, deadline - time.monotonic()))
-                    return self.bootstrap_servers
+                    return self._start_once(libs, attempt, max(1.0, deadline - time.monotonic()))
                 except LocalKafkaError:
-                    self._kill_quietly()
-                    if attempt == BIND_ATTEMPTS or not self._bind_clash_since(log_offset):
+                    self._kill()
+                    clash = b"Address already in use" in process.appended_since(self.log_path, offset)
+                    if attempt == BIND_ATTEMPTS or not clash:
                         raise
                     log.warning("local Kafka port clash, retrying with new ports")
         except BaseException:
@@ -95,49 +95,19 @@ class LocalKafka:
             raise
         raise AssertionError("unreachable")
 
-    def _log_size(self) -> int:
-        try:
-            return self.log_path.stat().st_size
-        except OSError:
-            return 0
-
-    def _bind_clash_since(self, offset: int) -> bool:
-        with open(self.log_path, "rb") as fh:
-            fh.seek(offset)
-            return b"Address already in use" in fh.read()
-
-    def _prepare_workdir(self) -> None:
-        if self._given_workdir is not None:
-            self._given_workdir.mkdir(parents=True, exist_ok=True)
-            self._workdir = self._given_workdir.resolve()
-        else:
-            self._tmpdir = Path(tempfile.mkdtemp(prefix="local-kafka-"))
-            self._workdir = self._tmpdir
-
-    def _start_once(self, libs: Path, attempt: int, timeout: float) -> None:
-        broker_port, controller_port = config.free_port(), config.free_port()
-        while controller_port == broker_port:
-            controller_port = config.free_port()
-        data_dir = self.workdir / f"data-{attempt}"  # a format is tied to its ports
-        props = config.server_properties(
-            broker_port=broker_port,
-            controller_port=controller_port,
-            data_dir=data_dir,
-            num_partitions=self.num_partitions,
-            extra=self.extra_config,
-        )
-        props_file = self.workdir / "server.properties"
-        props_file.write_text(config.render_properties(props))
-        log4j_conf = self.workdir / "log4j2.properties"
-        log4j_conf.write_text(config.log4j2_properties(self.log_path))
+    def _start_once(self, libs: Path, attempt: int, timeout: float) -> str:
         started = time.monotonic()
-        process.format_storage(libs, log4j_conf, props_file, config.random_cluster_id(), self.log_path)
-        self._proc = process.launch_broker(libs, log4j_conf, props_file, self.log_path)
-        bootstrap = f"127.0.0.1:{broker_port}"
+        port, props, log4j = config.write_attempt_files(
+            self.workdir, self.log_path, attempt, self.num_partitions, self.extra_config
+        )
+        process.format_storage(libs, log4j, props, config.random_cluster_id(), self.log_path)
+        self._proc = process.launch_broker(libs, log4j, props, self.log_path)
+        bootstrap = f"127.0.0.1:{port}"
         process.wait_ready(self._proc, bootstrap, self.log_path, timeout)
         self._bootstrap = bootstrap
         log.info("local Kafka %s up at %s in %.1fs (pid %s, log %s)", self.version, bootstrap,
                  time.monotonic() - started, self._proc.pid, self.log_path)
+        return bootstrap
 
     def stop(self, timeout: float = 30.0) -> None:
         """Controlled shutdown (SIGTERM), SIGKILL after `timeout`; then remove the temp workdir."""
@@ -152,44 +122,43 @@ class LocalKafka:
         self.paused = False
         self._cleanup()
 
-    def _kill_quietly(self) -> None:
+    def _kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait(timeout=30)
         self._proc = None
 
     def _cleanup(self) -> None:
-        self._kill_quietly()
+        self._kill()
         if self._tmpdir is None:
             return  # caller-provided workdir: never delete
-        keep_env = os.environ.get("KTW_KEEP_KAFKA_LOGS") == "1"
-        if keep_env or (self._failed and self.keep_logs_on_failure):
+        if os.environ.get("KTW_KEEP_KAFKA_LOGS") == "1" or (
+            self._failed and self.keep_logs_on_failure
+        ):
             log.warning("keeping local Kafka workdir %s", self._tmpdir)
         else:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
         self._tmpdir = None
 
-    # -- fault injection ----------------------------------------------------
     def pause(self) -> None:
         """Freeze the broker JVM (SIGSTOP): connections stay open but nothing answers."""
         self._signal(signal.SIGSTOP)
         self.paused = True
 
     def resume(self) -> None:
-        """Undo pause() (SIGCONT). A long pause may briefly fence the broker after resume."""
+        """Undo pause() (SIGCONT). After a long pause the broker may be briefly fenced."""
         self._signal(signal.SIGCONT)
         self.paused = False
 
     def _signal(self, sig: signal.Signals) -> None:
-        if not self.is_running():
+        if self._proc is None or self._proc.poll() is not None:
             raise LocalKafkaError("LocalKafka is not running")
-        assert self._proc is not None
         self._proc.send_signal(sig)
 
-    # -- admin ------------------------------------------------------------------
     def create_topics(
         self, names: list[str], partitions: int = 1, config: dict[str, str] | None = None
     ) -> None:
+        """Create topics via AdminClient and wait for leaders; existing ones are ignored."""
         from .admin import create_topics  # lazy: imports confluent_kafka
 
         create_topics(self.bootstrap_servers, names, partitions, config)
@@ -199,15 +168,12 @@ class LocalKafka:
         return self
 
     def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
 
     def __del__(self) -> None:
-        # Last-resort guard against leaked JVMs when stop() was never called.
+        # Last-resort guard against a leaked JVM when stop() was never called.
         proc = getattr(self, "_proc", None)
         if proc is not None and proc.poll() is None:
             proc.kill()

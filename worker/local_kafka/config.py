@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import shutil
 import socket
 import uuid
 from collections.abc import Mapping
@@ -103,3 +104,31 @@ logger.request.level = WARN
 logger.statechange.name = state.change.logger
 logger.statechange.level = WARN
 """
+
+
+def write_attempt_files(
+    workdir: Path, log_file: Path, attempt: int, num_partitions: int, extra: Mapping[str, str]
+) -> tuple[int, Path, Path]:
+    """Pick ports and write server.properties + log4j2.properties for one start attempt.
+
+    Returns (broker_port, properties_file, log4j2_file). Each attempt gets its own
+    data dir because a `--standalone` format records the controller endpoint.
+    """
+    broker_port = free_port()
+    controller_port = free_port()
+    while controller_port == broker_port:
+        controller_port = free_port()
+    data_dir = workdir / f"data-{attempt}"
+    shutil.rmtree(data_dir, ignore_errors=True)  # a reused workdir holds an old format
+    props = server_properties(
+        broker_port=broker_port,
+        controller_port=controller_port,
+        data_dir=data_dir,
+        num_partitions=num_partitions,
+        extra=extra,
+    )
+    props_file = workdir / "server.properties"
+    props_file.write_text(render_properties(props))
+    log4j_file = workdir / "log4j2.properties"
+    log4j_file.write_text(log4j2_properties(log_file))
+    return broker_port, props_file, log4j_file

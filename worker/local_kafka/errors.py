@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
 
 class LocalKafkaError(Exception):
     """Resolving jars, starting, or talking to the local broker failed.
@@ -13,5 +17,5 @@ class LocalKafkaError(Exception):
 
 def tail(text: str, max_lines: int = 60) -> str:
     """Last `max_lines` lines of `text`, for embedding in error messages."""
-    lines = text.rstrip().splitlines()
+    lines = _ANSI.sub("", text).rstrip().splitlines()  # mvn 3.8 emits colour resets even with -B
     return "\n".join(lines[-max_lines:])

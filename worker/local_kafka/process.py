@@ -25,6 +25,23 @@ def read_tail(path: Path, max_lines: int = 80) -> str:
         return "<no log>"
 
 
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def appended_since(path: Path, offset: int) -> bytes:
+    """What was written to `path` after it had `offset` bytes (one attempt's log)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read()
+    except OSError:
+        return b""
+
+
 def _java_cmd(libs: Path, log4j_conf: Path, main: str, *args: str) -> list[str]:
     return [
         checked_java(),

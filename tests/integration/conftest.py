@@ -1,0 +1,41 @@
+"""Fixtures giving integration tests a real Kafka broker.
+
+`kafka_bootstrap`: one broker per session, external if $KAFKA_BOOTSTRAP_SERVERS
+is set, otherwise a LocalKafka. `local_kafka`: a separate, session-scoped
+LocalKafka for fault injection (pause/resume), so stalling it never disturbs
+tests that share `kafka_bootstrap`; skipped against an external cluster.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from worker.local_kafka import LocalKafka, kafka_from_env_or_local
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    with kafka_from_env_or_local() as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture(scope="session")
+def _local_kafka_session() -> Iterator[LocalKafka]:
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip():
+        pytest.skip("KAFKA_BOOTSTRAP_SERVERS points at an external cluster")
+    with LocalKafka() as broker:
+        yield broker
+
+
+@pytest.fixture
+def local_kafka(_local_kafka_session: LocalKafka) -> Iterator[LocalKafka]:
+    broker = _local_kafka_session
+    if not broker.is_running():  # an earlier test killed it: start a fresh one
+        broker.stop()
+        broker.start()
+    yield broker
+    if broker.paused:  # a failed stall test must not leave the session broker frozen
+        broker.resume()

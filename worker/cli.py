@@ -1,0 +1,102 @@
+"""The `trt-worker` command line."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+
+from worker.config import WorkerConfig, load_config
+from worker.exceptions import WorkerError
+from worker.logs import configure_logging
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Kafka worker for batched GPU/CPU inference (moderation jobs).")
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")]
+BootstrapOpt = Annotated[
+    str | None, typer.Option("--bootstrap-servers", "-b", help="Kafka brokers host:port,...")
+]
+
+
+def _config(config: Path | None, bootstrap: str | None, **extra: Any) -> WorkerConfig:
+    overrides: dict[str, Any] = dict(extra)
+    if bootstrap:
+        overrides["kafka"] = {"bootstrap_servers": bootstrap}
+    cfg = load_config(config, **overrides)
+    configure_logging(cfg.log.level, cfg.log.format)
+    return cfg
+
+
+def _install_stop_handlers(stop: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        # A second signal falls through to the default action (immediate exit).
+        signal.signal(signum, signal.SIG_DFL)
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+@app.command()
+def run(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None) -> None:
+    """Run the worker against the configured brokers until SIGTERM/SIGINT."""
+    from worker.service import Worker
+
+    cfg = _config(config, bootstrap_servers)
+    if not cfg.kafka.bootstrap_servers:
+        raise WorkerError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or --bootstrap-servers"
+                          " (or try `trt-worker demo`)")
+    worker = Worker(cfg)
+    _install_stop_handlers(worker.stop)
+    worker.run()
+
+
+@app.command()
+def produce(
+    folder: Annotated[Path, typer.Argument(help="Folder of .jpg/.png/.webp images.")],
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    topic: Annotated[str | None, typer.Option(help="Jobs topic (default: config).")] = None,
+    count: Annotated[int | None, typer.Option(min=1, help="Jobs to send (cycles).")] = None,
+    prefix: Annotated[str, typer.Option(help="Job id prefix.")] = "job-",
+    policy: Annotated[str | None, typer.Option(help="Policy name for every job.")] = None,
+    deadline_ms: Annotated[
+        int | None, typer.Option(min=0, help="Deadline, milliseconds from now.")
+    ] = None,
+) -> None:
+    """Send the images of a folder as moderation jobs."""
+    from worker.producer_tool import produce_folder
+
+    cfg = _config(config, bootstrap_servers)
+    sent = produce_folder(cfg, folder, topic=topic, count=count, prefix=prefix, policy=policy,
+                          deadline_in_ms=deadline_ms)
+    typer.echo(f"produced {len(sent)} jobs to {topic or cfg.topics.jobs}")
+
+
+@app.command()
+def demo(
+    config: ConfigOpt = None,
+    images: Annotated[
+        Path | None, typer.Option(help="Folder of images (default: bundled samples).")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for every answer.")] = 180.0,
+) -> None:
+    """Start a local Kafka (unless one is configured), moderate sample images, print verdicts."""
+    from worker.demo import run_demo
+
+    cfg = _config(config, None, log={"level": "WARNING", "format": "console"})
+    ok = run_demo(cfg, images=images, timeout_s=timeout)
+    raise typer.Exit(0 if ok else 1)
+
+
+def main() -> None:
+    try:
+        app()
+    except WorkerError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)

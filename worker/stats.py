@@ -1,0 +1,37 @@
+"""Counters the loop keeps, logged as one structured line every ``every_s`` seconds."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Stats:
+    every_s: float = 10.0
+    consumed: int = 0
+    results: int = 0
+    dead_lettered: int = 0
+    expired: int = 0
+    pauses: int = 0
+    _last_log: float = field(default_factory=time.monotonic)
+    _last_consumed: int = 0
+
+    def totals(self) -> dict[str, int]:
+        return {
+            "consumed": self.consumed,
+            "results": self.results,
+            "dead_lettered": self.dead_lettered,
+            "expired": self.expired,
+            "pauses": self.pauses,
+        }
+
+    def maybe_log(self, log: Any, **extra: Any) -> None:
+        now = time.monotonic()
+        elapsed = now - self._last_log
+        if elapsed < self.every_s:
+            return
+        rate = (self.consumed - self._last_consumed) / elapsed
+        self._last_log, self._last_consumed = now, self.consumed
+        log.info("worker_stats", rate_per_s=round(rate, 1), **self.totals(), **extra)
