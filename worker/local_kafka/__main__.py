@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     fetch = sub.add_parser("fetch", help="resolve broker jars into the cache (CI pre-warm)")
     run = sub.add_parser("run", help="run a broker in the foreground until Ctrl-C/SIGTERM")
     for p in (fetch, run):
-        p.add_argument("--version", default=DEFAULT_VERSION, help="Kafka version (default %(default)s)")
+        p.add_argument("--version", default=DEFAULT_VERSION, help="Kafka version (%(default)s)")
         p.add_argument("--cache-dir", type=Path, default=None, help="jar cache root")
     run.add_argument("--workdir", type=Path, default=None, help="keep data/logs here")
     run.add_argument("--partitions", type=int, default=1, help="default partitions per topic")

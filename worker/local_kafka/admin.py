@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from .errors import LocalKafkaError
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
 
 
 def create_topics(
@@ -17,11 +21,13 @@ def create_topics(
     """Create topics (RF 1), ignoring ones that already exist, and wait until
     every partition has a leader so an immediate produce does not race creation."""
     from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = [NewTopic(n, num_partitions=partitions, replication_factor=1, config=dict(config or {}))
-           for n in names]
+    new = [
+        NewTopic(n, num_partitions=partitions, replication_factor=1, config=dict(config or {}))
+        for n in names
+    ]
     futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
     for name, fut in futures.items():
         try:
@@ -33,11 +39,11 @@ def create_topics(
     _wait_leaders(admin, names, timeout)
 
 
-def _wait_leaders(admin: object, names: list[str], timeout: float) -> None:
+def _wait_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     pending = set(names)
     while pending and time.monotonic() < deadline:
-        meta = admin.list_topics(timeout=5)  # type: ignore[attr-defined]
+        meta = admin.list_topics(timeout=5)
         for name in list(pending):
             topic = meta.topics.get(name)
             if topic is not None and topic.error is None and topic.partitions and all(

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 
-from . import config, process
+from . import config, process, workspace
 from .errors import LocalKafkaError
 from .jars import DEFAULT_VERSION, ensure_jars
 
@@ -73,10 +70,11 @@ class LocalKafka:
         """Format storage, launch the broker, block until it answers metadata."""
         if self.is_running():
             return self.bootstrap_servers
+        if self._proc is not None:  # died since the last start: reap it, release its workdir
+            self.stop()
         libs = ensure_jars(self.version, self.cache_dir)
-        self._workdir = self._given_workdir or Path(tempfile.mkdtemp(prefix="local-kafka-"))
-        self._tmpdir = None if self._given_workdir else self._workdir
-        self._workdir.mkdir(parents=True, exist_ok=True)
+        self._workdir, self._tmpdir = workspace.acquire(self._given_workdir)
+        self._failed = False
         deadline = time.monotonic() + timeout
         try:
             for attempt in range(1, BIND_ATTEMPTS + 1):
@@ -85,8 +83,8 @@ class LocalKafka:
                     return self._start_once(libs, attempt, max(1.0, deadline - time.monotonic()))
                 except LocalKafkaError:
                     self._kill()
-                    clash = b"Address already in use" in process.appended_since(self.log_path, offset)
-                    if attempt == BIND_ATTEMPTS or not clash:
+                    attempt_log = process.appended_since(self.log_path, offset)
+                    if attempt == BIND_ATTEMPTS or b"Address already in use" not in attempt_log:
                         raise
                     log.warning("local Kafka port clash, retrying with new ports")
         except BaseException:
@@ -123,21 +121,14 @@ class LocalKafka:
         self._cleanup()
 
     def _kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=30)
+        if self._proc is not None:
+            process.kill(self._proc)
         self._proc = None
 
     def _cleanup(self) -> None:
         self._kill()
-        if self._tmpdir is None:
-            return  # caller-provided workdir: never delete
-        if os.environ.get("KTW_KEEP_KAFKA_LOGS") == "1" or (
-            self._failed and self.keep_logs_on_failure
-        ):
-            log.warning("keeping local Kafka workdir %s", self._tmpdir)
-        else:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
+        keep = self.keep_logs_on_failure
+        workspace.release(self._tmpdir, failed=self._failed, keep_on_failure=keep)
         self._tmpdir = None
 
     def pause(self) -> None:
@@ -168,7 +159,10 @@ class LocalKafka:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 
+from worker.exceptions import WorkerError
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
-class LocalKafkaError(Exception):
-    """Resolving jars, starting, or talking to the local broker failed.
+class LocalKafkaError(WorkerError):
+    """Resolving jars, starting, or talking to the local broker failed (fatal).
 
     Messages carry the tail of mvn's output or of the broker log so a CI
     failure is diagnosable without the (usually deleted) work directory.

@@ -7,6 +7,7 @@ tarball we let Maven copy `kafka_2.13` plus its runtime closure (see pom.xml).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shlex
@@ -17,7 +18,8 @@ from pathlib import Path
 
 from .errors import LocalKafkaError, tail
 
-# 4.1.1: latest 4.1 patch release; like every 4.x broker it needs Java >= 17.
+# 4.1.1: a mature 4.x patch release (checked: 4.0.0, 4.2.0 and 4.4.0 also run
+# on Java 17 with this pom); every 4.x broker needs Java >= 17.
 DEFAULT_VERSION = "4.1.1"
 MARKER = ".ktw-complete.json"
 POM = Path(__file__).with_name("pom.xml")
@@ -29,6 +31,11 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "kafka-trt-worker"
 
 
+def _pom_digest() -> str:
+    # Stored in the marker so editing pom.xml (e.g. adding a jar) refreshes caches.
+    return hashlib.sha256(POM.read_bytes()).hexdigest()[:16]
+
+
 def _is_complete(libs: Path, version: str) -> bool:
     """True if `libs` holds a finished download (marker + every listed jar)."""
     try:
@@ -37,8 +44,12 @@ def _is_complete(libs: Path, version: str) -> bool:
         return False
     if not isinstance(info, dict) or info.get("version") != version:
         return False
+    if info.get("pom") != _pom_digest():
+        return False
     jars = info.get("jars")
-    return bool(jars) and all((libs / name).is_file() for name in jars)
+    if not isinstance(jars, list) or not jars:
+        return False
+    return all((libs / str(name)).is_file() for name in jars)
 
 
 def _mvn_command(version: str, out_dir: Path) -> list[str]:
@@ -79,17 +90,22 @@ def _download(version: str, dest: Path) -> None:
             )
         except subprocess.TimeoutExpired as exc:
             out = exc.output if isinstance(exc.output, str) else ""
-            raise LocalKafkaError(f"mvn timed out after {MVN_TIMEOUT_S:.0f}s:\n{tail(out)}") from exc
+            msg = f"mvn timed out after {MVN_TIMEOUT_S:.0f}s:\n{tail(out)}"
+            raise LocalKafkaError(msg) from exc
         jars = sorted(p.name for p in tmp.glob("*.jar"))
         if proc.returncode != 0 or not any(j.startswith("kafka_2.13-") for j in jars):
             raise LocalKafkaError(
                 f"mvn failed to fetch Kafka {version} (rc={proc.returncode}):\n{tail(proc.stdout)}"
             )
-        (tmp / MARKER).write_text(json.dumps({"version": version, "jars": jars}, indent=1))
+        (tmp / MARKER).write_text(
+            json.dumps({"version": version, "pom": _pom_digest(), "jars": jars}, indent=1)
+        )
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the cache may be shared
-        if dest.exists():  # leftover incomplete dir from an older, interrupted layout
-            shutil.rmtree(dest)
+        stale = dest.with_name(f"{tmp.name}.stale")
+        if dest.exists():  # stale (older pom) or incomplete: move aside, then swap in
+            os.rename(dest, stale)
         os.rename(tmp, dest)
+        shutil.rmtree(stale, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -39,7 +39,7 @@ def parse_major(version_output: str) -> int:
     return major
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def checked_java() -> str:
     """Java executable, verified to be >= 17; cached per process."""
     java = java_executable()

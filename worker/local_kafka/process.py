@@ -64,7 +64,8 @@ def format_storage(libs: Path, log4j_conf: Path, props: Path, cluster_id: str, l
     with open(log, "ab") as out:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, check=False)
     if proc.returncode != 0:
-        raise LocalKafkaError(f"kafka storage format failed (rc={proc.returncode}):\n{read_tail(log)}")
+        msg = f"kafka storage format failed (rc={proc.returncode}); log {log}:\n{read_tail(log)}"
+        raise LocalKafkaError(msg)
 
 
 def launch_broker(libs: Path, log4j_conf: Path, props: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -82,7 +83,8 @@ def launch_broker(libs: Path, log4j_conf: Path, props: Path, log: Path) -> subpr
 
 def wait_ready(proc: subprocess.Popen[bytes], bootstrap: str, log: Path, timeout: float) -> None:
     """Block until the broker answers a metadata request listing itself."""
-    from confluent_kafka.admin import AdminClient  # lazy: only needed with a live broker
+    from confluent_kafka import KafkaException  # lazy: only needed with a live broker
+    from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({
         "bootstrap.servers": bootstrap,
@@ -99,9 +101,16 @@ def wait_ready(proc: subprocess.Popen[bytes], bootstrap: str, log: Path, timeout
         try:
             if admin.list_topics(timeout=min(1.0, max(0.1, left))).brokers:
                 return
-        except Exception:  # KafkaException (_TRANSPORT/_TIMED_OUT) while still starting
+        except KafkaException:  # _TRANSPORT / _TIMED_OUT while the JVM is still starting
             time.sleep(0.1)
-    raise LocalKafkaError(f"Kafka broker not ready after {timeout:.0f}s; log {log}:\n{read_tail(log)}")
+    msg = f"Kafka broker not ready after {timeout:.0f}s; log {log}:\n{read_tail(log)}"
+    raise LocalKafkaError(msg)
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 def terminate(proc: subprocess.Popen[bytes], timeout: float) -> bool:

@@ -1,0 +1,96 @@
+"""`trt-worker run` as a real process: SIGTERM drains and commits; kill -9 loses no job."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.support import (
+    WorkerProcess,
+    committed,
+    end_offsets,
+    fresh_topics,
+    keys_of,
+    read_topic,
+    worker_config,
+    worker_env,
+)
+from worker.demo import samples_dir
+from worker.producer_tool import produce_folder
+
+pytestmark = pytest.mark.integration
+
+
+def _results_by_partition_offset(msgs: list) -> set[tuple[int, int]]:
+    from worker.codec import decode_result
+
+    out = set()
+    for m in msgs:
+        src = decode_result(m.value())["source"]
+        out.add((src["partition"], src["offset"]))
+    return out
+
+
+def test_sigterm_drains_commits_and_logs_json(kafka_bootstrap: str, tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap, partitions=3)
+    cfg = worker_config(kafka_bootstrap, topics)
+    sent = produce_folder(cfg, samples_dir(), count=200, prefix="term-")
+    env = worker_env(cfg, KTW_LOG__LEVEL="DEBUG", KTW_BATCH__MAX_BATCH_SIZE="4")
+    proc = WorkerProcess(env, tmp_path / "worker.log")
+    read_topic(kafka_bootstrap, topics.results, until=lambda m: len(m) >= 20, timeout=90)
+    proc.terminate()
+    assert proc.wait(60) == 0, proc.log_text()[-3000:]
+
+    results = read_topic(kafka_bootstrap, topics.results, until=lambda m: False, timeout=3)
+    answered = _results_by_partition_offset(results)
+    commits = committed(kafka_bootstrap, topics.group, topics.jobs, 3)
+    # Nothing committed past an unanswered job; something was committed on the way out.
+    assert sum(max(o, 0) for o in commits.values()) >= 20
+    for partition, offset in commits.items():
+        assert all((partition, o) in answered for o in range(max(offset, 0)))
+
+    lines = [json.loads(line) for line in proc.log_text().splitlines() if line.startswith("{")]
+    events = {e["event"] for e in lines}
+    assert {"worker_started", "worker_draining", "worker_stopped"} <= events
+    job_lines = [e for e in lines if e["event"] == "job_result"]
+    assert job_lines, "DEBUG level logs one line per result"
+    for e in job_lines:
+        assert e["job_id"].startswith("term-")
+        assert e["topic"] == topics.jobs and e["partition"] in (0, 1, 2) and e["offset"] >= 0
+    assert len(sent) == 200
+
+
+def test_kill9_mid_stream_then_restart_answers_every_job(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topics = fresh_topics(kafka_bootstrap, partitions=3)
+    cfg = worker_config(kafka_bootstrap, topics)
+    sent = produce_folder(cfg, samples_dir(), count=400, prefix="crash-")
+    want = {s.id for s in sent}
+    env = worker_env(cfg, KTW_BATCH__MAX_BATCH_SIZE="8")
+
+    first = WorkerProcess(env, tmp_path / "first.log")
+    read_topic(kafka_bootstrap, topics.results, until=lambda m: len(m) >= 40, timeout=90)
+    first.kill9()
+    answered_before = set(keys_of(read_topic(kafka_bootstrap, topics.results,
+                                             until=lambda m: False, timeout=2)))
+    assert 0 < len(answered_before) < len(want), "the kill must land mid-stream"
+
+    second = WorkerProcess(env, tmp_path / "second.log")
+    try:
+        results = read_topic(kafka_bootstrap, topics.results,
+                             until=lambda m: want <= set(keys_of(m)), timeout=240)
+    finally:
+        second.terminate()
+        assert second.wait(60) == 0, second.log_text()[-3000:]
+    keys = keys_of(results)
+    assert set(keys) == want, f"missing: {sorted(want - set(keys))[:10]}"
+    duplicates = len(keys) - len(set(keys))
+    print(f"kill -9: {len(answered_before)} answered before, {duplicates} duplicates after restart")
+    time.sleep(0.5)
+    assert committed(kafka_bootstrap, topics.group, topics.jobs, 3) == end_offsets(
+        kafka_bootstrap, topics.jobs, 3
+    )

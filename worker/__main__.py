@@ -1,0 +1,5 @@
+"""`python -m worker` is the `trt-worker` command."""
+
+from worker.cli import main
+
+main()
