@@ -49,8 +49,8 @@ def run(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None) -> Non
 
     cfg = _config(config, bootstrap_servers)
     if not cfg.kafka.bootstrap_servers:
-        raise WorkerError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or --bootstrap-servers"
-                          " (or try `trt-worker demo`)")
+        raise WorkerError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass "
+                          "--bootstrap-servers (or try `trt-worker demo`)")
     worker = Worker(cfg)
     _install_stop_handlers(worker.stop)
     worker.run()

@@ -62,8 +62,9 @@ def _collect(cfg: WorkerConfig, topic: str, want: set[str], deadline: float,
     try:
         while not want <= into.keys() and time.monotonic() < deadline:
             for msg in reader.consume(100, timeout=0.5):
-                if msg.error() is None and msg.key() is not None:
-                    into[msg.key().decode()] = msg
+                key = msg.key()
+                if msg.error() is None and key is not None:
+                    into[key.decode()] = msg
     finally:
         reader.close()
 

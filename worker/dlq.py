@@ -9,7 +9,8 @@ from worker.exceptions import JobRejected
 HEADER_PREFIX = "ktw.dlq."
 MAX_MESSAGE_CHARS = 1000
 
-Headers = list[tuple[str, bytes | None]]
+# confluent-kafka's header list; values we write are bytes, originals pass through as read.
+Headers = list[tuple[str, str | bytes | None]]
 
 
 @dataclass(frozen=True, slots=True)

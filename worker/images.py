@@ -62,9 +62,7 @@ def decode_image(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         # Truncated or corrupt streams surface as OSError/SyntaxError depending on the plugin.
         raise ImageRejected(f"corrupt image data: {exc}") from exc
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    return img
+    return img if img.mode == "RGB" else img.convert("RGB")
 
 
 def preprocess_open_nsfw(img: Image.Image, *, jpeg_roundtrip: bool = True) -> np.ndarray:

@@ -10,6 +10,7 @@ from pathlib import Path
 import msgpack
 
 from worker.config import WorkerConfig
+from worker.dlq import Headers
 from worker.exceptions import ConfigError, DeliveryFailed
 from worker.jobs import JOB_SCHEMA, SCHEMA_VERSION
 from worker.kafka import Producer, producer_settings
@@ -72,7 +73,7 @@ def produce_folder(
             failures.append(str(err))
 
     sent = []
-    headers = [("ktw.schema", JOB_SCHEMA.encode())]
+    headers: Headers = [("ktw.schema", JOB_SCHEMA.encode())]
     for job_id, path in _jobs(files, count or len(files), prefix):
         deadline = None
         if deadline_in_ms is not None:

@@ -25,7 +25,7 @@ from engines.backends.base import Runner
 from worker.batcher import FifoBatcher
 from worker.codec import DecodeLimits, decode_moderation_job, encode_result
 from worker.config import WorkerConfig
-from worker.dlq import SourceRecord, dead_letter
+from worker.dlq import Headers, SourceRecord, dead_letter
 from worker.exceptions import (
     ConfigError,
     DeliveryFailed,
@@ -63,7 +63,7 @@ class Worker:
         self._fatal: BaseException | None = None
         self._paused = False
         self._last_commit = time.monotonic()
-        self._result_headers_base: list[tuple[str, bytes | None]] = []
+        self._result_headers_base: Headers = []
 
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
@@ -136,13 +136,15 @@ class Worker:
                 raise KafkaIOError(f"fatal consumer error: {err.str()}")
             log.warning("consumer_error", error=err.str(), code=err.code())
             return
-        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        topic, partition, offset = _coordinates(msg)
         self._tracker.begin(topic, partition, offset)
         self.stats.consumed += 1
         value = msg.value()
         ts_type, ts = msg.timestamp()
+        headers = msg.headers()
         record = SourceRecord(
-            topic, partition, offset, msg.key(), value, msg.headers(),
+            topic, partition, offset, msg.key(), value,
+            list(headers.items()) if isinstance(headers, dict) else headers,
             ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else None,
         )
         try:
@@ -296,6 +298,13 @@ class Worker:
         finally:
             # Another member may own them already: never commit here.
             self._tracker.drop(keys)
+
+
+def _coordinates(msg: ck.Message) -> tuple[str, int, int]:
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    if topic is None or partition is None or offset is None:
+        raise KafkaIOError("consumed record without topic/partition/offset")
+    return topic, partition, offset
 
 
 def _names(partitions: list[ck.TopicPartition]) -> list[str]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engines.backends.base import FutureHandle, InferHandle, Outputs, Runner
-from engines.exceptions import BackendUnavailable, InferenceFailed
+from engines.exceptions import BackendUnavailable, InferenceFailed, RunnerStateError
 from engines.spec import EngineSpec
 
 if TYPE_CHECKING:
@@ -77,7 +77,9 @@ class OrtRunner(Runner):
         return {name: np.asarray(v) for name, v in zip(names, values, strict=True)}
 
     def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle:
-        executor: Executor = stream if stream is not None else self._own_stream
+        executor: Executor | None = stream if stream is not None else self._own_stream
+        if executor is None:
+            raise RunnerStateError("runner has no executor; was it deactivated?")
         return FutureHandle(executor.submit(self._run, feeds))
 
     def _deactivate(self) -> None:

@@ -174,7 +174,7 @@ class ThreadedWorker:
     def _run(self) -> None:
         try:
             self.worker.run()
-        except BaseException as exc:  # reported by stop()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by stop() in the test thread
             self.error = exc
 
     def __enter__(self) -> ThreadedWorker:

@@ -1,8 +1,7 @@
-"""Each class of bad job lands in the DLQ with the right reason; good jobs around it are answered."""
+"""Each class of bad job lands in the DLQ with its reason; good jobs around it are answered."""
 
 from __future__ import annotations
 
-import io
 import struct
 import zlib
 

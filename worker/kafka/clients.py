@@ -14,6 +14,7 @@ from typing import Any
 import confluent_kafka as ck
 
 from worker.config import KafkaSettings, WorkerConfig
+from worker.dlq import Headers
 from worker.exceptions import KafkaIOError
 
 RebalanceCallback = Callable[[Any, list[ck.TopicPartition]], None]
@@ -163,7 +164,7 @@ class Producer:
         *,
         key: bytes | None,
         value: bytes | None,
-        headers: list[tuple[str, bytes | None]] | None = None,
+        headers: Headers | None = None,
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
         """Enqueue one record; when the local queue is full, serve callbacks and retry."""

@@ -1,0 +1,35 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint unit integration jars clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+jars: $(STAMP)  ## resolve the Kafka broker jars from Maven Central (cached)
+	$(BIN)/python -m worker.local_kafka fetch
+
+demo: $(STAMP) jars  ## local Kafka + real open_nsfw on CPU + sample images
+	$(BIN)/trt-worker demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: $(STAMP) jars  ## unit + integration (real broker); GPU tests skip without CUDA
+	$(BIN)/python -m pytest -q
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+integration: $(STAMP) jars
+	$(BIN)/python -m pytest -q tests/integration
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
