@@ -1,58 +1,168 @@
-"""A FIFO batcher: pure CPU bookkeeping, no I/O, no clock of its own.
+"""Dynamic batching per engine profile: pure CPU bookkeeping, no I/O, no clock of its own.
 
-A batch is released when it is full or when its oldest job has waited ``max_delay_s``. Issue 3
-replaces this with per-profile batching (padding, deadlines, fairness); the loop depends only
-on ``add`` / ``take`` / ``remove`` / ``__len__``.
+Rules (each unit-tested in tests/unit/test_batcher.py):
+- fill: a profile's batch is due once ``min(max_batch_size, profile max)`` jobs are queued;
+- delay: ... or once its oldest job has waited ``max_delay_s``;
+- deadline: a job whose deadline has passed is returned as expired, never batched;
+- padding: a due batch is padded up to the profile's next static size, unless that would waste
+  more than ``max_pad_fraction`` of it; then the largest full static size is taken instead and
+  the rest waits for the next call;
+- fairness: a batch takes jobs round-robin across source partitions, so a hot partition cannot
+  starve a quiet one.
+The loop asks ``schedule(now, limit=free slots)`` each step; several batches may be in flight.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from engines.profiles import Profile, profile_for
 
-class Timed(Protocol):
+
+class Batchable(Protocol):
     @property
-    def consumed_at(self) -> float: ...
+    def consumed_at(self) -> float: ...  # monotonic seconds
+
+    @property
+    def deadline_ms(self) -> int | None: ...  # epoch milliseconds
+
+    @property
+    def partition_key(self) -> Hashable: ...
+
+    @property
+    def item_shape(self) -> tuple[int, ...]: ...
 
 
-T = TypeVar("T", bound=Timed)
+T = TypeVar("T", bound=Batchable)
 
 
-class FifoBatcher(Generic[T]):
-    def __init__(self, max_size: int, max_delay_s: float) -> None:
-        if max_size < 1:
-            raise ValueError("max_size must be >= 1")
-        self.max_size = max_size
+class NoProfileFits(ValueError):
+    """No configured profile accepts the item's shape."""
+
+
+@dataclass(slots=True)
+class Batch(Generic[T]):
+    profile: Profile
+    items: list[T]
+    padded_size: int
+
+
+@dataclass(slots=True)
+class Scheduled(Generic[T]):
+    batches: list[Batch[T]] = field(default_factory=list)
+    expired: list[T] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _ProfileQueue(Generic[T]):
+    profile: Profile
+    by_partition: dict[Hashable, deque[T]] = field(default_factory=dict)
+    # Partitions with queued items, in round-robin order (served from the left).
+    order: deque[Hashable] = field(default_factory=deque)
+    count: int = 0
+
+    def oldest(self) -> float:
+        return min(q[0].consumed_at for q in self.by_partition.values())
+
+
+class DynamicBatcher(Generic[T]):
+    def __init__(
+        self,
+        profiles: tuple[Profile, ...],
+        *,
+        max_batch_size: int,
+        max_delay_s: float,
+        max_pad_fraction: float = 0.5,
+    ) -> None:
+        if not profiles:
+            raise ValueError("at least one profile is required")
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
-        self._queue: deque[T] = deque()
+        self.max_pad_fraction = max_pad_fraction
+        self._queues = {p.name: _ProfileQueue[T](p) for p in profiles}
+        self._profiles = profiles
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return sum(q.count for q in self._queues.values())
 
-    def add(self, item: T) -> None:
-        self._queue.append(item)
+    def add(self, item: T) -> Profile:
+        profile = profile_for(self._profiles, item.item_shape)
+        if profile is None:
+            raise NoProfileFits(f"no engine profile accepts an input of shape {item.item_shape}")
+        q = self._queues[profile.name]
+        key = item.partition_key
+        if key not in q.by_partition:
+            q.by_partition[key] = deque()
+            q.order.append(key)
+        q.by_partition[key].append(item)
+        q.count += 1
+        return profile
 
-    def take(self, now: float, *, force: bool = False) -> list[T] | None:
-        """The next batch if one is due at ``now`` (monotonic seconds), else None."""
-        if not self._queue:
-            return None
-        due = (
-            force
-            or len(self._queue) >= self.max_size
-            or now - self._queue[0].consumed_at >= self.max_delay_s
-        )
-        if not due:
-            return None
-        n = min(self.max_size, len(self._queue))
-        return [self._queue.popleft() for _ in range(n)]
+    def schedule(self, now: float, now_ms: int, *, limit: int, force: bool = False
+                 ) -> Scheduled[T]:
+        """Release up to ``limit`` due batches (oldest profile first) and any expired jobs met."""
+        out: Scheduled[T] = Scheduled()
+        ready = [q for q in self._queues.values() if q.count]
+        ready.sort(key=lambda q: q.oldest())
+        for q in ready:
+            while q.count and len(out.batches) < limit:
+                batch = self._take(q, now, now_ms, force, out.expired)
+                if batch is None:
+                    break
+                out.batches.append(batch)
+        return out
 
     def remove(self, predicate: Callable[[T], bool]) -> list[T]:
         """Drop and return queued items matching ``predicate`` (e.g. of revoked partitions)."""
-        kept: deque[T] = deque()
         dropped: list[T] = []
-        for item in self._queue:
-            (dropped if predicate(item) else kept).append(item)
-        self._queue = kept
+        for q in self._queues.values():
+            for key in list(q.by_partition):
+                kept = deque(i for i in q.by_partition[key] if not predicate(i))
+                dropped.extend(i for i in q.by_partition[key] if predicate(i))
+                if kept:
+                    q.by_partition[key] = kept
+                else:
+                    del q.by_partition[key]
+            q.order = deque(k for k in q.order if k in q.by_partition)
+            q.count = sum(len(d) for d in q.by_partition.values())
         return dropped
+
+    def _take(self, q: _ProfileQueue[T], now: float, now_ms: int, force: bool,
+              expired: list[T]) -> Batch[T] | None:
+        cap = min(self.max_batch_size, q.profile.max_batch)
+        full = q.count >= cap
+        if not (force or full or now - q.oldest() >= self.max_delay_s):
+            return None
+        n = min(q.count, cap)
+        padded = q.profile.padded(n)
+        if not full and (padded - n) / padded > self.max_pad_fraction:
+            largest = q.profile.largest_full(n)
+            if largest:
+                n, padded = largest, largest
+        items = self._round_robin(q, n, now_ms, expired)
+        if not items:
+            return None
+        return Batch(q.profile, items, q.profile.padded(len(items)))
+
+    @staticmethod
+    def _round_robin(q: _ProfileQueue[T], n: int, now_ms: int, expired: list[T]) -> list[T]:
+        items: list[T] = []
+        while len(items) < n and q.order:
+            key = q.order.popleft()
+            dq = q.by_partition[key]
+            item = dq.popleft()
+            q.count -= 1
+            if dq:
+                q.order.append(key)
+            else:
+                del q.by_partition[key]
+            if item.deadline_ms is not None and now_ms > item.deadline_ms:
+                expired.append(item)
+            else:
+                items.append(item)
+        return items

@@ -94,6 +94,15 @@ def demo(
     raise typer.Exit(0 if ok else 1)
 
 
+def _register_subcommands() -> None:
+    from worker.engines_cli import app as engines_app
+
+    app.add_typer(engines_app, name="engines")
+
+
+_register_subcommands()
+
+
 def main() -> None:
     try:
         app()

@@ -75,6 +75,8 @@ class TopicsSettings(_Part):
 class BatchSettings(_Part):
     max_batch_size: int = Field(16, ge=1, le=4096)
     max_delay_ms: float = Field(20.0, ge=0)
+    # A due batch is padded up to the next static size unless that wastes more than this.
+    max_pad_fraction: float = Field(0.5, ge=0, le=1)
     max_in_flight_batches: int = Field(2, ge=1, le=64)
     # Backpressure: pause the assignment when this many jobs are held, resume below low.
     high_watermark: int = Field(512, ge=1)
@@ -115,13 +117,74 @@ def _default_policies() -> dict[str, Thresholds]:
     return {"default": Thresholds()}
 
 
+class ProfileSettings(_Part):
+    """An engine profile: ``static`` (batch_sizes) or ``range`` (min/opt/max batch)."""
+
+    name: str = Field(min_length=1)
+    kind: Literal["static", "range"]
+    batch_sizes: list[int] | None = None
+    min_batch: int | None = Field(None, ge=1)
+    opt_batch: int | None = Field(None, ge=1)
+    max_batch: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _complete(self) -> ProfileSettings:
+        if self.kind == "static":
+            if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+                raise ValueError(f"static profile {self.name!r} needs batch_sizes >= 1")
+            if self.batch_sizes != sorted(set(self.batch_sizes)):
+                raise ValueError(f"profile {self.name!r}: batch_sizes must increase strictly")
+        else:
+            lo, opt, hi = self.min_batch, self.opt_batch, self.max_batch
+            if lo is None or opt is None or hi is None or not lo <= opt <= hi:
+                raise ValueError(f"range profile {self.name!r} needs min <= opt <= max batch")
+        return self
+
+
+# Per backend: the precision and profiles used when the config names none. CPU: one range
+# (no padding: every padded row costs real CPU time). GPU: static buckets (one CUDA graph or
+# TensorRT profile each).
+BACKEND_DEFAULTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
+    "onnxruntime": ("fp32", [{"name": "cpu", "kind": "range", "min_batch": 1, "opt_batch": 8,
+                              "max_batch": 64}]),
+    "torch": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
+    "tensorrt": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
+}
+BACKEND_PRECISIONS = {"onnxruntime": {"fp32"}, "torch": {"fp32", "fp16"},
+                      "tensorrt": {"fp32", "fp16", "int8", "fp8"}}
+
+
 class ModelSettings(_Part):
-    backend: Literal["onnxruntime"] = "onnxruntime"
+    backend: Literal["onnxruntime", "torch", "tensorrt"] = "onnxruntime"
+    precision: Literal["fp32", "fp16", "int8", "fp8"] | None = None
+    profiles: list[ProfileSettings] | None = None
+    device: int = Field(0, ge=0)
     open_nsfw_onnx: Path | None = None
     intra_op_threads: int | None = Field(None, ge=1)
     decode_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     jpeg_roundtrip: bool = True
     policies: dict[str, Thresholds] = Field(default_factory=_default_policies)
+
+    @model_validator(mode="after")
+    def _precision_supported(self) -> ModelSettings:
+        precision = self.effective_precision
+        if precision not in BACKEND_PRECISIONS[self.backend]:
+            raise ValueError(f"backend {self.backend} does not support precision {precision} "
+                             f"(supported: {sorted(BACKEND_PRECISIONS[self.backend])})")
+        names = [p.name for p in self.effective_profiles]
+        if len(set(names)) != len(names):
+            raise ValueError("profile names must be unique")
+        return self
+
+    @property
+    def effective_precision(self) -> str:
+        return self.precision or BACKEND_DEFAULTS[self.backend][0]
+
+    @property
+    def effective_profiles(self) -> list[ProfileSettings]:
+        if self.profiles:
+            return self.profiles
+        return [ProfileSettings(**p) for p in BACKEND_DEFAULTS[self.backend][1]]
 
     @field_validator("policies", mode="before")
     @classmethod
@@ -130,6 +193,21 @@ class ModelSettings(_Part):
         if isinstance(value, dict) and "default" not in value:
             return {"default": Thresholds(), **value}
         return value
+
+
+def _default_engine_cache() -> Path:
+    base = os.environ.get("KTW_CACHE_DIR") or Path.home() / ".cache" / "kafka-trt-worker"
+    return Path(base) / "engines"
+
+
+class EngineSettings(_Part):
+    cache_dir: Path = Field(default_factory=_default_engine_cache)
+    # Use the engine cache (build once, load after). Off: build in memory at every start.
+    use_cache: bool = True
+    calibration_dir: Path | None = None  # real sample images for INT8 calibration
+    timing_cache: Path | None = None  # TensorRT timing cache (default: inside cache_dir)
+    workspace_mb: int = Field(4096, ge=64)
+    in_flight_slots: int = Field(2, ge=1, le=16)  # per batch size, GPU runners
 
 
 class CommitSettings(_Part):
@@ -152,6 +230,7 @@ class WorkerConfig(BaseSettings):
     batch: BatchSettings = Field(default_factory=BatchSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     model: ModelSettings = Field(default_factory=ModelSettings)
+    engines: EngineSettings = Field(default_factory=EngineSettings)
     commit: CommitSettings = Field(default_factory=CommitSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 

@@ -10,11 +10,13 @@ import numpy as np
 
 from engines.backends.base import Runner
 from engines.exceptions import InferenceFailed
-from engines.models.open_nsfw import LABELS, MODEL_ID, open_nsfw_spec
+from engines.models.open_nsfw import LABELS
+from engines.spec import EngineSpec
+from worker.batcher import Batch
 from worker.config import WorkerConfig
 from worker.dlq import SourceRecord
-from worker.exceptions import ConfigError, JobRejected, UnknownPolicy
-from worker.images import ImageLimits, decode_image, preprocess_open_nsfw
+from worker.exceptions import JobRejected, UnknownPolicy
+from worker.images import CROP, ImageLimits, decode_image, preprocess_open_nsfw
 from worker.jobs import ModerationJob, ModerationResult, SourceRef, Status, Verdict
 from worker.verdict import verdict_for
 
@@ -28,6 +30,19 @@ class Pending:
     consumed_at: float  # time.monotonic()
     record: SourceRecord
 
+    # The batcher's view of a job (worker.batcher.Batchable).
+    @property
+    def deadline_ms(self) -> int | None:
+        return self.job.deadline_ms
+
+    @property
+    def partition_key(self) -> tuple[str, int]:
+        return (self.ref.topic, self.ref.partition)
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        return IMAGE_ITEM_SHAPE
+
 
 @dataclass(slots=True)
 class Outcome:
@@ -36,22 +51,18 @@ class Outcome:
     rejection: JobRejected | None = None
 
 
-def build_runner(cfg: WorkerConfig) -> Runner:
-    if cfg.model.backend == "onnxruntime":
-        from engines.backends.onnxruntime import OrtRunner
-
-        return OrtRunner(open_nsfw_spec(cfg.model.open_nsfw_onnx),
-                         intra_op_threads=cfg.model.intra_op_threads)
-    raise ConfigError(f"unknown backend {cfg.model.backend!r}")
+# Every image is preprocessed to the model's fixed input, so all image jobs share one shape.
+IMAGE_ITEM_SHAPE = (CROP, CROP, 3)
 
 
 class ModerationTask:
     """Turns batches of :class:`Pending` jobs into :class:`Outcome` futures without blocking."""
 
-    def __init__(self, cfg: WorkerConfig, runner: Runner) -> None:
+    def __init__(self, cfg: WorkerConfig, runner: Runner, spec: EngineSpec) -> None:
         self.cfg = cfg
         self.runner = runner
-        self.model_id = MODEL_ID
+        self.model_id = spec.model_id
+        self.input_name, self.output_name = spec.inputs[0].name, spec.outputs[0].name
         self._limits = ImageLimits(cfg.limits.max_image_pixels, cfg.limits.max_image_side)
         self._decode_pool = ThreadPoolExecutor(cfg.model.decode_threads,
                                                thread_name_prefix="decode")
@@ -68,10 +79,9 @@ class ModerationTask:
             known = ", ".join(sorted(self.cfg.model.policies))
             raise UnknownPolicy(f"policy {job.policy!r} is not configured (known: {known})")
 
-    def expired_result(self, p: Pending, now_ms: int) -> ModerationResult | None:
-        deadline = p.job.deadline_ms
-        if deadline is None or now_ms <= deadline:
-            return None
+    def expired_result(self, p: Pending, now_ms: int) -> ModerationResult:
+        """The answer for a job the batcher found past its deadline (never sent to the engine)."""
+        deadline = p.job.deadline_ms or 0
         waited = (time.monotonic() - p.consumed_at) * 1e3
         return self._result(
             p, Status.EXPIRED, timings={"queue": waited, "total": waited},
@@ -79,7 +89,7 @@ class ModerationTask:
                   "the engine",
         )
 
-    def submit(self, batch: list[Pending]) -> Future[list[Outcome]]:
+    def submit(self, batch: Batch[Pending]) -> Future[list[Outcome]]:
         return self._batch_pool.submit(self._run, batch)
 
     def close(self) -> None:
@@ -93,22 +103,25 @@ class ModerationTask:
             return exc
         return preprocess_open_nsfw(img, jpeg_roundtrip=self.cfg.model.jpeg_roundtrip)
 
-    def _run(self, batch: list[Pending]) -> list[Outcome]:
+    def _run(self, batch: Batch[Pending]) -> list[Outcome]:
         started = time.monotonic()
-        prepared = list(self._decode_pool.map(self._prepare, batch))
+        prepared = list(self._decode_pool.map(self._prepare, batch.items))
         decoded = time.monotonic()
         outcomes: list[Outcome] = []
         good: list[tuple[Pending, np.ndarray]] = []
-        for p, x in zip(batch, prepared, strict=True):
+        for p, x in zip(batch.items, prepared, strict=True):
             if isinstance(x, JobRejected):
                 outcomes.append(Outcome(p, rejection=x))
             else:
                 good.append((p, x))
         if not good:
             return outcomes
-        feeds = {"input:0": np.stack([x for _, x in good])}
+        rows = [x for _, x in good]
+        # Static profiles run fixed batch sizes: repeat a real row as padding (outputs dropped).
+        rows += [rows[0]] * (batch.profile.padded(len(rows)) - len(rows))
+        feeds = {self.input_name: np.stack(rows)}
         try:
-            scores = self.runner.infer(feeds).result()["outputs"]
+            scores = self.runner.infer(feeds).result()[self.output_name][: len(good)]
         except InferenceFailed as exc:
             for p, _ in good:
                 outcomes.append(Outcome(p, result=self._result(p, Status.ERROR, error=str(exc))))

@@ -22,10 +22,11 @@ import confluent_kafka as ck
 import structlog
 
 from engines.backends.base import Runner
-from worker.batcher import FifoBatcher
+from worker.batcher import DynamicBatcher, NoProfileFits
 from worker.codec import DecodeLimits, decode_moderation_job, encode_result
 from worker.config import WorkerConfig
 from worker.dlq import Headers, SourceRecord, dead_letter
+from worker.engine_setup import make_runner
 from worker.exceptions import (
     ConfigError,
     DeliveryFailed,
@@ -36,7 +37,7 @@ from worker.exceptions import (
 )
 from worker.jobs import RESULT_SCHEMA, ModerationResult, SourceRef
 from worker.kafka import Consumer, Producer, consumer_settings, producer_settings
-from worker.moderation import ModerationTask, Outcome, Pending, build_runner
+from worker.moderation import ModerationTask, Outcome, Pending
 from worker.offsets import OffsetTracker, TopicPartitionKey
 from worker.stats import Stats
 
@@ -48,14 +49,16 @@ class Worker:
         if not cfg.kafka.bootstrap_servers:
             raise ConfigError("kafka.bootstrap_servers is empty (set KAFKA_BOOTSTRAP_SERVERS)")
         self.cfg = cfg
-        self.runner = runner or build_runner(cfg)
-        self.task = ModerationTask(cfg, self.runner)
+        built, plan = make_runner(cfg)
+        self.runner = runner or built
+        self.task = ModerationTask(cfg, self.runner, plan.spec)
         self.stats = Stats()
         self._consumer = Consumer(consumer_settings(cfg))
         self._producer = Producer(producer_settings(cfg))
         self._tracker = OffsetTracker()
-        self._batcher: FifoBatcher[Pending] = FifoBatcher(
-            cfg.batch.max_batch_size, cfg.batch.max_delay_ms / 1e3
+        self._batcher: DynamicBatcher[Pending] = DynamicBatcher(
+            plan.profiles, max_batch_size=cfg.batch.max_batch_size,
+            max_delay_s=cfg.batch.max_delay_ms / 1e3, max_pad_fraction=cfg.batch.max_pad_fraction,
         )
         self._limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
         self._in_flight: list[Future[list[Outcome]]] = []
@@ -161,27 +164,25 @@ class Worker:
             self._dead_letter(record, exc)
             return
         ref = SourceRef(topic, partition, offset)
-        self._batcher.add(Pending(ref, job, time.monotonic(), record))
+        try:
+            self._batcher.add(Pending(ref, job, time.monotonic(), record))
+        except NoProfileFits as exc:
+            self._dead_letter(record, SchemaViolation(str(exc), reason="no_profile"))
 
     # -- schedule / execute / update -------------------------------------------------------
     def _schedule(self, *, force: bool) -> None:
-        while len(self._in_flight) < self.cfg.batch.max_in_flight_batches:
-            batch = self._batcher.take(time.monotonic(), force=force)
-            if batch is None:
-                return
-            now_ms = int(time.time() * 1e3)
-            live = []
-            for p in batch:
-                expired = self.task.expired_result(p, now_ms)
-                if expired is None:
-                    live.append(p)
-                else:
-                    self.stats.expired += 1
-                    log.info("job_expired", job_id=p.job.id, topic=p.ref.topic,
-                             partition=p.ref.partition, offset=p.ref.offset)
-                    self._publish(expired, p.ref)
-            if live:
-                self._in_flight.append(self.task.submit(live))
+        free = self.cfg.batch.max_in_flight_batches - len(self._in_flight)
+        if free <= 0 and not force:
+            return
+        now_ms = int(time.time() * 1e3)
+        due = self._batcher.schedule(time.monotonic(), now_ms, limit=max(free, 0), force=force)
+        for p in due.expired:
+            self.stats.expired += 1
+            log.info("job_expired", job_id=p.job.id, topic=p.ref.topic,
+                     partition=p.ref.partition, offset=p.ref.offset)
+            self._publish(self.task.expired_result(p, now_ms), p.ref)
+        for batch in due.batches:
+            self._in_flight.append(self.task.submit(batch))
 
     def _collect(self, *, block: bool) -> None:
         pending = []

@@ -3,18 +3,44 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engines.backends.base import FutureHandle, InferHandle, Outputs, Runner
+from engines.cache import CacheEntry
 from engines.exceptions import BackendUnavailable, InferenceFailed, RunnerStateError
 from engines.spec import EngineSpec
 
 if TYPE_CHECKING:
     import onnxruntime as ort
+
+
+def ort_version() -> str:
+    import onnxruntime as ort
+
+    return str(ort.__version__)
+
+
+def build_ort_artifact(spec: EngineSpec, out: Path) -> None:
+    """The artifact: the model after ORT's full graph optimization for this CPU (fused and
+    layout-transformed nodes), which ORT documents as valid only on the hardware it ran on."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.optimized_model_filepath = str(out)
+    # ORT warns that this file is hardware-specific; the cache key's device fingerprint is
+    # exactly what handles that, so the warning is noise here.
+    opts.log_severity_level = 3
+    try:
+        ort.InferenceSession(spec.onnx().data, sess_options=opts,
+                             providers=["CPUExecutionProvider"])
+    except _ort_errors() as exc:
+        raise InferenceFailed(f"onnxruntime could not optimize {spec.model_id}: {exc}") from exc
 
 
 def _ort_errors() -> tuple[type[BaseException], ...]:
@@ -37,9 +63,11 @@ class OrtRunner(Runner):
 
     backend = "onnxruntime"
 
-    def __init__(self, spec: EngineSpec, *, intra_op_threads: int | None = None) -> None:
+    def __init__(self, spec: EngineSpec, *, intra_op_threads: int | None = None,
+                 engine: Callable[[], CacheEntry] | None = None) -> None:
         super().__init__()
         self.spec = spec
+        self._engine = engine
         self._threads = intra_op_threads or os.cpu_count() or 1
         self._session: ort.InferenceSession | None = None
         self._own_stream: ThreadPoolExecutor | None = None
@@ -54,17 +82,26 @@ class OrtRunner(Runner):
             import onnxruntime as ort
         except ImportError as exc:  # pragma: no cover - a hard dependency of the package
             raise BackendUnavailable("onnxruntime does not import") from exc
-        model = self.spec.onnx()
         opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.intra_op_num_threads = self._threads
+        source: str | bytes
+        if self._engine is not None:
+            # A cached artifact is already optimized for this CPU: do not optimize it again.
+            entry = self._engine()
+            source, where = str(entry.artifact), str(entry.artifact)
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            self._hash = f"onnxruntime-{entry.key[:12]}"
+        else:
+            model = self.spec.onnx()
+            source, where = model.data, model.source
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            self._hash = f"onnxruntime-{ort.__version__}-{model.sha256[:12]}"
         try:
             self._session = ort.InferenceSession(
-                model.data, sess_options=opts, providers=["CPUExecutionProvider"]
+                source, sess_options=opts, providers=["CPUExecutionProvider"]
             )
         except _ort_errors() as exc:
-            raise InferenceFailed(f"onnxruntime could not load {model.source}: {exc}") from exc
-        self._hash = f"onnxruntime-{ort.__version__}-{model.sha256[:12]}"
+            raise InferenceFailed(f"onnxruntime could not load {where}: {exc}") from exc
         self._own_stream = ThreadPoolExecutor(1, thread_name_prefix=f"ort-{self.spec.model_id}")
 
     def _run(self, feeds: Mapping[str, np.ndarray]) -> Outputs:

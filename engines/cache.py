@@ -1,0 +1,215 @@
+"""The engine cache: a lazy loader that loads an artifact or builds and saves it.
+
+Key = SHA-256 over (ONNX bytes' hash, backend and its version, device fingerprint, precision,
+profiles, flags). Each entry is a folder ``<root>/<model_id>/<key>/`` holding the artifact and
+``sidecar.json`` recording all of that plus the artifact's own hash, size and build time.
+Writes are atomic (built in a temp folder, renamed into place) and an exclusive file lock keeps
+a second builder (another worker starting at the same time) waiting instead of building twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from engines.device import DeviceFingerprint
+from engines.exceptions import EngineError
+
+SIDECAR = "sidecar.json"
+FORMAT_VERSION = 1
+
+
+class ArtifactMismatch(EngineError):
+    """An artifact was built for another device, backend version or model."""
+
+
+class CacheCorrupt(EngineError):
+    """An entry's artifact does not match its sidecar (truncated, edited)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BuildRecipe:
+    """Everything that determines an artifact's bytes; its digest is the cache key."""
+
+    model_id: str
+    onnx_sha256: str
+    backend: str
+    backend_version: str
+    device: DeviceFingerprint
+    precision: str
+    profiles: tuple[dict[str, Any], ...]
+    flags: dict[str, Any] = field(default_factory=dict)
+    artifact_name: str = "engine.bin"
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION, "model_id": self.model_id, "onnx_sha256": self.onnx_sha256,
+            "backend": self.backend, "backend_version": self.backend_version,
+            "device": self.device.to_dict(), "precision": self.precision,
+            "profiles": list(self.profiles), "flags": self.flags,
+        }
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    path: Path  # the entry's folder
+    sidecar: dict[str, Any]
+
+    @property
+    def artifact(self) -> Path:
+        return self.path / str(self.sidecar["artifact"]["name"])
+
+    @property
+    def key(self) -> str:
+        return str(self.sidecar["key"])
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("KTW_CACHE_DIR") or Path.home() / ".cache" / "kafka-trt-worker"
+    return Path(base) / "engines"
+
+
+class EngineCache:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(root) if root is not None else default_cache_dir()
+
+    def entry_dir(self, recipe: BuildRecipe) -> Path:
+        return self.root / recipe.model_id / recipe.key
+
+    def lookup(self, recipe: BuildRecipe) -> CacheEntry | None:
+        folder = self.entry_dir(recipe)
+        sidecar = folder / SIDECAR
+        if not sidecar.is_file():
+            return None
+        entry = CacheEntry(folder, json.loads(sidecar.read_text()))
+        check_entry(entry, recipe.device, recipe.backend_version, verify_bytes=False)
+        return entry
+
+    @contextmanager
+    def lock(self, recipe: BuildRecipe) -> Iterator[None]:
+        locks = self.root / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with (locks / f"{recipe.key}.lock").open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def save(self, recipe: BuildRecipe, build: Callable[[Path], None]) -> CacheEntry:
+        """Run ``build(artifact_path)`` in a temp folder, write the sidecar, rename into place."""
+        final = self.entry_dir(recipe)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{recipe.key}-", dir=final.parent))
+        try:
+            started = time.monotonic()
+            build(tmp / recipe.artifact_name)
+            seconds = time.monotonic() - started
+            artifact = tmp / recipe.artifact_name
+            if not artifact.is_file():
+                raise EngineError(f"builder for {recipe.backend} wrote no artifact")
+            sidecar = {
+                **recipe.identity(),
+                "key": recipe.key,
+                "artifact": {"name": recipe.artifact_name, "sha256": _sha256_file(artifact),
+                             "bytes": artifact.stat().st_size},
+                "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "build_seconds": round(seconds, 3),
+                "built_on": socket.gethostname(),
+            }
+            (tmp / SIDECAR).write_text(json.dumps(sidecar, indent=2, sort_keys=True))
+            for f in tmp.iterdir():
+                with f.open("rb") as fh:
+                    os.fsync(fh.fileno())
+            if final.exists():  # a stale or corrupt entry we are replacing
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return CacheEntry(final, sidecar)
+
+    def entries(self) -> list[CacheEntry]:
+        out = []
+        for sidecar in sorted(self.root.glob(f"*/*/{SIDECAR}")):
+            try:
+                out.append(CacheEntry(sidecar.parent, json.loads(sidecar.read_text())))
+            except json.JSONDecodeError:
+                continue  # reported by verify as corrupt; never fatal for listing
+        return out
+
+    def remove(self, entry: CacheEntry) -> None:
+        shutil.rmtree(entry.path)
+
+
+def check_entry(entry: CacheEntry, device: DeviceFingerprint, backend_version: str | None,
+                *, verify_bytes: bool) -> None:
+    """Refuse an entry built for another device or backend version, or whose bytes changed."""
+    sc = entry.sidecar
+    built_for = DeviceFingerprint.from_dict(sc["device"])
+    hint = ("rebuild it on this machine: `trt-worker engines build`, or delete the entry "
+            f"({entry.path})")
+    if built_for != device:
+        raise ArtifactMismatch(
+            f"engine {entry.key} was built for {built_for.describe()}, this machine is "
+            f"{device.describe()}; {hint}"
+        )
+    if backend_version is not None and sc["backend_version"] != backend_version:
+        raise ArtifactMismatch(
+            f"engine {entry.key} was built with {sc['backend']} {sc['backend_version']}, "
+            f"installed is {backend_version}; {hint}"
+        )
+    if verify_bytes:
+        if not entry.artifact.is_file():
+            raise CacheCorrupt(f"engine {entry.key}: artifact {entry.artifact} is missing")
+        digest = _sha256_file(entry.artifact)
+        if digest != sc["artifact"]["sha256"]:
+            raise CacheCorrupt(f"engine {entry.key}: artifact hash {digest[:12]} does not match "
+                               f"its sidecar ({sc['artifact']['sha256'][:12]}); {hint}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFromCache:
+    """Lazy loader: the cached artifact for ``recipe``, built with ``build`` when missing."""
+
+    cache: EngineCache
+    recipe: BuildRecipe
+    build: Callable[[Path], None]
+    on_build: Callable[[BuildRecipe], None] | None = None  # e.g. start a progress display
+
+    def __call__(self) -> CacheEntry:
+        entry = self.cache.lookup(self.recipe)
+        if entry is not None:
+            return entry
+        with self.cache.lock(self.recipe):
+            entry = self.cache.lookup(self.recipe)  # another builder may have finished
+            if entry is not None:
+                return entry
+            if self.on_build is not None:
+                self.on_build(self.recipe)
+            return self.cache.save(self.recipe, self.build)

@@ -1,0 +1,138 @@
+"""`trt-worker engines build|list|verify|prune`: the engine cache from the command line."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from engines.cache import CacheEntry, EngineCache, check_entry
+from engines.device import DeviceFingerprint, current_fingerprint
+from engines.exceptions import EngineError
+from worker.config import WorkerConfig, load_config
+from worker.engine_setup import engine_loader, engine_plan
+
+app = typer.Typer(no_args_is_help=True, help="Build, list, verify and prune cached engines.")
+ConfigOpt = Annotated[str | None, typer.Option("--config", "-c", help="TOML config file.")]
+console = Console()
+
+
+def _cfg(config: str | None, backend: str | None, precision: str | None) -> WorkerConfig:
+    model: dict[str, str] = {}
+    if backend:
+        model["backend"] = backend
+    if precision:
+        model["precision"] = precision
+    return load_config(config, **({"model": model} if model else {}))
+
+
+@app.command()
+def build(
+    config: ConfigOpt = None,
+    backend: Annotated[str | None, typer.Option(help="onnxruntime | torch | tensorrt")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32 | fp16 | int8 | fp8")] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if cached.")] = False,
+) -> None:
+    """Build (or find) the engine the configured worker would load."""
+    cfg = _cfg(config, backend, precision)
+    plan = engine_plan(cfg)
+    loader = engine_loader(cfg, plan)
+    cache, recipe = loader.cache, loader.recipe
+    existing = None if force else cache.lookup(recipe)
+    if existing is not None:
+        console.print(f"cached: {existing.path} ({existing.sidecar['build_seconds']} s to build)")
+        return
+    profiles = ", ".join(p.name for p in plan.profiles)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        what = (f"building {plan.spec.model_id} ({plan.backend} {plan.precision}, profiles "
+                f"{profiles}) for {recipe.device.describe()}")
+        progress.add_task(escape(what), total=None)
+        started = time.monotonic()
+        with cache.lock(recipe):
+            entry = cache.save(recipe, loader.build)
+    console.print(f"built {entry.path} in {time.monotonic() - started:.1f} s "
+                  f"({entry.sidecar['artifact']['bytes'] / 1e6:.1f} MB)")
+
+
+def _device_for(entry: CacheEntry, seen: dict[str, DeviceFingerprint | None]
+                ) -> DeviceFingerprint | None:
+    kind = str(entry.sidecar["device"]["kind"])
+    if kind not in seen:
+        try:
+            seen[kind] = current_fingerprint(kind)
+        except EngineError:
+            seen[kind] = None  # e.g. no CUDA on this machine
+    return seen[kind]
+
+
+@app.command("list")
+def list_(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] = None) -> None:
+    """List cached engines and whether they fit this machine."""
+    cache = EngineCache(cache_dir) if cache_dir else EngineCache(load_config().engines.cache_dir)
+    table = Table(title=f"engines in {cache.root}")
+    for col in ("key", "model", "backend", "precision", "profiles", "device", "MB", "built",
+                "fits here"):
+        table.add_column(col)
+    seen: dict[str, DeviceFingerprint | None] = {}
+    for e in cache.entries():
+        sc = e.sidecar
+        dev = DeviceFingerprint.from_dict(sc["device"])
+        here = _device_for(e, seen)
+        table.add_row(e.key[:12], sc["model_id"], f"{sc['backend']} {sc['backend_version']}",
+                      sc["precision"], ",".join(p["name"] for p in sc["profiles"]), dev.name,
+                      f"{sc['artifact']['bytes'] / 1e6:.1f}", sc["built_at"],
+                      "yes" if here == dev else ("unknown" if here is None else "no"))
+    console.print(table)
+
+
+@app.command()
+def verify(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] = None) -> None:
+    """Re-hash every artifact against its sidecar and check it fits this machine."""
+    cache = EngineCache(cache_dir) if cache_dir else EngineCache(load_config().engines.cache_dir)
+    seen: dict[str, DeviceFingerprint | None] = {}
+    bad = 0
+    for e in cache.entries():
+        here = _device_for(e, seen)
+        try:
+            if here is None:
+                raise EngineError(f"no {e.sidecar['device']['kind']} device on this machine")
+            check_entry(e, here, None, verify_bytes=True)
+            console.print(f"ok       {e.key[:12]} {e.sidecar['backend']} {e.sidecar['precision']}")
+        except EngineError as exc:
+            bad += 1
+            console.print(f"[red]problem[/] {e.key[:12]}: {exc}")
+    raise typer.Exit(1 if bad else 0)
+
+
+@app.command()
+def prune(
+    cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] = None,
+    older_than_days: Annotated[float | None, typer.Option(help="Also remove older ones.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Remove every entry.")] = False,
+    dry_run: Annotated[bool, typer.Option(help="Only say what would go.")] = False,
+) -> None:
+    """Remove entries that cannot load here (other device), or older ones, or all."""
+    cache = EngineCache(cache_dir) if cache_dir else EngineCache(load_config().engines.cache_dir)
+    seen: dict[str, DeviceFingerprint | None] = {}
+    cutoff = (datetime.now(UTC) - timedelta(days=older_than_days)
+              if older_than_days is not None else None)
+    removed = 0
+    for e in cache.entries():
+        here = _device_for(e, seen)
+        foreign = here is not None and DeviceFingerprint.from_dict(e.sidecar["device"]) != here
+        old = cutoff is not None and datetime.fromisoformat(e.sidecar["built_at"]) < cutoff
+        if all_ or foreign or old:
+            why = "all" if all_ else ("other device" if foreign else "old")
+            console.print(f"{'would remove' if dry_run else 'removing'} {e.key[:12]} ({why})")
+            if not dry_run:
+                cache.remove(e)
+            removed += 1
+    console.print(f"{removed} entr{'y' if removed == 1 else 'ies'} "
+                  f"{'to remove' if dry_run else 'removed'}")
