@@ -1,0 +1,61 @@
+"""Benchmark bookkeeping: environment record, medians, JSON output under bench/results/."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=False, cwd=Path(__file__).parent)
+        return out.stdout.strip() or os.environ.get("KTW_COMMIT", "unknown")
+    except OSError:
+        return os.environ.get("KTW_COMMIT", "unknown")
+
+
+def environment() -> dict[str, Any]:
+    env: dict[str, Any] = {"python": platform.python_version(), "commit": commit(),
+                           "host_cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                              time.gmtime())}
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(0)
+            env["cuda_runtime"] = torch.version.cuda
+            from engines.device import cuda_fingerprint
+
+            fp = cuda_fingerprint(0)
+            env["driver"], env["compute_capability"] = fp.driver, fp.arch
+    except ImportError:
+        pass
+    try:
+        import onnxruntime
+
+        env["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def write(name: str, record: dict[str, Any], out_dir: Path | None = None) -> Path:
+    folder = out_dir or RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.json"
+    path.write_text(json.dumps(record, indent=2, sort_keys=True))
+    return path

@@ -1,0 +1,129 @@
+"""Every runner available on this machine against the float32 onnxruntime reference.
+
+One test, parametrized over runners; unavailable ones skip with the reason. Tolerances are on
+output probabilities: fp32 runners must agree to 1e-5; fp16 ones to 5e-3 (FP16 accumulates
+rounding over 53 convolutions; measured on an H200 in bench/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from engines.backends.base import Runner
+from engines.models.open_nsfw import bundled_onnx_path, open_nsfw_spec
+from engines.profiles import Profile, RangeProfile, StaticProfile
+from tests.conformance_inputs import conformance_batch
+
+ITEM = (224, 224, 3)
+STATIC: tuple[Profile, ...] = (StaticProfile("gpu", ITEM, (1, 8, 32)),)
+RANGE: tuple[Profile, ...] = (RangeProfile("any", ITEM, ITEM, ITEM, 1, 8, 64),)
+
+
+def _cuda() -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    import torch
+
+    return None if torch.cuda.is_available() else "no CUDA device"
+
+
+def _tensorrt() -> str | None:
+    if importlib.util.find_spec("tensorrt") is None:
+        return ("tensorrt does not import here (its builder is not installable from the public "
+                "package index)")
+    return _cuda()
+
+
+def _ort_plain(_: Path) -> Runner:
+    from engines.backends.onnxruntime import OrtRunner
+
+    return OrtRunner(open_nsfw_spec())
+
+
+def _ort_cached(cache: Path) -> Runner:
+    from engines.backends.onnxruntime import OrtRunner, build_ort_artifact, ort_version
+    from engines.cache import BuildRecipe, EngineCache, EngineFromCache
+    from engines.device import cpu_fingerprint
+
+    spec = open_nsfw_spec()
+    recipe = BuildRecipe("open_nsfw", spec.onnx().sha256, "onnxruntime", ort_version(),
+                         cpu_fingerprint(), "fp32", tuple(p.to_dict() for p in RANGE))
+    loader = EngineFromCache(EngineCache(cache), recipe, lambda out: build_ort_artifact(spec, out))
+    return OrtRunner(spec, engine=loader)
+
+
+def _torch(precision: str, profiles: tuple[Profile, ...]) -> Callable[[Path], Runner]:
+    def make(_: Path) -> Runner:
+        from engines.backends.torch_runner import TorchRunner
+
+        return TorchRunner(open_nsfw_spec(), profiles=profiles, precision=precision)
+
+    return make
+
+
+def _trt(cache: Path) -> Runner:
+    from engines.backends.tensorrt.builder import TrtBuildOptions, build_trt_plan, trt_version
+    from engines.backends.tensorrt.runner import TrtRunner
+    from engines.cache import BuildRecipe, EngineCache, EngineFromCache
+    from engines.device import cuda_fingerprint
+
+    spec = open_nsfw_spec()
+    device = cuda_fingerprint()
+    recipe = BuildRecipe("open_nsfw", spec.onnx().sha256, "tensorrt", trt_version(), device,
+                         "fp16", tuple(p.to_dict() for p in STATIC))
+    loader = EngineFromCache(EngineCache(cache), recipe, lambda out: build_trt_plan(
+        spec, STATIC, TrtBuildOptions("fp16", timing_cache=cache / "timing.cache"), out))
+    return TrtRunner(spec, profiles=STATIC, engine=loader)
+
+
+RUNNERS = [
+    pytest.param(_ort_plain, 1e-5, None, id="onnxruntime"),
+    pytest.param(_ort_cached, 1e-5, None, id="onnxruntime-cached-artifact"),
+    pytest.param(_torch("fp32", STATIC), 1e-4, _cuda(), id="torch-fp32-cudagraphs"),
+    pytest.param(_torch("fp16", STATIC), 5e-3, _cuda(), id="torch-fp16-cudagraphs"),
+    pytest.param(_torch("fp16", RANGE), 5e-3, _cuda(), id="torch-fp16-eager-range"),
+    pytest.param(_trt, 5e-3, _tensorrt(), id="tensorrt-fp16"),
+]
+
+
+@pytest.fixture(scope="module")
+def reference() -> tuple[np.ndarray, np.ndarray]:
+    x = conformance_batch()
+    sess = ort.InferenceSession(str(bundled_onnx_path()), providers=["CPUExecutionProvider"])
+    return x, sess.run(["outputs"], {"input:0": x})[0]
+
+
+@pytest.mark.parametrize(("make", "atol", "skip"), RUNNERS)
+def test_runner_matches_float32_reference(
+    make: Callable[[Path], Runner], atol: float, skip: str | None,
+    reference: tuple[np.ndarray, np.ndarray], tmp_path: Path,
+) -> None:
+    if skip:
+        pytest.skip(skip)
+    x, ref = reference
+    assert ref[:, 1].max() - ref[:, 1].min() > 0.05, "inputs must spread the scores"
+    with make(tmp_path) as runner:
+        # Batches of 8 (a static size) and one short batch of 5 (padded or ranged).
+        outs = []
+        for start in range(0, 32, 8):
+            batch = x[start:start + 8]
+            if len(batch) == 8:
+                outs.append(runner.infer({"input:0": batch}).result()["outputs"])
+        short = runner.infer({"input:0": _pad_static(runner, x[:5])}).result()["outputs"][:5]
+    got = np.concatenate(outs)
+    np.testing.assert_allclose(got, ref[: len(got)], atol=atol, rtol=0)
+    np.testing.assert_allclose(short, ref[:5], atol=atol, rtol=0)
+    print(f"{runner.backend}: max |diff| = {np.abs(got - ref[: len(got)]).max():.2e}")
+
+
+def _pad_static(runner: Runner, x: np.ndarray) -> np.ndarray:
+    """Static-profile runners take offered sizes only; pad like the worker does."""
+    if runner.backend == "tensorrt":
+        return np.concatenate([x, np.repeat(x[:1], 8 - len(x), axis=0)])
+    return x

@@ -1,0 +1,327 @@
+"""The replay loop: assigned consumer -> decode -> ModerationTask -> idempotent producer.
+
+Scoring goes through the live worker's own parts (``make_runner``, ``DynamicBatcher`` over
+the engine's profiles, :class:`worker.moderation.ModerationTask`), so a replayed result is what
+the live worker would answer now. Deadlines are stripped at intake: the question a replay asks
+is what the model says, not whether the answer would have been in time. Rejected
+records are counted by reason, and sent to a DLQ topic only with ``--dlq-topic``.
+
+Progress is checkpointed to the state file every ``checkpoint_interval_s`` and at the end;
+only acknowledged deliveries count as handled. See :mod:`worker.replay.scan` for why a resume
+after any interruption produces no duplicate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+import confluent_kafka as ck
+import structlog
+
+from engines.backends.base import Runner
+from worker.batcher import DynamicBatcher, NoProfileFits
+from worker.codec import DecodeLimits, decode_moderation_job, encode_result
+from worker.config import WorkerConfig
+from worker.dlq import SourceRecord, dead_letter
+from worker.engine_setup import engine_plan, make_runner
+from worker.exceptions import DeliveryFailed, JobRejected, OversizedMessage, SchemaViolation
+from worker.jobs import ModerationJob, ModerationResult, SourceRef
+from worker.kafka import Producer
+from worker.moderation import ModerationTask, Outcome, Pending
+from worker.replay.exceptions import ReplayError
+from worker.replay.headers import REPLAY_ID, result_headers
+from worker.replay.kafka import Admin, admin_settings, replay_consumer_settings
+from worker.replay.kafka import replay_producer_settings as producer_conf
+from worker.replay.ledger import PartitionLedger
+from worker.replay.progress import ReplayProgress
+from worker.replay.ratelimit import RateLimiter
+from worker.replay.scan import recover_written
+from worker.replay.start import ReplayRequest, bind_engine, load_or_create
+from worker.replay.state import ReplayState, save_state
+
+log = structlog.get_logger("replay")
+
+
+@dataclass
+class ReplaySummary:
+    replay_id: str
+    topic: str
+    to_topic: str
+    engine: str
+    ranges: dict[int, tuple[int, int]]
+    counts: Counter[str]
+    resumed: bool
+    recovered: int  # found already written by an interrupted run, not produced again
+    handled_this_run: int
+    elapsed_s: float
+    finished: bool
+    state: ReplayState = field(repr=False)
+
+    @property
+    def total(self) -> int:
+        return sum(end - start for start, end in self.ranges.values())
+
+
+class ReplayRunner:
+    def __init__(self, cfg: WorkerConfig, req: ReplayRequest, runner: Runner | None = None
+                 ) -> None:
+        self.cfg, self.req = cfg, req
+        self._stop = threading.Event()
+        self._admin = Admin(admin_settings(cfg))
+        # Validation and state first: a bad request fails before the model is even loaded.
+        self.state, self.resumed = load_or_create(cfg, self._admin, req)
+        self._own_runner = runner is None
+        if runner is None:
+            self.runner, self._plan = make_runner(cfg)
+        else:
+            self.runner, self._plan = runner, engine_plan(cfg)
+        self._batcher: DynamicBatcher[Pending] = DynamicBatcher(
+            self._plan.profiles, max_batch_size=cfg.batch.max_batch_size,
+            max_delay_s=cfg.batch.max_delay_ms / 1e3, max_pad_fraction=cfg.batch.max_pad_fraction,
+        )
+        self._limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
+        self._in_flight: deque[Future[list[Outcome]]] = deque()
+        self._fatal: BaseException | None = None
+        self._admitted = 0
+        self._handled = 0
+        self._positions: dict[int, int] = {}
+
+    def stop(self) -> None:
+        """Drain, checkpoint and return early (safe from signal handlers and other threads)."""
+        self._stop.set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def run(self) -> ReplaySummary:
+        started = time.monotonic()
+        self.runner.activate()
+        task = self._task = ModerationTask(self.cfg, self.runner, self._plan.spec)
+        try:
+            bind_engine(self.state, model=task.model_id, engine=task.engine_hash,
+                        resumed=self.resumed)
+            recovered = 0
+            if self.resumed and not self.state.finished:
+                conf = replay_consumer_settings(self.cfg, self.state.replay_id)
+                recovered = recover_written(self._admin, conf, self.state)
+            save_state(self.req.state_file, self.state)
+            log.info("replay_started", replay_id=self.state.replay_id, topic=self.req.topic,
+                     to_topic=self.req.to_topic, resumed=self.resumed, recovered=recovered,
+                     engine=task.engine_hash, ranges=_ranges(self.state))
+            if not self.state.finished:
+                self._loop()
+        finally:
+            task.close()
+            if self._own_runner:
+                self.runner.deactivate()
+        summary = ReplaySummary(
+            self.state.replay_id, self.req.topic, self.req.to_topic, self.state.engine,
+            _ranges(self.state), self.state.totals(), self.resumed, recovered, self._handled,
+            time.monotonic() - started, self.state.finished, self.state,
+        )
+        log.info("replay_stopped", replay_id=summary.replay_id, finished=summary.finished,
+                 handled=summary.handled_this_run, counts=dict(summary.counts))
+        return summary
+
+    def _loop(self) -> None:
+        consumer = ck.Consumer(replay_consumer_settings(self.cfg, self.state.replay_id))
+        producer = Producer(producer_conf(self.cfg))
+        producer.open()
+        todo = {p: lg for p, lg in self.state.partitions.items() if not lg.finished}
+        limiter = RateLimiter(self.req.rate)
+        total = sum(lg.end - lg.start for lg in self.state.partitions.values())
+        progress = ReplayProgress(f"replay {self.req.topic}", total, self._done(),
+                                  enabled=self.req.progress)
+        last_checkpoint = time.monotonic()
+        try:
+            consumer.assign([ck.TopicPartition(self.req.topic, p, lg.next)
+                             for p, lg in todo.items()])
+            with progress:
+                while not self._finished_reading(todo) or self._busy():
+                    self._step(consumer, producer, limiter, todo)
+                    if time.monotonic() - last_checkpoint >= self.req.checkpoint_interval_s:
+                        self._checkpoint()
+                        last_checkpoint = time.monotonic()
+                    progress.update(self._done())
+                self._drain(producer)
+                progress.update(self._done())
+        except ck.KafkaException as exc:
+            raise ReplayError(f"replay consumer failed: {exc}") from exc
+        finally:
+            try:
+                consumer.close()
+                left = producer.close(self.cfg.commit.drain_timeout_s)
+                if left:
+                    log.error("replay_undelivered_at_exit", count=left)
+            finally:
+                self._checkpoint()  # only acknowledged work is in it: always safe to save
+
+    # -- one step ----------------------------------------------------------------------------
+    def _step(self, consumer: ck.Consumer, producer: Producer, limiter: RateLimiter,
+              todo: dict[int, PartitionLedger]) -> None:
+        want = self._room()
+        budget = limiter.available(want)
+        if want > 0 and budget == 0:
+            time.sleep(min(limiter.wait_s(), 0.05))
+        msgs = consumer.consume(budget, timeout=0.05) if budget > 0 else []
+        admitted = sum(self._accept(m, producer) for m in msgs)
+        limiter.take(admitted)
+        self._positions.update(
+            {tp.partition: tp.offset for tp in consumer.position(
+                [ck.TopicPartition(self.req.topic, p) for p in todo])}
+        )
+        idle = budget == 0 or len(msgs) < budget
+        self._submit(force=idle)
+        self._collect(producer, block=False)
+        producer.poll(0)
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _room(self) -> int:
+        if self._stop.is_set():
+            return 0
+        room = self.cfg.batch.high_watermark - sum(
+            len(lg.open) for lg in self.state.partitions.values())
+        if self.req.max_records is not None:
+            room = min(room, self.req.max_records - self._admitted)
+        return max(0, min(room, 1000))
+
+    def _finished_reading(self, todo: dict[int, PartitionLedger]) -> bool:
+        if self._stop.is_set() or (self.req.max_records is not None
+                                   and self._admitted >= self.req.max_records):
+            return True
+        return all(self._positions.get(p, -1) >= self.state.partitions[p].end for p in todo)
+
+    def _busy(self) -> bool:
+        return bool(len(self._batcher) or self._in_flight or any(
+            lg.open for lg in self.state.partitions.values()))
+
+    def _done(self) -> int:
+        return sum(lg.end - lg.start - lg.remaining() for lg in self.state.partitions.values())
+
+    # -- intake ------------------------------------------------------------------------------
+    def _accept(self, msg: ck.Message, producer: Producer) -> int:
+        err = msg.error()
+        if err is not None:
+            if err.fatal():
+                raise ReplayError(f"fatal consumer error: {err.str()}")
+            log.warning("replay_consumer_error", error=err.str())
+            return 0
+        p, off = msg.partition(), msg.offset()
+        if p is None or off is None:
+            raise ReplayError("consumed a record without partition/offset")
+        ledger = self.state.partitions[p]
+        if off >= ledger.end or ledger.is_done(off) or off in ledger.open:
+            return 0  # past the range, or answered before an interruption
+        ledger.begin(off)
+        self._admitted += 1
+        ts_type, ts = msg.timestamp()
+        headers = msg.headers()
+        record = SourceRecord(
+            self.req.topic, p, off, msg.key(), msg.value(),
+            list(headers.items()) if isinstance(headers, dict) else headers,
+            ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else None,
+        )
+        try:
+            job = self._decode(record.value)
+            self._batcher.add(Pending(SourceRef(self.req.topic, p, off), job, time.monotonic(),
+                                      record))
+        except JobRejected as exc:
+            self._reject(record, exc, producer)
+        except NoProfileFits as exc:
+            self._reject(record, SchemaViolation(str(exc), reason="no_profile"), producer)
+        return 1
+
+    def _decode(self, value: bytes | None) -> ModerationJob:
+        """The live worker's intake checks, in its order."""
+        if value is None:
+            raise SchemaViolation("record has no value (tombstone)")
+        if len(value) > self.cfg.limits.max_message_bytes:
+            raise OversizedMessage(f"record of {len(value)} bytes exceeds "
+                                   f"limits.max_message_bytes {self.cfg.limits.max_message_bytes}")
+        job = decode_moderation_job(value, self._limits)
+        self._task.check_policy(job)
+        return replace(job, deadline_ms=None)
+
+    def _reject(self, record: SourceRecord, error: JobRejected, producer: Producer) -> None:
+        kind = f"rejected:{error.reason}"
+        log.debug("replay_rejected", topic=record.topic, partition=record.partition,
+                  offset=record.offset, reason=error.reason, error=str(error)[:300])
+        if self.req.dlq_topic is None:
+            self.state.partitions[record.partition].handle(record.offset, kind)
+            self._handled += 1
+            return
+        dl = dead_letter(record, error, self.cfg.kafka.client_id)
+        producer.produce(
+            self.req.dlq_topic, key=dl.key, value=dl.value,
+            headers=[*dl.headers, (REPLAY_ID, self.state.replay_id.encode())],
+            on_delivery=partial(self._acked, record.partition, record.offset,
+                                f"dlq:{error.reason}"),
+        )
+
+    # -- execute / output --------------------------------------------------------------------
+    def _submit(self, *, force: bool) -> None:
+        free = self.cfg.batch.max_in_flight_batches - len(self._in_flight)
+        if free <= 0 or not len(self._batcher):
+            return
+        due = self._batcher.schedule(time.monotonic(), int(time.time() * 1e3), limit=free,
+                                     force=force)
+        for batch in due.batches:
+            self._in_flight.append(self._task.submit(batch))
+
+    def _collect(self, producer: Producer, *, block: bool) -> None:
+        # In submission order, so each source partition's results are produced in order.
+        while self._in_flight and (block or self._in_flight[0].done()):
+            for outcome in self._in_flight.popleft().result():
+                p = outcome.pending
+                if outcome.rejection is not None:
+                    self._reject(p.record, outcome.rejection, producer)
+                elif outcome.result is not None:
+                    self._publish(outcome.result, p.ref, producer)
+
+    def _publish(self, result: ModerationResult, ref: SourceRef, producer: Producer) -> None:
+        producer.produce(
+            self.req.to_topic, key=result.id.encode(), value=encode_result(result),
+            headers=result_headers(self._task.model_id, self._task.engine_hash,
+                                   self.state.replay_id, ref),
+            on_delivery=partial(self._acked, ref.partition, ref.offset,
+                                f"result:{result.status.value}"),
+        )
+
+    def _acked(self, partition: int, offset: int, kind: str, err: ck.KafkaError | None,
+               msg: ck.Message) -> None:
+        if err is not None:
+            self._fatal = DeliveryFailed(
+                f"delivery of the answer to {self.req.topic}[{partition}]@{offset} failed: "
+                f"{err.str()}")
+            return
+        self.state.partitions[partition].handle(offset, kind)
+        self._handled += 1
+        topic, out_p, out_off = msg.topic(), msg.partition(), msg.offset()
+        if topic is not None and out_p is not None and out_off is not None:
+            marks = self.state.scan_from.setdefault(topic, {})
+            marks[out_p] = max(marks.get(out_p, 0), out_off + 1)
+
+    def _drain(self, producer: Producer) -> None:
+        while len(self._batcher) or self._in_flight:
+            self._submit(force=True)
+            self._collect(producer, block=True)
+        left = producer.flush(self.cfg.commit.drain_timeout_s)
+        if self._fatal is not None:
+            raise self._fatal
+        if left:
+            raise DeliveryFailed(f"{left} replay results still undelivered after "
+                                 f"{self.cfg.commit.drain_timeout_s} s")
+
+    def _checkpoint(self) -> None:
+        for p, ledger in self.state.partitions.items():
+            ledger.advance(self._positions.get(p))
+        self.state.finished = all(lg.finished for lg in self.state.partitions.values())
+        save_state(self.req.state_file, self.state)
+
+
+def _ranges(state: ReplayState) -> dict[int, tuple[int, int]]:
+    return {p: (lg.start, lg.end) for p, lg in sorted(state.partitions.items())}
