@@ -103,6 +103,15 @@ def _register_subcommands() -> None:
 _register_subcommands()
 
 
+def _register_replay() -> None:
+    from worker.replay.cli import replay  # issue 5; options and logic live there
+
+    app.command(name="replay")(replay)
+
+
+_register_replay()
+
+
 def main() -> None:
     try:
         app()

@@ -105,7 +105,8 @@ def test_explicit_path_beats_the_config_file_env_var(
 ) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    monkeypatch.setenv("KTW_CONFIG_FILE", str(_toml(tmp_path / "a", "[batch]\nmax_batch_size = 8\n")))
+    from_env = _toml(tmp_path / "a", "[batch]\nmax_batch_size = 8\n")
+    monkeypatch.setenv("KTW_CONFIG_FILE", str(from_env))
     explicit = _toml(tmp_path / "b", "[batch]\nmax_batch_size = 4\n")
     assert load_config(explicit).batch.max_batch_size == 4
 

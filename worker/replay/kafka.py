@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import confluent_kafka as ck
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec  # re-exported untyped by .admin
 
 from worker.config import WorkerConfig
 from worker.kafka import consumer_settings, producer_settings
@@ -101,10 +102,10 @@ class Admin:
     def watermarks(self, topic: str, partitions: Iterable[int]) -> dict[int, tuple[int, int]]:
         """(first retained offset, end offset) per partition; the end is the last stable one."""
         parts = list(partitions)
-        low = self._list({ck.TopicPartition(topic, p): OffsetSpec.earliest() for p in parts},
-                         "earliest")
-        high = self._list({ck.TopicPartition(topic, p): OffsetSpec.latest() for p in parts},
-                          "latest")
+        earliest = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        low = self._list({ck.TopicPartition(topic, p): earliest for p in parts}, "earliest")
+        high = self._list({ck.TopicPartition(topic, p): latest for p in parts}, "latest")
         return {p: (low[(topic, p)].offset, high[(topic, p)].offset) for p in parts}
 
     def offsets_for_time(self, topic: str, partitions: Iterable[int], ms: int

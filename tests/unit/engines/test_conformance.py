@@ -1,8 +1,9 @@
 """Every runner available on this machine against the float32 onnxruntime reference.
 
 One test, parametrized over runners; unavailable ones skip with the reason. Tolerances are on
-output probabilities: fp32 runners must agree to 1e-5; fp16 ones to 5e-3 (FP16 accumulates
-rounding over 53 convolutions; measured on an H200 in bench/NOTES.md).
+output probabilities: fp32 runners must agree to 1e-4 (1e-5 on the CPU); fp16 ones to 1e-2 at
+worst and 2e-3 on average (FP16 rounds the input and accumulates over 53 convolutions; on an
+H200 the largest difference seen was 4.8e-3).
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ RUNNERS = [
     pytest.param(_ort_plain, 1e-5, None, id="onnxruntime"),
     pytest.param(_ort_cached, 1e-5, None, id="onnxruntime-cached-artifact"),
     pytest.param(_torch("fp32", STATIC), 1e-4, _cuda(), id="torch-fp32-cudagraphs"),
-    pytest.param(_torch("fp16", STATIC), 5e-3, _cuda(), id="torch-fp16-cudagraphs"),
-    pytest.param(_torch("fp16", RANGE), 5e-3, _cuda(), id="torch-fp16-eager-range"),
-    pytest.param(_trt, 5e-3, _tensorrt(), id="tensorrt-fp16"),
+    pytest.param(_torch("fp16", STATIC), 1e-2, _cuda(), id="torch-fp16-cudagraphs"),
+    pytest.param(_torch("fp16", RANGE), 1e-2, _cuda(), id="torch-fp16-eager-range"),
+    pytest.param(_trt, 1e-2, _tensorrt(), id="tensorrt-fp16"),
 ]
 
 
@@ -118,6 +119,7 @@ def test_runner_matches_float32_reference(
         short = runner.infer({"input:0": _pad_static(runner, x[:5])}).result()["outputs"][:5]
     got = np.concatenate(outs)
     np.testing.assert_allclose(got, ref[: len(got)], atol=atol, rtol=0)
+    assert np.abs(got - ref[: len(got)]).mean() <= atol / 5
     np.testing.assert_allclose(short, ref[:5], atol=atol, rtol=0)
     print(f"{runner.backend}: max |diff| = {np.abs(got - ref[: len(got)]).max():.2e}")
 
