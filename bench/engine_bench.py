@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import environment, median, write  # noqa: E402
+from bench.common import environment, median, write
 
 
 def main() -> None:

@@ -85,13 +85,13 @@ class DynamicBatcher(Generic[T]):
         self.max_delay_s = max_delay_s
         self.max_pad_fraction = max_pad_fraction
         self._queues = {p.name: _ProfileQueue[T](p) for p in profiles}
-        self._profiles = profiles
+        self.profiles = profiles
 
     def __len__(self) -> int:
         return sum(q.count for q in self._queues.values())
 
     def add(self, item: T) -> Profile:
-        profile = profile_for(self._profiles, item.item_shape)
+        profile = profile_for(self.profiles, item.item_shape)
         if profile is None:
             raise NoProfileFits(f"no engine profile accepts an input of shape {item.item_shape}")
         q = self._queues[profile.name]
@@ -140,7 +140,7 @@ class DynamicBatcher(Generic[T]):
             return None
         n = min(q.count, cap)
         padded = q.profile.padded(n)
-        if not full and (padded - n) / padded > self.max_pad_fraction:
+        if (padded - n) / padded > self.max_pad_fraction:
             largest = q.profile.largest_full(n)
             if largest:
                 n, padded = largest, largest

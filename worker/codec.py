@@ -108,7 +108,7 @@ def decode_moderation_job(payload: bytes, limits: DecodeLimits | None = None) ->
     policy = "default"
     if obj.get("policy") is not None:
         policy = _require_str(obj, "policy", max_chars=64)
-        if not POLICY_NAME.match(policy):
+        if not POLICY_NAME.fullmatch(policy):
             raise SchemaViolation(f"field 'policy': {policy!r} is not a valid policy name")
     deadline = obj.get("deadline_ms")
     if deadline is not None and (type(deadline) is not int or not 0 <= deadline <= INT64_MAX):

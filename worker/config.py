@@ -82,6 +82,9 @@ class BatchSettings(_Part):
     high_watermark: int = Field(512, ge=1)
     low_watermark: int = Field(128, ge=0)
     poll_timeout_ms: float = Field(50.0, gt=0)
+    # librdkafka prefetches this much per consumer (its default is 64 MiB); part of the memory
+    # bound together with the watermarks.
+    fetch_queue_kbytes: int = Field(16_384, ge=1024)
 
     @model_validator(mode="after")
     def _watermarks(self) -> BatchSettings:
@@ -190,8 +193,15 @@ class ModelSettings(_Part):
     @classmethod
     def _keep_default(cls, value: Any) -> Any:
         # A job that names no policy uses 'default'; keep the built-in one unless overridden.
-        if isinstance(value, dict) and "default" not in value:
-            return {"default": Thresholds(), **value}
+        if isinstance(value, dict):
+            from worker.codec import POLICY_NAME
+
+            bad = [name for name in value if not POLICY_NAME.fullmatch(str(name))]
+            if bad:
+                raise ValueError(f"policy names {bad} can never be named by a job "
+                                 f"(pattern {POLICY_NAME.pattern})")
+            if "default" not in value:
+                return {"default": Thresholds(), **value}
         return value
 
 

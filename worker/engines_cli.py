@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
@@ -61,6 +62,10 @@ def build(
                   f"({entry.sidecar['artifact']['bytes'] / 1e6:.1f} MB)")
 
 
+def _cache(cache_dir: str | None) -> EngineCache:
+    return EngineCache(Path(cache_dir) if cache_dir else load_config().engines.cache_dir)
+
+
 def _device_for(entry: CacheEntry, seen: dict[str, DeviceFingerprint | None]
                 ) -> DeviceFingerprint | None:
     kind = str(entry.sidecar["device"]["kind"])
@@ -75,7 +80,7 @@ def _device_for(entry: CacheEntry, seen: dict[str, DeviceFingerprint | None]
 @app.command("list")
 def list_(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] = None) -> None:
     """List cached engines and whether they fit this machine."""
-    cache = EngineCache(cache_dir) if cache_dir else EngineCache(load_config().engines.cache_dir)
+    cache = _cache(cache_dir)
     table = Table(title=f"engines in {cache.root}")
     for col in ("key", "model", "backend", "precision", "profiles", "device", "MB", "built",
                 "fits here"):
@@ -95,7 +100,7 @@ def list_(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] =
 @app.command()
 def verify(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] = None) -> None:
     """Re-hash every artifact against its sidecar and check it fits this machine."""
-    cache = EngineCache(cache_dir) if cache_dir else EngineCache(load_config().engines.cache_dir)
+    cache = _cache(cache_dir)
     seen: dict[str, DeviceFingerprint | None] = {}
     bad = 0
     for e in cache.entries():
@@ -119,7 +124,7 @@ def prune(
     dry_run: Annotated[bool, typer.Option(help="Only say what would go.")] = False,
 ) -> None:
     """Remove entries that cannot load here (other device), or older ones, or all."""
-    cache = EngineCache(cache_dir) if cache_dir else EngineCache(load_config().engines.cache_dir)
+    cache = _cache(cache_dir)
     seen: dict[str, DeviceFingerprint | None] = {}
     cutoff = (datetime.now(UTC) - timedelta(days=older_than_days)
               if older_than_days is not None else None)

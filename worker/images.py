@@ -16,6 +16,11 @@ from PIL import Image, UnidentifiedImageError
 
 from worker.exceptions import ImageRejected
 
+# PIL's own bomb guard warns or raises at 89M/179M pixels; ours is checked first and is
+# configurable, so silence the warning (process-wide: catch_warnings is not thread-safe and
+# decoding runs on a pool) and let DecompressionBombError still map below.
+warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+
 ALLOWED_FORMATS = frozenset({"JPEG", "PNG", "WEBP"})
 # Yahoo open_nsfw's reference pipeline: resize to 256x256, centre crop 224, BGR, minus mean.
 RESIZE = 256
@@ -35,24 +40,20 @@ def decode_image(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
     if not data:
         raise ImageRejected("empty image")
     try:
-        # PIL's own bomb guard warns or raises at 89M/179M pixels; ours is checked first and is
-        # configurable, so silence the warning and let DecompressionBombError still map below.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data), formats=sorted(ALLOWED_FORMATS))
-            width, height = img.size
-            if width <= 0 or height <= 0:
-                raise ImageRejected(f"image declares a degenerate size {width}x{height}")
-            if width > limits.max_side or height > limits.max_side:
-                raise ImageRejected(
-                    f"image {width}x{height} exceeds the maximum side {limits.max_side}"
-                )
-            if width * height > limits.max_pixels:
-                raise ImageRejected(
-                    f"image {width}x{height} = {width * height} pixels exceeds the budget "
-                    f"{limits.max_pixels} (possible decompression bomb)"
-                )
-            img.load()
+        img = Image.open(io.BytesIO(data), formats=sorted(ALLOWED_FORMATS))
+        width, height = img.size
+        if width <= 0 or height <= 0:
+            raise ImageRejected(f"image declares a degenerate size {width}x{height}")
+        if width > limits.max_side or height > limits.max_side:
+            raise ImageRejected(
+                f"image {width}x{height} exceeds the maximum side {limits.max_side}"
+            )
+        if width * height > limits.max_pixels:
+            raise ImageRejected(
+                f"image {width}x{height} = {width * height} pixels exceeds the budget "
+                f"{limits.max_pixels} (possible decompression bomb)"
+            )
+        img.load()
     except ImageRejected:
         raise
     except UnidentifiedImageError as exc:

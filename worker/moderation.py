@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ import numpy as np
 from engines.backends.base import Runner
 from engines.exceptions import InferenceFailed
 from engines.models.open_nsfw import LABELS
+from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 from worker.batcher import Batch
 from worker.config import WorkerConfig
@@ -88,6 +90,21 @@ class ModerationTask:
             error=f"deadline {deadline} passed {now_ms - deadline} ms before the job reached "
                   "the engine",
         )
+
+    def warm_up(self, profiles: tuple[Profile, ...]) -> None:
+        """Run every batch size the batcher can produce once, on a real bundled photo, so the
+        first jobs do not pay for lazy allocations (ORT's arena, cuDNN's kernel choice)."""
+        sample = importlib.resources.files("worker").joinpath("samples", "coffee.png")
+        row = preprocess_open_nsfw(decode_image(sample.read_bytes()))
+        cap = self.cfg.batch.max_batch_size
+        sizes: set[int] = set()
+        for p in profiles:
+            if isinstance(p, StaticProfile):
+                sizes.update(b for b in p.batch_sizes if b <= p.padded(min(cap, p.max_batch)))
+            else:
+                sizes.add(min(cap, p.max_batch))
+        for n in sorted(sizes):
+            self.runner.infer({self.input_name: np.stack([row] * n)}).result()
 
     def submit(self, batch: Batch[Pending]) -> Future[list[Outcome]]:
         return self._batch_pool.submit(self._run, batch)

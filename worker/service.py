@@ -75,6 +75,7 @@ class Worker:
 
     def run(self) -> None:
         self.runner.activate()
+        self.task.warm_up(self._batcher.profiles)
         self._result_headers_base = [
             ("ktw.schema", RESULT_SCHEMA.encode()),
             ("ktw.model", self.task.model_id.encode()),

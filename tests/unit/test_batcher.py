@@ -316,12 +316,6 @@ def test_padded_size_always_holds_the_items() -> None:
             assert waste <= 0.5 or len(batch.items) < STATIC.batch_sizes[1], (n, batch)
 
 
-@pytest.mark.xfail(
-    reason="BUG: DynamicBatcher._take skips the max_pad_fraction check for a *full* batch, so "
-    "with max_batch_size=16 and static sizes (1, 8, 32) every full batch of 16 is padded to 32 "
-    "(waste 0.5) even when max_pad_fraction=0.25 forbids it; the rule should take 8 instead",
-    strict=True,
-)
 def test_full_batch_also_respects_max_pad_fraction() -> None:
     b = _batcher(STATIC, size=16, delay=60.0, pad=0.25)
     _add(b, 16)

@@ -53,9 +53,12 @@ def consumer_settings(cfg: WorkerConfig) -> dict[str, Any]:
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": k.session_timeout_ms,
             "max.poll.interval.ms": k.max_poll_interval_ms,
-            # Let one fetch carry a whole maximal job.
-            "max.partition.fetch.bytes": max(1_048_576, cfg.limits.max_message_bytes + 65_536),
-            "fetch.max.bytes": max(52_428_800, cfg.limits.max_message_bytes + 65_536),
+            # Memory bound: librdkafka keeps at most this much prefetched, and one fetch
+            # response is no larger (a record above these limits is still returned whole,
+            # KIP-74, so they never block a large job).
+            "queued.max.messages.kbytes": cfg.batch.fetch_queue_kbytes,
+            "fetch.max.bytes": cfg.batch.fetch_queue_kbytes * 1024,
+            "max.partition.fetch.bytes": min(1_048_576, cfg.batch.fetch_queue_kbytes * 1024),
         }
     )
     conf.update(k.consumer_extra)

@@ -57,17 +57,10 @@ def replay(
     from worker.config import load_config
     from worker.logs import configure_logging
     from worker.replay.exceptions import ReplayError
-    from worker.replay.ranges import parse_bound, parse_partitions
+    from worker.replay.ranges import check_order, parse_bound, parse_partitions
     from worker.replay.start import ReplayRequest
 
-    overrides: dict[str, Any] = {}
-    if bootstrap_servers:
-        overrides["kafka"] = {"bootstrap_servers": bootstrap_servers}
-    cfg = load_config(config, **overrides)
-    configure_logging(cfg.log.level, cfg.log.format)
-    if not cfg.kafka.bootstrap_servers:
-        raise ReplayError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass -b")
-    req = ReplayRequest(
+    req = ReplayRequest(  # syntax errors first: they need no broker
         topic=topic, to_topic=to_topic,
         start=parse_bound(from_, option="--from"), end=parse_bound(to, option="--to"),
         state_file=state_file or Path(f"replay-{topic}-to-{to_topic}.state.json"),
@@ -75,6 +68,14 @@ def replay(
         max_records=max_records, checkpoint_interval_s=checkpoint_interval,
         progress=sys.stderr.isatty() if progress is None else progress,
     )
+    check_order(req.start, req.end)
+    overrides: dict[str, Any] = {}
+    if bootstrap_servers:
+        overrides["kafka"] = {"bootstrap_servers": bootstrap_servers}
+    cfg = load_config(config, **overrides)
+    configure_logging(cfg.log.level, cfg.log.format)
+    if not cfg.kafka.bootstrap_servers:
+        raise ReplayError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass -b")
     summary = _run(cfg, req)
     _print_summary(summary, req.state_file)
     if compare is not None or report_dir is not None:

@@ -25,6 +25,9 @@ _CONSUMER_ONLY = frozenset({
     "group.id", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset",
     "partition.assignment.strategy", "session.timeout.ms", "max.poll.interval.ms",
     "max.partition.fetch.bytes", "fetch.max.bytes", "isolation.level",
+    "queued.max.messages.kbytes", "queued.min.messages", "fetch.min.bytes", "fetch.wait.max.ms",
+    "heartbeat.interval.ms", "group.instance.id", "group.protocol", "enable.partition.eof",
+    "check.crcs",
 })
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 
 from rich.console import Console
@@ -27,17 +28,22 @@ class RateColumn(ProgressColumn):
 class ReplayProgress:
     """A context manager; ``enabled=False`` makes every call a no-op (tests, logs only)."""
 
-    def __init__(self, description: str, total: int, done: int, *, enabled: bool) -> None:
+    def __init__(self, description: str, total: int, done: int, *, enabled: bool,
+                 console: Console | None = None, clock: Callable[[], float] | None = None
+                 ) -> None:
         self._progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             RateColumn(), TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("ETA"),
-            TimeRemainingColumn(), console=Console(stderr=True), disable=not enabled,
-            speed_estimate_period=10.0,
+            TimeRemainingColumn(), console=console or Console(stderr=True), disable=not enabled,
+            speed_estimate_period=10.0, get_time=clock,
         )
         self._task = self._progress.add_task(description, total=total, completed=done)
 
     def update(self, done: int) -> None:
         self._progress.update(self._task, completed=done)
+
+    def render(self) -> None:
+        self._progress.refresh()
 
     def __enter__(self) -> ReplayProgress:
         self._progress.start()

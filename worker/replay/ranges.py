@@ -39,7 +39,8 @@ class Bound:
 
     def describe(self) -> str:
         if self.kind == "time":
-            return f"{self.text} ({iso_ms(self.value)})" if self.text else iso_ms(self.value)
+            iso = iso_ms(self.value)
+            return f"{self.text} ({iso})" if self.text and self.text != iso else iso
         if self.kind == "offset":
             return f"offset {self.value}"
         return self.kind

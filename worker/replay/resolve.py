@@ -48,9 +48,9 @@ def resolve_range(admin: Admin, topic: str, partitions: Sequence[int] | None,
     if all(low >= high for low, high in marks.values()):
         raise BadRange(f"topic {topic!r} holds no records in partitions "
                        f"{', '.join(map(str, parts))}")
-    times = [b for b in (start, end) if b.kind == "time"]
+    times = [(opt, b) for opt, b in (("--from", start), ("--to", end)) if b.kind == "time"]
     if times:
-        _check_first_message(admin, topic, marks, min(b.value for b in times), times)
+        _check_first_message(admin, topic, marks, times)
     out: dict[int, PartitionRange] = {}
     for p in parts:
         s = _offset(admin, topic, p, marks[p], start, "--from")
@@ -66,17 +66,18 @@ def resolve_range(admin: Admin, topic: str, partitions: Sequence[int] | None,
 
 
 def _check_first_message(admin: Admin, topic: str, marks: dict[int, tuple[int, int]],
-                         earliest_ms: int, bounds: list[Bound]) -> None:
+                         bounds: list[tuple[str, Bound]]) -> None:
     with_data = [p for p, (low, high) in marks.items() if low < high]
     firsts = [f.timestamp for f in admin.offsets_for_time(topic, with_data, 0).values()
               if f.offset >= 0 and f.timestamp >= 0]
     if not firsts:
         return  # records without timestamps: nothing to compare with
     first = min(firsts)
-    if earliest_ms < first:
-        which = " and ".join(b.describe() for b in bounds if b.value < first)
+    early = [f"{opt} {b.describe()}" for opt, b in bounds if b.value < first]
+    if early:
         raise BadRange(
-            f"{which} is before the first message of {topic!r} ({iso_ms(first)}, epoch ms "
+            f"{' and '.join(early)}: before the first message of {topic!r} "
+            f"({iso_ms(first)}, epoch ms "
             f"{first}); older records are not there (never written, or removed by retention). "
             "Use --from earliest to start at the first retained record."
         )

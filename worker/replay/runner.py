@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -62,10 +62,6 @@ class ReplaySummary:
     finished: bool
     state: ReplayState = field(repr=False)
 
-    @property
-    def total(self) -> int:
-        return sum(end - start for start, end in self.ranges.values())
-
 
 class ReplayRunner:
     def __init__(self, cfg: WorkerConfig, req: ReplayRequest, runner: Runner | None = None
@@ -90,6 +86,7 @@ class ReplayRunner:
         self._admitted = 0
         self._handled = 0
         self._positions: dict[int, int] = {}
+        self._paused: set[int] = set()
 
     def stop(self) -> None:
         """Drain, checkpoint and return early (safe from signal handlers and other threads)."""
@@ -162,23 +159,35 @@ class ReplayRunner:
     # -- one step ----------------------------------------------------------------------------
     def _step(self, consumer: ck.Consumer, producer: Producer, limiter: RateLimiter,
               todo: dict[int, PartitionLedger]) -> None:
-        want = self._room()
+        want = 0 if self._finished_reading(todo) else self._room()
         budget = limiter.available(want)
-        if want > 0 and budget == 0:
-            time.sleep(min(limiter.wait_s(), 0.05))
         msgs = consumer.consume(budget, timeout=0.05) if budget > 0 else []
         admitted = sum(self._accept(m, producer) for m in msgs)
         limiter.take(admitted)
-        self._positions.update(
-            {tp.partition: tp.offset for tp in consumer.position(
-                [ck.TopicPartition(self.req.topic, p) for p in todo])}
-        )
-        idle = budget == 0 or len(msgs) < budget
-        self._submit(force=idle)
+        self._track_positions(consumer, todo)
+        self._submit(force=budget == 0 or len(msgs) < budget)
+        if budget == 0:  # nothing to read now: wait for the engine or the broker, not spin
+            pause = min(limiter.wait_s(), 0.05) if want > 0 else 0.05
+            if self._in_flight:
+                wait([self._in_flight[0]], timeout=pause)
+            else:
+                producer.poll(pause)
         self._collect(producer, block=False)
         producer.poll(0)
         if self._fatal is not None:
             raise self._fatal
+
+    def _track_positions(self, consumer: ck.Consumer, todo: dict[int, PartitionLedger]) -> None:
+        """Remember where each partition's reading stands; pause those past their end so the
+        consumer stops fetching records the range does not want."""
+        reading = [p for p in todo if p not in self._paused]
+        if not reading:
+            return
+        for tp in consumer.position([ck.TopicPartition(self.req.topic, p) for p in reading]):
+            self._positions[tp.partition] = tp.offset
+            if tp.offset >= todo[tp.partition].end:
+                consumer.pause([ck.TopicPartition(self.req.topic, tp.partition)])
+                self._paused.add(tp.partition)
 
     def _room(self) -> int:
         if self._stop.is_set():

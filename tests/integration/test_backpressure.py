@@ -1,0 +1,87 @@
+"""Far more jobs than the high watermark: the worker pauses, stays within a memory bound, and
+answers every job."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.support import (
+    WorkerProcess,
+    fresh_topics,
+    keys_of,
+    read_topic,
+    worker_config,
+    worker_env,
+)
+from worker.demo import samples_dir
+from worker.producer_tool import produce_folder
+
+pytestmark = pytest.mark.integration
+JOBS = 800
+# coffee.png is 178 KB: 800 jobs put ~140 MB through the topic. Without backpressure the worker
+# holds them all (record + decoded job): RSS grew 390 MB in that run. With it, RSS rises once to
+# a fixed working set (runtime arenas, thread pools, one batch window; ~140-150 MB measured on
+# 1,600 jobs as on 800) and stays flat. Stated bound: 200 MB of growth, flat in the second half.
+RSS_GROWTH_BOUND_MB = 200
+FLAT_MB = 40
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_backpressure_bounds_memory_and_loses_nothing(kafka_bootstrap: str,
+                                                       tmp_path: Path) -> None:
+    topics = fresh_topics(kafka_bootstrap, partitions=3)
+    cfg = worker_config(kafka_bootstrap, topics)
+    heavy = tmp_path / "heavy"
+    heavy.mkdir()
+    (heavy / "coffee.png").write_bytes((samples_dir() / "coffee.png").read_bytes())
+    env = worker_env(cfg, KTW_BATCH__HIGH_WATERMARK="64", KTW_BATCH__LOW_WATERMARK="16",
+                     KTW_BATCH__MAX_BATCH_SIZE="16", KTW_BATCH__FETCH_QUEUE_KBYTES="4096")
+    proc = WorkerProcess(env, tmp_path / "worker.log")
+    deadline = time.monotonic() + 90
+    while "partitions_assigned" not in proc.log_text():
+        assert time.monotonic() < deadline and proc.proc.poll() is None, proc.log_text()[-2000:]
+        time.sleep(0.2)
+    # Baseline: model loaded, assigned, nothing consumed yet.
+    baseline = _rss_mb(proc.proc.pid)
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set() and proc.proc.poll() is None:
+            samples.append(_rss_mb(proc.proc.pid))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        sent = produce_folder(cfg, heavy, count=JOBS, prefix="bp-")
+        want = {s.id for s in sent}
+        results = read_topic(kafka_bootstrap, topics.results,
+                             until=lambda m: want <= set(keys_of(m)), timeout=240)
+    finally:
+        stop.set()
+        sampler.join(5)
+        proc.terminate()
+        assert proc.wait(60) == 0, proc.log_text()[-3000:]
+
+    assert set(keys_of(results)) == want, "no job lost"
+    growth = max(samples) - baseline
+    print(f"RSS baseline {baseline:.0f} MB, peak {max(samples):.0f} MB, growth {growth:.0f} MB")
+    assert growth < RSS_GROWTH_BOUND_MB
+    half = len(samples) // 2
+    assert max(samples[half:]) - max(samples[:half]) < FLAT_MB, "RSS keeps growing with jobs"
+    events = [json.loads(line) for line in proc.log_text().splitlines() if line.startswith("{")]
+    pauses = [e for e in events if e["event"] == "backpressure_pause"]
+    assert pauses and all(e["held"] < 64 + 1000 for e in pauses)
+    assert any(e["event"] == "backpressure_resume" for e in events)

@@ -1,0 +1,120 @@
+"""Engine cache: keys, sidecar, atomic writes, one builder at a time, refusals."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engines.cache import (
+    ArtifactMismatch,
+    BuildRecipe,
+    CacheCorrupt,
+    EngineCache,
+    EngineFromCache,
+    check_entry,
+)
+from engines.device import DeviceFingerprint, cpu_fingerprint
+
+DEV = DeviceFingerprint("cuda", "NVIDIA H200", "9.0", "580.1", "13.0")
+
+
+def recipe(**kw: object) -> BuildRecipe:
+    base = BuildRecipe("m", "ab" * 32, "tensorrt", "10.8.0", DEV, "fp16",
+                       ({"name": "gpu", "kind": "static", "batch_sizes": [1, 8]},))
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("change", [
+    {"onnx_sha256": "cd" * 32}, {"backend": "torch"}, {"backend_version": "10.9.0"},
+    {"device": replace(DEV, name="NVIDIA A100", arch="8.0")}, {"device": replace(DEV, driver="x")},
+    {"device": replace(DEV, cuda="12.4")}, {"precision": "int8"}, {"flags": {"workspace_mb": 1}},
+    {"profiles": ({"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32]},)},
+])
+def test_every_ingredient_changes_the_key(change: dict[str, object]) -> None:
+    assert recipe(**change).key != recipe().key
+
+
+def test_key_is_stable() -> None:
+    assert recipe().key == recipe().key and len(recipe().key) == 20
+
+
+def _write(payload: bytes) -> object:
+    def build(out: Path) -> None:
+        out.write_bytes(payload)
+    return build
+
+
+def test_build_then_load_without_rebuilding(tmp_path: Path) -> None:
+    built: list[BuildRecipe] = []
+    loader = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"),  # type: ignore[arg-type]
+                             on_build=built.append)
+    first = loader()
+    second = loader()
+    assert len(built) == 1 and first.path == second.path
+    assert first.artifact.read_bytes() == b"plan"
+    sc = json.loads((first.path / "sidecar.json").read_text())
+    for field in ("onnx_sha256", "backend", "backend_version", "device", "precision", "profiles",
+                  "flags", "built_at", "build_seconds", "artifact"):
+        assert field in sc
+    assert sc["artifact"]["bytes"] == 4 and sc["key"] == recipe().key
+
+
+def test_failed_build_leaves_nothing_behind(tmp_path: Path) -> None:
+    def boom(out: Path) -> None:
+        out.write_bytes(b"half")
+        raise RuntimeError("builder crashed")
+
+    cache = EngineCache(tmp_path)
+    with pytest.raises(RuntimeError):
+        EngineFromCache(cache, recipe(), boom)()
+    assert cache.entries() == []
+    assert not any(p.name.startswith(".") and p.is_dir() for p in (tmp_path / "m").iterdir())
+
+
+def _slow_build(root: str, marker: str) -> None:
+    def build(out: Path) -> None:
+        with open(marker, "a") as f:
+            f.write("built\n")
+        time.sleep(0.5)
+        out.write_bytes(b"plan")
+    EngineFromCache(EngineCache(Path(root)), recipe(), build)()
+
+
+def test_two_processes_build_once(tmp_path: Path) -> None:
+    marker = tmp_path / "builds.txt"
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_slow_build, args=(str(tmp_path / "c"), str(marker)))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert marker.read_text().count("built") == 1
+
+
+def test_loading_for_another_device_is_refused_with_a_hint(tmp_path: Path) -> None:
+    entry = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"))()  # type: ignore[arg-type]
+    a100 = replace(DEV, name="NVIDIA A100", arch="8.0")
+    with pytest.raises(ArtifactMismatch, match=r"built for cuda: NVIDIA H200.*rebuild"):
+        check_entry(entry, a100, None, verify_bytes=False)
+    with pytest.raises(ArtifactMismatch, match=r"10\.8\.0, installed is 10\.9\.0"):
+        check_entry(entry, DEV, "10.9.0", verify_bytes=False)
+
+
+def test_tampered_artifact_fails_verification(tmp_path: Path) -> None:
+    entry = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"))()  # type: ignore[arg-type]
+    check_entry(entry, DEV, "10.8.0", verify_bytes=True)
+    entry.artifact.write_bytes(b"plan but edited")
+    with pytest.raises(CacheCorrupt, match="does not match its sidecar"):
+        check_entry(entry, DEV, "10.8.0", verify_bytes=True)
+
+
+def test_cpu_fingerprint_names_the_isa() -> None:
+    fp = cpu_fingerprint()
+    assert fp.kind == "cpu" and ":" in fp.arch and fp.name
