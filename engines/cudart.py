@@ -96,6 +96,10 @@ class Event:
     def record(self, stream: Stream) -> None:
         check(runtime().cudaEventRecord(self.handle, stream.handle))
 
+    def record_on(self, stream_ptr: int) -> None:
+        """Record on a stream given by its raw handle (e.g. a torch stream's cuda_stream)."""
+        check(runtime().cudaEventRecord(self.handle, stream_ptr))
+
     def query(self) -> bool:
         rt = runtime()
         (err,) = rt.cudaEventQuery(self.handle)

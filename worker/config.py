@@ -54,6 +54,17 @@ class KafkaSettings(_Part):
     ssl_ca_location: str | None = None
     session_timeout_ms: int = Field(45_000, ge=1_000)
     max_poll_interval_ms: int = Field(300_000, ge=10_000)
+    # Identity of this worker instance, stable across its restarts and unique among live
+    # workers of the group (a StatefulSet pod name; the host name by default). Exactly-once
+    # derives the producer's transactional.id from it; static_membership also uses it as
+    # group.instance.id (KIP-345: a restarted instance takes its partitions back at once).
+    instance_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+    static_membership: bool = False
+    # transactional.id = "<prefix>.<group_id>.<instance_id>" (exactly-once only).
+    transactional_id_prefix: str = Field("ktw", min_length=1, max_length=100)
+    # Broker-side limit for an open transaction (the broker's transaction.max.timeout.ms,
+    # 15 min by default, caps it). Checked against the commit interval and max batch time.
+    transaction_timeout_ms: int = Field(60_000, ge=1_000, le=900_000)
     # librdkafka settings passed through unchanged (both clients / consumer / producer only).
     extra: dict[str, str] = Field(default_factory=dict)
     consumer_extra: dict[str, str] = Field(default_factory=dict)
@@ -166,6 +177,11 @@ class ModelSettings(_Part):
     intra_op_threads: int | None = Field(None, ge=1)
     decode_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     jpeg_roundtrip: bool = True
+    # Where images are decoded and resized: "cpu" (Pillow on a thread pool) or "gpu" (nvJPEG
+    # and torch kernels; torch backend only).
+    preprocess: Literal["cpu", "gpu"] = "cpu"
+    # GPU backends: overlap H2D / compute / D2H on three streams (false: one stream, serial).
+    pipeline_overlap: bool = True
     policies: dict[str, Thresholds] = Field(default_factory=_default_policies)
 
     @model_validator(mode="after")
@@ -177,6 +193,15 @@ class ModelSettings(_Part):
         names = [p.name for p in self.effective_profiles]
         if len(set(names)) != len(names):
             raise ValueError("profile names must be unique")
+        return self
+
+    @model_validator(mode="after")
+    def _preprocess_supported(self) -> ModelSettings:
+        if self.preprocess == "gpu" and self.backend != "torch":
+            raise ValueError("preprocess = gpu needs backend = torch")
+        if self.preprocess == "gpu" and self.jpeg_roundtrip:
+            raise ValueError("preprocess = gpu cannot re-encode JPEG like the reference does; "
+                             "set jpeg_roundtrip = false with it")
         return self
 
     @property
@@ -225,6 +250,20 @@ class CommitSettings(_Part):
     drain_timeout_s: float = Field(30.0, gt=0)
 
 
+class ProcessingSettings(_Part):
+    """Delivery guarantee. ``at-least-once``: results and offsets are separate writes, so a
+    crash can repeat results. ``exactly-once``: results, DLQ records and the consumed offsets
+    are written in one Kafka transaction per commit interval; read them with
+    ``isolation.level=read_committed``."""
+
+    guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
+    # The longest one batch (decode + inference + results) may take. A transaction stays open
+    # for about one commit interval plus one batch, so exactly-once requires
+    # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches
+    # are logged as errors.
+    max_batch_ms: float = Field(10_000.0, gt=0)
+
+
 class LogSettings(_Part):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "console"] = "json"
@@ -242,7 +281,20 @@ class WorkerConfig(BaseSettings):
     model: ModelSettings = Field(default_factory=ModelSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
     commit: CommitSettings = Field(default_factory=CommitSettings)
+    processing: ProcessingSettings = Field(default_factory=ProcessingSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+
+    @model_validator(mode="after")
+    def _transaction_budget(self) -> WorkerConfig:
+        if self.processing.guarantee == "exactly-once":
+            need = 2 * (self.commit.interval_ms + self.processing.max_batch_ms)
+            if self.kafka.transaction_timeout_ms < need:
+                raise ValueError(
+                    f"kafka.transaction_timeout_ms {self.kafka.transaction_timeout_ms} must be "
+                    f"at least 2 * (commit.interval_ms + processing.max_batch_ms) = {need:.0f} "
+                    "in exactly-once mode"
+                )
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -84,3 +84,27 @@ class DeliveryFailed(KafkaIOError):
 
     Fatal for the loop: the source offset is never committed, so a restart reprocesses it.
     """
+
+
+class TransactionError(KafkaIOError):
+    """A transactional producer call failed; librdkafka's classification is kept.
+
+    - ``recoverable`` (retriable): the same call may be repeated (e.g. a coordinator timeout);
+    - ``abortable`` (txn_requires_abort): the open transaction is lost; abort it, rewind the
+      consumer to the last committed positions and redo the work;
+    - otherwise fatal (fenced by a newer instance with the same transactional.id, or an
+      unexpected state): stop without committing anything more and let the orchestrator
+      restart the process.
+    """
+
+    def __init__(self, message: str, *, code: int | None = None, recoverable: bool = False,
+                 abortable: bool = False, fatal: bool = False) -> None:
+        super().__init__(message, recoverable=recoverable and not fatal)
+        self.code = code
+        self.abortable = abortable and not fatal
+        self.fatal = fatal or not (self.recoverable or self.abortable)
+
+
+class ProducerFenced(TransactionError):
+    """Fatal: another producer with this worker's transactional.id took over (a newer
+    instance), or the producer hit another fatal error. Exit non-zero; never commit again."""

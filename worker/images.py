@@ -34,30 +34,37 @@ class ImageLimits:
     max_side: int = 16_384
 
 
-def decode_image(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
-    """Decode JPEG/PNG/WebP bytes into an RGB image, refusing bombs and oversized images."""
+def open_checked(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
+    """Open (header only) and check format, size and pixel budget; pixels are not decoded."""
     limits = limits or ImageLimits()
     if not data:
         raise ImageRejected("empty image")
     try:
         img = Image.open(io.BytesIO(data), formats=sorted(ALLOWED_FORMATS))
-        width, height = img.size
-        if width <= 0 or height <= 0:
-            raise ImageRejected(f"image declares a degenerate size {width}x{height}")
-        if width > limits.max_side or height > limits.max_side:
-            raise ImageRejected(
-                f"image {width}x{height} exceeds the maximum side {limits.max_side}"
-            )
-        if width * height > limits.max_pixels:
-            raise ImageRejected(
-                f"image {width}x{height} = {width * height} pixels exceeds the budget "
-                f"{limits.max_pixels} (possible decompression bomb)"
-            )
-        img.load()
-    except ImageRejected:
-        raise
     except UnidentifiedImageError as exc:
         raise ImageRejected("not a JPEG, PNG or WebP image") from exc
+    except Image.DecompressionBombError as exc:
+        raise ImageRejected(f"decompression bomb: {exc}") from exc
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise ImageRejected(f"corrupt image data: {exc}") from exc
+    width, height = img.size
+    if width <= 0 or height <= 0:
+        raise ImageRejected(f"image declares a degenerate size {width}x{height}")
+    if width > limits.max_side or height > limits.max_side:
+        raise ImageRejected(f"image {width}x{height} exceeds the maximum side {limits.max_side}")
+    if width * height > limits.max_pixels:
+        raise ImageRejected(
+            f"image {width}x{height} = {width * height} pixels exceeds the budget "
+            f"{limits.max_pixels} (possible decompression bomb)"
+        )
+    return img
+
+
+def decode_image(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
+    """Decode JPEG/PNG/WebP bytes into an RGB image, refusing bombs and oversized images."""
+    img = open_checked(data, limits)
+    try:
+        img.load()
     except Image.DecompressionBombError as exc:
         raise ImageRejected(f"decompression bomb: {exc}") from exc
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
@@ -66,8 +73,8 @@ def decode_image(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
-def preprocess_open_nsfw(img: Image.Image, *, jpeg_roundtrip: bool = True) -> np.ndarray:
-    """The open_nsfw input for one image: float32 HWC [224, 224, 3], BGR, mean subtracted.
+def crop_pixels(img: Image.Image, *, jpeg_roundtrip: bool = True) -> np.ndarray:
+    """open_nsfw geometry on the CPU: uint8 RGB HWC [224, 224, 3] (resize 256, centre crop).
 
     ``jpeg_roundtrip`` re-encodes the cropped image as JPEG (PIL's default quality 75), as
     Yahoo's reference classifier does; it reproduces the published scores and is the
@@ -82,5 +89,15 @@ def preprocess_open_nsfw(img: Image.Image, *, jpeg_roundtrip: bool = True) -> np
         buf = io.BytesIO()
         cropped.save(buf, format="JPEG")
         cropped = Image.open(io.BytesIO(buf.getvalue()))
-    arr = np.asarray(cropped, dtype=np.float32)
-    return np.ascontiguousarray(arr[:, :, ::-1] - MEAN_BGR)
+    return np.asarray(cropped, dtype=np.uint8)
+
+
+def normalize_pixels(pixels: np.ndarray) -> np.ndarray:
+    """uint8 RGB HWC -> the model's float32 BGR, mean subtracted."""
+    arr = pixels.astype(np.float32)
+    return np.ascontiguousarray(arr[..., ::-1] - MEAN_BGR)
+
+
+def preprocess_open_nsfw(img: Image.Image, *, jpeg_roundtrip: bool = True) -> np.ndarray:
+    """The open_nsfw input for one image: float32 HWC [224, 224, 3], BGR, mean subtracted."""
+    return normalize_pixels(crop_pixels(img, jpeg_roundtrip=jpeg_roundtrip))

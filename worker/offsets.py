@@ -3,6 +3,11 @@
 Records are consumed in offset order per partition but finish in any order (different batch
 times, DLQ vs results). The offset to commit for a partition is the lowest offset still
 unfinished, or one past the highest finished when none is: never the last offset seen.
+
+Under exactly-once the loop finishes a record when its output enters the open transaction,
+always in offset order (see worker.guarantees.OrderedRelease), and after an aborted transaction
+:meth:`OffsetTracker.rewind` gives the position to seek back to: the last committed one, or the
+first offset consumed when nothing was committed yet.
 """
 
 from __future__ import annotations
@@ -14,21 +19,33 @@ TopicPartitionKey = tuple[str, int]
 
 
 class _PartitionOffsets:
-    __slots__ = ("committed", "next_offset", "open", "order")
+    __slots__ = ("base", "committed", "next_offset", "open", "order")
 
     def __init__(self) -> None:
         self.order: deque[int] = deque()  # begun, ascending; head may already be finished
         self.open: set[int] = set()  # begun and not yet finished
         self.next_offset: int | None = None  # one past the highest offset finished in order
         self.committed: int | None = None
+        self.base: int | None = None  # first offset ever begun (the group's start position)
 
-    def begin(self, offset: int) -> None:
-        if self.order and offset <= self.order[-1]:
+    def begin(self, offset: int) -> bool:
+        if self.base is None:
+            self.base = offset
+        rewound = bool(self.order) and offset <= self.order[-1]
+        if rewound:
             # A rewind (seek, or re-delivery after an error): older bookkeeping is void.
             self.order.clear()
             self.open.clear()
         self.order.append(offset)
         self.open.add(offset)
+        return rewound
+
+    def rewind(self) -> int | None:
+        target = self.committed if self.committed is not None else self.base
+        self.order.clear()
+        self.open.clear()
+        self.next_offset = target
+        return target
 
     def finish(self, offset: int) -> bool:
         if offset not in self.open:
@@ -49,8 +66,28 @@ class OffsetTracker:
     def __init__(self) -> None:
         self._parts: dict[TopicPartitionKey, _PartitionOffsets] = {}
 
-    def begin(self, topic: str, partition: int, offset: int) -> None:
-        self._parts.setdefault((topic, partition), _PartitionOffsets()).begin(offset)
+    def begin(self, topic: str, partition: int, offset: int) -> bool:
+        """Track a consumed record; True if it went backwards (an unexpected re-delivery)."""
+        return self._parts.setdefault((topic, partition), _PartitionOffsets()).begin(offset)
+
+    def keys(self) -> list[TopicPartitionKey]:
+        return list(self._parts)
+
+    def position(self, key: TopicPartitionKey) -> int | None:
+        """The lowest unfinished offset of a partition (or one past the last finished)."""
+        part = self._parts.get(key)
+        return part.position() if part is not None else None
+
+    def is_open(self, key: TopicPartitionKey, offset: int) -> bool:
+        part = self._parts.get(key)
+        return part is not None and offset in part.open
+
+    def rewind(self, key: TopicPartitionKey) -> int | None:
+        """Forget every begun record of a partition and return the offset to seek to: the last
+        committed position, else the first offset consumed (None if the partition is unknown).
+        """
+        part = self._parts.get(key)
+        return part.rewind() if part is not None else None
 
     def finish(self, topic: str, partition: int, offset: int) -> bool:
         """Mark one record finished; False if its partition is no longer tracked (revoked)."""

@@ -37,7 +37,8 @@ from worker.exceptions import (
 )
 from worker.jobs import RESULT_SCHEMA, ModerationResult, SourceRef
 from worker.kafka import Consumer, Producer, consumer_settings, producer_settings
-from worker.moderation import ModerationTask, Outcome, Pending
+from worker.moderation import Outcome, Pending
+from worker.moderation_gpu import make_task
 from worker.offsets import OffsetTracker, TopicPartitionKey
 from worker.stats import Stats
 
@@ -51,7 +52,7 @@ class Worker:
         self.cfg = cfg
         built, plan = make_runner(cfg)
         self.runner = runner or built
-        self.task = ModerationTask(cfg, self.runner, plan.spec)
+        self.task = make_task(cfg, self.runner, plan.spec, plan.profiles)
         self.stats = Stats()
         self._consumer = Consumer(consumer_settings(cfg))
         self._producer = Producer(producer_settings(cfg))

@@ -134,7 +134,8 @@ class TorchRunner(Runner):
             model = self.spec.onnx()
             net = build_module(model.data)
             self._hash = f"torch-{torch.__version__}-{self.precision}-{model.sha256[:12]}"
-        self._net = net.to(device=device, dtype=dtype, memory_format=torch.channels_last).eval()
+        self._net = net.to(device=device, dtype=dtype).to(memory_format=torch.channels_last)
+        self._net.eval()
         self._stream = torch.cuda.Stream(device)
         item = self.spec.inputs[0].shape[1:]
         for profile in self.profiles:

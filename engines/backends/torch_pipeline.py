@@ -1,0 +1,220 @@
+"""Overlapped H2D / compute / D2H on three CUDA streams (cuda-python), for the torch engine.
+
+Per batch size, a ring of slots; each slot owns a pinned host input, a device input, a CUDA
+graph (normalisation + network) reading that device input, a device output and a pinned host
+output, plus three events. A batch goes:
+
+    host fills slot.host_in ──H2D stream──> dev_in ─(e_h2d)─> compute stream: graph replay
+    ─(e_comp)─> D2H stream: dev_out -> host_out ─(e_d2h)─> handle.result()
+
+so batch k+1's copy-in overlaps batch k's compute and batch k-1's copy-out. Nothing is
+allocated per batch. A slot is refilled only after its previous outputs were read (the ring
+applies backpressure by blocking ``acquire`` when all slots of a size are in flight).
+``overlap=False`` runs the same work on one stream, synchronising after each stage: the
+serial baseline the benchmark compares against.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engines.backends.torch_runner import TorchRunner
+from engines.cudart import Event, PinnedBuffer, Stream, check, runtime
+from engines.exceptions import InferenceFailed
+
+# open_nsfw's BGR channel means, subtracted inside the graph for pixel input.
+MEAN_BGR = (104.0, 117.0, 123.0)
+
+
+@dataclass
+class PipelineSlot:
+    size: int
+    host_in: PinnedBuffer
+    dev_in: Any  # torch tensor on the GPU (graph input)
+    dev_out: Any  # torch tensor on the GPU (graph output)
+    host_out: PinnedBuffer
+    graph: Any
+    e_h2d: Event
+    e_comp: Event
+    e_d2h: Event
+    pending: PipelineHandle | None = None
+    # Held from acquire() until the outputs are read, so two threads never share a slot.
+    free: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.free.set()
+
+
+class PipelineHandle:
+    __slots__ = ("_n", "_slot", "_value")
+
+    def __init__(self, slot: PipelineSlot, n: int) -> None:
+        self._slot, self._n = slot, n
+        self._value: np.ndarray | None = None
+
+    def done(self) -> bool:
+        return self._value is not None or self._slot.e_d2h.query()
+
+    def result(self, timeout: float | None = None) -> np.ndarray:
+        if self._value is None:
+            self._slot.e_d2h.synchronize()
+            self._value = self._slot.host_out.array[: self._n].copy()
+            if self._slot.pending is self:
+                self._slot.pending = None
+                self._slot.free.set()
+        return self._value
+
+
+class TorchPipeline:
+    """Three-stream pipeline over an active :class:`TorchRunner`'s network."""
+
+    def __init__(self, runner: TorchRunner, sizes: tuple[int, ...], *, slots: int = 3,
+                 pixels: bool = True, overlap: bool = True) -> None:
+        self.runner, self.sizes, self.slots_per_size = runner, tuple(sorted(sizes)), slots
+        self.pixels, self.overlap = pixels, overlap
+        self._slots: dict[int, list[PipelineSlot]] = {}
+        self._next: dict[int, int] = {}
+        self.h2d: Stream | None = None
+        self.compute: Stream | None = None
+        self.d2h: Stream | None = None
+        self._torch_compute: Any = None
+        self._mean: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        return tuple(self.runner.spec.inputs[0].shape[1:])
+
+    def activate(self) -> None:
+        import torch
+
+        if not self.runner.active:
+            self.runner.activate()
+        self.h2d, self.compute, self.d2h = Stream(), Stream(), Stream()
+        device = self.runner._net.conv1.weight.device
+        # Made before capture: a host-to-device copy cannot happen inside graph capture.
+        self._mean = torch.tensor(MEAN_BGR, device=device, dtype=torch.float32)
+        self._torch_compute = torch.cuda.ExternalStream(self.compute.ptr)
+        for size in self.sizes:
+            self._slots[size] = [self._make_slot(size) for _ in range(self.slots_per_size)]
+            self._next[size] = 0
+        torch.cuda.synchronize()
+
+    def _forward(self, x: Any) -> Any:
+        if self.pixels:  # uint8 RGB NHWC -> float BGR minus mean, as open_nsfw expects
+            x = x.flip(-1).float() - self._mean
+        return self.runner._net(x)
+
+    def _make_slot(self, size: int) -> PipelineSlot:
+        import torch
+
+        device = self.runner._net.conv1.weight.device
+        shape = (size, *self.item_shape)
+        dtype = np.uint8 if self.pixels else np.float32
+        gen = torch.Generator(device=device).manual_seed(size)
+        if self.pixels:
+            dev_in = torch.randint(0, 256, shape, device=device, dtype=torch.uint8, generator=gen)
+        else:
+            dev_in = torch.randn(shape, device=device, generator=gen) * 50
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.no_grad(), torch.cuda.stream(side):
+            for _ in range(3):  # cuDNN picks its kernels before capture
+                self._forward(dev_in)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            dev_out = self._forward(dev_in)
+        host_in = PinnedBuffer(shape, dtype)
+        host_out = PinnedBuffer(tuple(dev_out.shape), np.float32)
+        return PipelineSlot(size, host_in, dev_in, dev_out, host_out, graph,
+                            Event(), Event(), Event())
+
+    def size_for(self, n: int) -> int:
+        for size in self.sizes:
+            if size >= n:
+                return size
+        raise InferenceFailed(f"batch of {n} exceeds the pipeline's sizes {self.sizes}")
+
+    def acquire(self, n: int) -> PipelineSlot:
+        """The next free slot that holds ``n`` items; waits for its previous batch if needed."""
+        size = self.size_for(n)
+        while True:
+            with self._lock:
+                ring = self._slots[size]
+                slot = ring[self._next[size]]
+                self._next[size] = (self._next[size] + 1) % len(ring)
+                if slot.free.is_set():
+                    slot.free.clear()
+                    break
+                pending = slot.pending
+            # Every slot of this size is busy: finish the oldest batch, then try again.
+            if pending is not None:
+                pending.result()
+            else:
+                slot.free.wait()
+        # The H2D copy of the previous use must be done before the host rewrites host_in.
+        slot.e_h2d.synchronize()
+        return slot
+
+    def release(self, slot: PipelineSlot) -> None:
+        """Give back a slot acquired but not launched (e.g. every image in it was bad)."""
+        slot.free.set()
+
+    def launch(self, slot: PipelineSlot, n: int, *, input_ready: Event | None = None
+               ) -> PipelineHandle:
+        """Enqueue a slot whose input is in ``host_in`` (or, with ``input_ready``, already in
+        ``dev_in``, written by work that records ``input_ready``)."""
+        import torch
+
+        assert self.h2d is not None and self.compute is not None and self.d2h is not None
+        rt = runtime()
+        h2d, comp, d2h = (self.h2d, self.compute, self.d2h) if self.overlap else (
+            self.compute, self.compute, self.compute)
+        if input_ready is None:
+            nbytes = n * slot.host_in.array[0].nbytes
+            check(rt.cudaMemcpyAsync(slot.dev_in.data_ptr(), slot.host_in.ptr, nbytes,
+                                     rt.cudaMemcpyKind.cudaMemcpyHostToDevice, h2d.handle))
+            slot.e_h2d.record(h2d)
+            if not self.overlap:
+                h2d.synchronize()
+            comp.wait(slot.e_h2d)
+        else:
+            comp.wait(input_ready)
+            slot.e_h2d.record(comp)
+        stream = self._torch_compute if comp is self.compute else torch.cuda.ExternalStream(
+            comp.ptr)
+        with torch.cuda.stream(stream):
+            slot.graph.replay()
+        slot.e_comp.record(comp)
+        if not self.overlap:
+            comp.synchronize()
+        d2h.wait(slot.e_comp)
+        out_bytes = n * slot.host_out.array[0].nbytes
+        check(rt.cudaMemcpyAsync(slot.host_out.ptr, slot.dev_out.data_ptr(), out_bytes,
+                                 rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, d2h.handle))
+        slot.e_d2h.record(d2h)
+        if not self.overlap:
+            d2h.synchronize()
+        slot.pending = PipelineHandle(slot, n)
+        return slot.pending
+
+    def deactivate(self) -> None:
+        for ring in self._slots.values():
+            for slot in ring:
+                if slot.pending is not None:
+                    slot.pending.result()
+                slot.host_in.free()
+                slot.host_out.free()
+                for e in (slot.e_h2d, slot.e_comp, slot.e_d2h):
+                    e.destroy()
+        self._slots.clear()
+        for s in (self.h2d, self.compute, self.d2h):
+            if s is not None:
+                s.synchronize()
+                s.destroy()
+        self.h2d = self.compute = self.d2h = None
