@@ -16,7 +16,7 @@ from worker.demo import samples_dir
 from worker.images import decode_image, preprocess_open_nsfw
 
 
-def synthetic_images(seed: int, n: int) -> list[bytes]:
+def synthetic_images(seed: int, n: int, fmt: str = "PNG") -> list[bytes]:
     """PNG bytes of skin-toned shaded blobs on dark backgrounds: open_nsfw scores them anywhere
     from ~0.002 to ~0.9, so they separate runners far better than noise does."""
     rng = np.random.default_rng(seed)
@@ -33,7 +33,7 @@ def synthetic_images(seed: int, n: int) -> list[bytes]:
             shade = (0.7 + 0.3 * np.sqrt(np.clip(1 - d, 0, 1)))[..., None]
             img = img * (1 - mask) + mask * skin * shade
         buf = io.BytesIO()
-        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, format="PNG")
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, format=fmt)
         out.append(buf.getvalue())
     return out
 

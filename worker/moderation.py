@@ -106,6 +106,10 @@ class ModerationTask:
         for n in sorted(sizes):
             self.runner.infer({self.input_name: np.stack([row] * n)}).result()
 
+    def pipeline_ready(self) -> bool:
+        """True once warm-up is done and batches run at full speed."""
+        return self.runner.active
+
     def submit(self, batch: Batch[Pending]) -> Future[list[Outcome]]:
         return self._batch_pool.submit(self._run, batch)
 

@@ -43,6 +43,7 @@ class GpuModerationTask(ModerationTask):
                                       pixels=True, overlap=cfg.model.pipeline_overlap)
         self._gpu_decode = cfg.model.preprocess == "gpu"
         self._local = threading.local()
+        self._warm = False
 
     def warm_up(self, profiles: tuple[Profile, ...]) -> None:
         self.pipeline.activate()
@@ -51,6 +52,10 @@ class GpuModerationTask(ModerationTask):
         for size in self.pipeline.sizes:
             if size <= self.cfg.batch.max_batch_size or size == self.pipeline.sizes[0]:
                 self._infer_rows(list(sample * size))
+        self._warm = True
+
+    def pipeline_ready(self) -> bool:
+        return self.pipeline.compute is not None and self._warm
 
     def _sample_bytes(self) -> bytes:
         import importlib.resources

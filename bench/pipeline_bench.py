@@ -1,0 +1,381 @@
+"""Issue 4's benchmark, one run, one table, one JSON (bench/results/ or --out):
+
+a. ceilings: the engine fed from device memory per batch size; decoding + preprocessing alone
+   (CPU path: one core and a pool of all cores; GPU path: nvJPEG + torch resize/crop);
+b. the pipeline with overlap vs the same pipeline forced serial, at a size where copy time is
+   close to compute time (float32 input, batch 256), and with uint8 pixels (the worker's path);
+c. the worker end to end through a broker (Tansu) with pre-produced ~256x256 JPEG jobs:
+   sustained frames/s, then produce-to-result latency p50/p99 at half that rate;
+d. a naive worker in the same run: one message at a time, PIL + eager float32 torch, no
+   batching, no streams.
+Inputs are real photos (bench/corpus.py), never zeros.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import environment, median, write
+from bench.corpus import jpeg_photos
+
+ITEM = (224, 224, 3)
+
+
+def timed(fn: Any, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+# -- (a) ceilings -----------------------------------------------------------------------------
+def engine_ceiling(sizes: list[int], iters: int) -> list[dict[str, float]]:
+    import torch
+
+    from engines.backends.torch_pipeline import TorchPipeline
+    from engines.backends.torch_runner import TorchRunner
+    from engines.models.open_nsfw import open_nsfw_spec
+    from engines.profiles import StaticProfile
+
+    runner = TorchRunner(open_nsfw_spec(), profiles=(StaticProfile("g", ITEM, tuple(sizes)),),
+                         cuda_graphs=False)
+    pipe = TorchPipeline(runner, tuple(sizes), slots=1, pixels=True)
+    pipe.activate()
+    photos = jpeg_photos(64, seed=1)
+    from worker.images import crop_pixels, decode_image
+
+    pixels = np.stack([crop_pixels(decode_image(b), jpeg_roundtrip=False) for b in photos])
+    rows = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for size in sizes:
+        slot = pipe._slots[size][0]
+        slot.dev_in.copy_(torch.from_numpy(pixels[np.arange(size) % len(pixels)]))
+        ms = []
+        for _ in range(iters):
+            start.record()
+            slot.graph.replay()
+            end.record()
+            end.synchronize()
+            ms.append(start.elapsed_time(end))
+        m = median(ms)
+        rows.append({"batch": size, "ms": m, "img_s": size / m * 1e3})
+    pipe.deactivate()
+    runner.deactivate()
+    return rows
+
+
+def preprocess_ceilings(photos: list[bytes]) -> dict[str, float]:
+    import torch
+
+    from worker.gpu_preprocess import prepare_batch
+    from worker.images import crop_pixels, decode_image
+
+    def cpu_one(b: bytes) -> np.ndarray:
+        return crop_pixels(decode_image(b), jpeg_roundtrip=False)
+
+    t = min(timed(lambda: [cpu_one(b) for b in photos[:512]], 3))
+    single = 512 / t
+    cores = os.cpu_count() or 1
+    with ThreadPoolExecutor(cores) as pool:
+        list(pool.map(cpu_one, photos[:256]))
+        t = min(timed(lambda: list(pool.map(cpu_one, photos[:4096])), 3))
+    pooled = min(4096, len(photos)) / t
+    out = torch.empty((128, *ITEM), dtype=torch.uint8, device="cuda")
+
+    def gpu() -> None:
+        for i in range(0, 1024, 128):
+            prepare_batch(photos[i:i + 128], out)
+        torch.cuda.synchronize()
+
+    gpu()
+    t = min(timed(gpu, 5))
+    return {"cpu_1core_img_s": single, "cpu_pool_img_s": pooled, "cpu_cores": cores,
+            "gpu_img_s": 1024 / t}
+
+
+# -- (b) overlap vs serial --------------------------------------------------------------------
+def overlap_vs_serial(pixels: bool, size: int, batches: int) -> dict[str, float]:
+    from engines.backends.torch_pipeline import TorchPipeline
+    from engines.backends.torch_runner import TorchRunner
+    from engines.models.open_nsfw import open_nsfw_spec
+    from engines.profiles import StaticProfile
+
+    runner = TorchRunner(open_nsfw_spec(), profiles=(StaticProfile("g", ITEM, (size,)),),
+                         cuda_graphs=False)
+    rng = np.random.default_rng(0)
+    out: dict[str, float] = {"batch": size, "input": "uint8" if pixels else "float32"}
+    for overlap in (False, True):
+        pipe = TorchPipeline(runner, (size,), slots=3, pixels=pixels, overlap=overlap)
+        pipe.activate()
+        for slot in pipe._slots[size]:  # real-valued inputs written once, outside the clock
+            if pixels:
+                slot.host_in.array[...] = rng.integers(0, 256, slot.host_in.array.shape)
+            else:
+                slot.host_in.array[...] = rng.normal(0, 50, slot.host_in.array.shape)
+
+        def run(pipe: Any = pipe) -> None:
+            handles = []
+            for _ in range(batches):
+                slot = pipe.acquire(size)
+                handles.append(pipe.launch(slot, size))
+                if len(handles) >= 3:
+                    handles.pop(0).result()
+            for h in handles:
+                h.result()
+
+        run()
+        t = median(timed(run, 3))
+        out["overlap_img_s" if overlap else "serial_img_s"] = batches * size / t
+        pipe.deactivate()
+    out["ratio"] = out["overlap_img_s"] / out["serial_img_s"]
+    runner.deactivate()
+    return out
+
+
+def stage_times(size: int, pixels: bool) -> dict[str, float]:
+    """Per-stage milliseconds for one batch, timed with CUDA events on one stream."""
+    import torch
+
+    from engines.backends.torch_pipeline import TorchPipeline
+    from engines.backends.torch_runner import TorchRunner
+    from engines.cudart import Event, check, runtime
+    from engines.models.open_nsfw import open_nsfw_spec
+    from engines.profiles import StaticProfile
+
+    runner = TorchRunner(open_nsfw_spec(), profiles=(StaticProfile("g", ITEM, (size,)),),
+                         cuda_graphs=False)
+    pipe = TorchPipeline(runner, (size,), slots=1, pixels=pixels, overlap=False)
+    pipe.activate()
+    slot = pipe._slots[size][0]
+    s = pipe.compute
+    assert s is not None
+    ev = [Event(timing=True) for _ in range(4)]
+    rt = runtime()
+    res: dict[str, list[float]] = {"h2d_ms": [], "compute_ms": [], "d2h_ms": []}
+    for _ in range(20):
+        ev[0].record(s)
+        check(rt.cudaMemcpyAsync(slot.dev_in.data_ptr(), slot.host_in.ptr, slot.host_in.nbytes,
+                                 rt.cudaMemcpyKind.cudaMemcpyHostToDevice, s.handle))
+        ev[1].record(s)
+        with torch.cuda.stream(torch.cuda.ExternalStream(s.ptr)):
+            slot.graph.replay()
+        ev[2].record(s)
+        check(rt.cudaMemcpyAsync(slot.host_out.ptr, slot.dev_out.data_ptr(),
+                                 slot.host_out.nbytes,
+                                 rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, s.handle))
+        ev[3].record(s)
+        ev[3].synchronize()
+        res["h2d_ms"].append(ev[1].elapsed_ms(ev[0]))
+        res["compute_ms"].append(ev[2].elapsed_ms(ev[1]))
+        res["d2h_ms"].append(ev[3].elapsed_ms(ev[2]))
+    pipe.deactivate()
+    runner.deactivate()
+    return {k: median(v) for k, v in res.items()} | {"batch": size,
+                                                      "input": "uint8" if pixels else "float32"}
+
+
+# -- (c) end to end through the broker --------------------------------------------------------
+def produce_jobs(bootstrap: str, topic: str, photos: list[bytes], n: int, prefix: str,
+                 rate: float | None = None, sent: dict[str, float] | None = None) -> float:
+    import confluent_kafka as ck
+
+    from worker.producer_tool import encode_job
+
+    p = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1 << 20,
+                     "queue.buffering.max.kbytes": 1 << 21, "compression.type": "none"})
+    payloads = [encode_job(f"{prefix}{i:07d}", photos[i % len(photos)]) for i in range(n)]
+    t0 = time.perf_counter()
+    for i, value in enumerate(payloads):
+        if rate is not None:
+            wait = t0 + i / rate - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+        while True:
+            try:
+                p.produce(topic, key=f"{prefix}{i:07d}".encode(), value=value)
+                if sent is not None:
+                    sent[f"{prefix}{i:07d}"] = time.time()
+                break
+            except BufferError:
+                p.poll(0.01)
+        p.poll(0)
+    p.flush(120)
+    return time.perf_counter() - t0
+
+
+def collect(bootstrap: str, topic: str, n: int, timeout: float, sink: dict[str, float]) -> None:
+    """Arrival wall time per result key (the reader polls continuously)."""
+    import confluent_kafka as ck
+
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4()}",
+                     "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.subscribe([topic])
+    deadline = time.monotonic() + timeout
+    while len(sink) < n and time.monotonic() < deadline:
+        for m in c.consume(2000, timeout=0.2):
+            if m.error() is None:
+                sink[m.key().decode()] = time.time()
+    c.close()
+
+
+def worker_cfg(bootstrap: str, tag: str, preprocess: str) -> Any:
+    from worker.config import load_config
+
+    cores = os.cpu_count() or 1
+    return load_config(
+        kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}"},
+        topics={"jobs": f"jobs-{tag}", "results": f"results-{tag}", "dlq": f"dlq-{tag}"},
+        model={"backend": "torch", "preprocess": preprocess, "jpeg_roundtrip": False,
+               "decode_threads": cores,
+               "profiles": [{"name": "gpu", "kind": "static", "batch_sizes": [8, 32, 128]}]},
+        batch={"max_batch_size": 128, "max_delay_ms": 4, "max_in_flight_batches": 4,
+               "high_watermark": 8192, "low_watermark": 2048, "fetch_queue_kbytes": 262144,
+               "poll_timeout_ms": 5},
+        engines={"use_cache": False}, log={"level": "WARNING"},
+    )
+
+
+def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
+               rate: float | None) -> dict[str, float]:
+    from worker.local_kafka.admin import create_topics
+    from worker.service import Worker
+
+    tag = uuid.uuid4().hex[:8]
+    cfg = worker_cfg(bootstrap, tag, preprocess)
+    create_topics(bootstrap, [cfg.topics.jobs], partitions=8)
+    create_topics(bootstrap, [cfg.topics.results, cfg.topics.dlq], partitions=8)
+    sent: dict[str, float] = {}
+    if rate is None:  # sustained: everything waiting before the worker starts
+        produce_jobs(bootstrap, cfg.topics.jobs, photos, n, "j", None)
+    worker = Worker(cfg)
+    th = threading.Thread(target=worker.run, daemon=True)
+    results: dict[str, float] = {}
+    reader = threading.Thread(target=collect, args=(bootstrap, cfg.topics.results, n, 300,
+                                                    results), daemon=True)
+    th.start()
+    while worker.stats.consumed == 0 and rate is None:
+        time.sleep(0.01)
+    reader.start()
+    if rate is not None:
+        # The worker is warm (graphs captured, partitions assigned) before the clock starts.
+        deadline = time.monotonic() + 120
+        while not worker.task.pipeline_ready() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)
+        produce_jobs(bootstrap, cfg.topics.jobs, photos, n, "j", rate, sent)
+    reader.join()
+    worker.stop()
+    th.join(60)
+    ts = np.array(sorted(results.values()), dtype=np.float64) * 1e3
+    out: dict[str, float] = {"jobs": n, "answered": len(results), "preprocess": preprocess}
+    if rate is None:
+        lo, hi = ts[int(len(ts) * 0.1)], ts[int(len(ts) * 0.9) - 1]
+        out["sustained_fps"] = 0.8 * len(ts) / ((hi - lo) / 1e3)
+    else:
+        lat = np.array([(results[k] - sent[k]) * 1e3 for k in results if k in sent])
+        out |= {"rate": rate, "latency_p50_ms": float(np.percentile(lat, 50)),
+                "latency_p99_ms": float(np.percentile(lat, 99)), "latency_n": len(lat)}
+    return out
+
+
+# -- (d) naive worker -------------------------------------------------------------------------
+def naive(bootstrap: str, photos: list[bytes], n: int) -> dict[str, float]:
+    import confluent_kafka as ck
+    import msgpack
+    import torch
+
+    from engines.models.open_nsfw import open_nsfw_spec
+    from engines.models.open_nsfw_torch import build_module
+    from worker.images import decode_image, preprocess_open_nsfw
+    from worker.local_kafka.admin import create_topics
+
+    tag = uuid.uuid4().hex[:8]
+    create_topics(bootstrap, [f"naive-{tag}", f"naive-out-{tag}"], partitions=1)
+    produce_jobs(bootstrap, f"naive-{tag}", photos, n, "n", None)
+    net = build_module(open_nsfw_spec().onnx().data).cuda().eval()  # float32, eager
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"naive-{tag}",
+                     "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    p = ck.Producer({"bootstrap.servers": bootstrap})
+    c.subscribe([f"naive-{tag}"])
+    done, t0 = 0, None
+    while done < n:
+        m = c.poll(1.0)
+        if m is None or m.error() is not None:
+            continue
+        if t0 is None:
+            t0 = time.perf_counter()
+        job = msgpack.unpackb(m.value(), raw=False)
+        x = torch.from_numpy(preprocess_open_nsfw(decode_image(job["image"]),
+                                                  jpeg_roundtrip=False))[None].cuda()
+        with torch.no_grad():
+            score = net(x)[0].cpu().numpy()
+        p.produce(f"naive-out-{tag}", key=job["id"].encode(),
+                  value=msgpack.packb({"id": job["id"], "nsfw": float(score[1])}))
+        p.poll(0)
+        c.commit(m, asynchronous=False)
+        done += 1
+    p.flush(30)
+    c.close()
+    assert t0 is not None
+    return {"jobs": n, "fps": n / (time.perf_counter() - t0)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--jobs", type=int, default=60000)
+    ap.add_argument("--naive-jobs", type=int, default=1000)
+    ap.add_argument("--skip-e2e", action="store_true")
+    args = ap.parse_args()
+    import torch
+
+    torch.backends.cudnn.benchmark = False
+    record: dict[str, Any] = {"benchmark": "pipeline_open_nsfw", "env": environment(),
+                              "params": {"jobs": args.jobs, "naive_jobs": args.naive_jobs}}
+    photos = jpeg_photos(4096, seed=0)
+    record["params"]["mean_jpeg_bytes"] = float(np.mean([len(p) for p in photos]))
+    record["a_engine"] = engine_ceiling([1, 8, 32, 64, 128, 256], 30)
+    print("a engine:", [(r["batch"], round(r["img_s"])) for r in record["a_engine"]], flush=True)
+    record["a_preprocess"] = preprocess_ceilings(photos)
+    print("a preprocess:", record["a_preprocess"], flush=True)
+    record["b_stages"] = [stage_times(256, False), stage_times(128, True)]
+    record["b_overlap"] = [overlap_vs_serial(False, 256, 24), overlap_vs_serial(True, 128, 48)]
+    print("b:", record["b_stages"], record["b_overlap"], flush=True)
+    if not args.skip_e2e:
+        from bench.tansu import Tansu
+
+        broker = Tansu(Path(args.out or ".") / "tansu.log")
+        bootstrap = broker.start()
+        try:
+            e2e = [end_to_end(bootstrap, photos, args.jobs, pre, None) for pre in ("gpu", "cpu")]
+            record["c_sustained"] = e2e
+            print("c sustained:", e2e, flush=True)
+            best = max(e["sustained_fps"] for e in e2e)
+            pre = max(e2e, key=lambda e: e["sustained_fps"])["preprocess"]
+            half = best / 2
+            record["c_latency"] = end_to_end(bootstrap, photos, int(half * 10), str(pre), half)
+            print("c latency:", record["c_latency"], flush=True)
+            record["d_naive"] = naive(bootstrap, photos, args.naive_jobs)
+            print("d naive:", record["d_naive"], flush=True)
+        finally:
+            broker.stop()
+    path = write("pipeline", record, args.out)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
