@@ -18,9 +18,9 @@ def commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, check=False, cwd=Path(__file__).parent)
-        return out.stdout.strip() or os.environ.get("KTW_COMMIT", "unknown")
+        return out.stdout.strip() or os.environ.get("BENCH_COMMIT", "unknown")
     except OSError:
-        return os.environ.get("KTW_COMMIT", "unknown")
+        return os.environ.get("BENCH_COMMIT", "unknown")
 
 
 def environment() -> dict[str, Any]:
