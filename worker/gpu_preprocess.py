@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 
 from worker.exceptions import ImageRejected, JobRejected
-from worker.images import CROP, RESIZE, ImageLimits, decode_image, open_checked
+from worker.images import (
+    CROP,
+    RESIZE,
+    ImageLimits,
+    check_dimensions,
+    decode_image,
+    jpeg_dimensions,
+    open_checked,
+)
 
 
 def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
@@ -30,12 +38,15 @@ def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
     jpeg_idx: list[int] = []
     for i, data in enumerate(datas):
         try:
-            img = open_checked(data, limits)
+            dims = jpeg_dimensions(data)
+            if dims is not None:
+                check_dimensions(*dims, limits)
+                jpeg_idx.append(i)
+                continue
+            open_checked(data, limits)  # not a clean JPEG header: let Pillow judge it
         except JobRejected as exc:
             out[i] = exc
             continue
-        if img.format == "JPEG":
-            jpeg_idx.append(i)
         else:
             try:
                 rgb = np.array(decode_image(data, limits))  # writable copy for torch

@@ -27,6 +27,9 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     )
     structlog.configure(
         processors=[
+            # Drop below-level events before any other processor runs: per-job debug lines
+            # must cost nothing on the hot path when the level is INFO or above.
+            structlog.stdlib.filter_by_level,
             *_SHARED,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
