@@ -37,7 +37,14 @@ def environment() -> dict[str, Any]:
             from engines.device import cuda_fingerprint
 
             fp = cuda_fingerprint(0)
-            env["driver"], env["compute_capability"] = fp.driver, fp.arch
+            env["cuda_driver_api"], env["compute_capability"] = fp.driver, fp.arch
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                env["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            except (ImportError, OSError, RuntimeError) as exc:
+                env["driver"] = f"unknown ({type(exc).__name__})"
     except ImportError:
         pass
     try:

@@ -249,10 +249,31 @@ def worker_cfg(bootstrap: str, tag: str, preprocess: str) -> Any:
     )
 
 
-def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
-               rate: float | None) -> dict[str, float]:
-    from worker.local_kafka.admin import create_topics
+def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready: Any,
+                 stop: Any) -> None:
+    """One worker process: the Python loop is per process, so K processes share one GPU."""
+    from worker.logs import configure_logging
     from worker.service import Worker
+
+    configure_logging("WARNING")
+    worker = Worker(worker_cfg(bootstrap, tag, preprocess))
+    th = threading.Thread(target=worker.run, daemon=True)
+    th.start()
+    while not stop.is_set():
+        counter.value = worker.stats.results
+        if worker.task.pipeline_ready() and worker._consumer._client is not None and \
+                worker._consumer.assignment():
+            ready.set()
+        time.sleep(0.02)
+    worker.stop()
+    th.join(60)
+
+
+def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
+               rate: float | None, procs: int = 1) -> dict[str, float]:
+    import multiprocessing as mp
+
+    from worker.local_kafka.admin import create_topics
 
     tag = uuid.uuid4().hex[:8]
     cfg = worker_cfg(bootstrap, tag, preprocess)
@@ -261,28 +282,34 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
     sent: dict[str, float] = {}
     if rate is None:  # sustained: everything waiting before the worker starts
         produce_jobs(bootstrap, cfg.topics.jobs, photos, n, "j", None)
-    worker = Worker(cfg)
-    th = threading.Thread(target=worker.run, daemon=True)
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    members = [(ctx.Value("q", 0), ctx.Event()) for _ in range(procs)]
+    children = [ctx.Process(target=_worker_proc, args=(bootstrap, tag, preprocess, c, r, stop))
+                for c, r in members]
     results: dict[str, float] = {}
     reader = threading.Thread(target=collect, args=(bootstrap, cfg.topics.results, n, 300,
                                                     results), daemon=True)
-    th.start()
+    for ch in children:
+        ch.start()
     reader.start()
-    progress: list[tuple[float, int]] = []  # (time, results produced by the worker)
+    progress: list[tuple[float, int]] = []  # (time, results produced by all workers)
     if rate is not None:
         # The worker is warm (graphs captured, partitions assigned) before the clock starts.
-        deadline = time.monotonic() + 120
-        while not worker.task.pipeline_ready() and time.monotonic() < deadline:
+        deadline = time.monotonic() + 180
+        while not all(r.is_set() for _, r in members) and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(3)
+        time.sleep(2)
         produce_jobs(bootstrap, cfg.topics.jobs, photos, n, "j", rate, sent)
     while reader.is_alive():
-        progress.append((time.perf_counter(), worker.stats.results))
-        reader.join(0.1)
-    worker.stop()
-    th.join(60)
+        progress.append((time.perf_counter(), sum(int(c.value) for c, _ in members)))
+        reader.join(0.05)
+    stop.set()
+    for ch in children:
+        ch.join(90)
     ts = np.array(sorted(results.values()), dtype=np.float64) * 1e3
-    out: dict[str, float] = {"jobs": n, "answered": len(results), "preprocess": preprocess}
+    out: dict[str, Any] = {"jobs": n, "answered": len(results), "preprocess": preprocess,
+                           "worker_processes": procs}
     if rate is None:
         # Sustained rate from the worker's own counter between 10% and 90% of the jobs.
         t10 = next(t for t, c in progress if c >= 0.1 * n)
@@ -344,6 +371,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=40000)
     ap.add_argument("--naive-jobs", type=int, default=1000)
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--skip-ceilings", action="store_true")
+    ap.add_argument("--e2e", default="gpu:1,gpu:2,gpu:4,cpu:4",
+                    help="preprocess:processes runs for (c)")
     args = ap.parse_args()
     import torch
 
@@ -353,36 +383,46 @@ def main() -> None:
     torch.backends.cudnn.benchmark = False
     record: dict[str, Any] = {"benchmark": "pipeline_open_nsfw", "env": environment(),
                               "params": {"jobs": args.jobs, "naive_jobs": args.naive_jobs}}
+    args.e2e = [(x.split(":")[0], int(x.split(":")[1])) for x in args.e2e.split(",")]
+    record["params"]["e2e_runs"] = args.e2e
     photos = jpeg_photos(4096, seed=0)
     record["params"]["mean_jpeg_bytes"] = float(np.mean([len(p) for p in photos]))
-    record["a_engine"] = engine_ceiling([1, 8, 32, 64, 128, 256], 30)
-    print("a engine:", [(r["batch"], round(r["img_s"])) for r in record["a_engine"]], flush=True)
-    record["a_preprocess"] = preprocess_ceilings(photos)
-    print("a preprocess:", record["a_preprocess"], flush=True)
-    record["b_stages"] = [stage_times(256, False), stage_times(128, True)]
-    record["b_overlap"] = [overlap_vs_serial(False, 256, 24), overlap_vs_serial(True, 128, 48)]
-    print("b:", record["b_stages"], record["b_overlap"], flush=True)
+    if not args.skip_ceilings:
+        record["a_engine"] = engine_ceiling([1, 8, 32, 64, 128, 256], 30)
+        print("a engine:", [(r["batch"], round(r["img_s"])) for r in record["a_engine"]],
+              flush=True)
+        record["a_preprocess"] = preprocess_ceilings(photos)
+        print("a preprocess:", record["a_preprocess"], flush=True)
+        record["b_stages"] = [stage_times(256, False), stage_times(128, True)]
+        record["b_overlap"] = [overlap_vs_serial(False, 256, 24),
+                               overlap_vs_serial(True, 128, 48)]
+        print("b:", record["b_stages"], record["b_overlap"], flush=True)
     if not args.skip_e2e:
-        from bench.tansu import Tansu
+        _end_to_end_runs(args, record, photos)
+    print("wrote", write("pipeline", record, args.out))
 
-        broker = Tansu(Path(args.out or ".") / "tansu.log")
-        bootstrap = broker.start()
-        try:
-            e2e = [end_to_end(bootstrap, photos, args.jobs, pre, None) for pre in ("gpu", "cpu")]
-            record["c_sustained"] = e2e
-            print("c sustained:", e2e, flush=True)
-            best = max(e["sustained_fps"] for e in e2e)
-            pre = max(e2e, key=lambda e: e["sustained_fps"])["preprocess"]
-            half = best / 2
-            record["c_latency"] = end_to_end(bootstrap, photos, min(int(half * 10), 100_000),
-                                             str(pre), half)
-            print("c latency:", record["c_latency"], flush=True)
+
+def _end_to_end_runs(args: Any, record: dict[str, Any], photos: list[bytes]) -> None:
+    from bench.tansu import Tansu
+
+    broker = Tansu(Path(args.out or ".") / "tansu.log")
+    bootstrap = broker.start()
+    try:
+        e2e = [end_to_end(bootstrap, photos, args.jobs, pre, None, procs)
+               for pre, procs in args.e2e]
+        record["c_sustained"] = e2e
+        print("c sustained:", e2e, flush=True)
+        best_run = max(e2e, key=lambda e: e["sustained_fps"])
+        half = best_run["sustained_fps"] / 2
+        record["c_latency"] = end_to_end(bootstrap, photos, min(int(half * 10), 150_000),
+                                         str(best_run["preprocess"]), half,
+                                         int(best_run["worker_processes"]))
+        print("c latency:", record["c_latency"], flush=True)
+        if args.naive_jobs:
             record["d_naive"] = naive(bootstrap, photos, args.naive_jobs)
             print("d naive:", record["d_naive"], flush=True)
-        finally:
-            broker.stop()
-    path = write("pipeline", record, args.out)
-    print("wrote", path)
+    finally:
+        broker.stop()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@
 They add three things only: settings built from :class:`WorkerConfig` (auto commit and auto
 offset store off: the worker commits what it has delivered), lazy connection in ``open()``, and
 librdkafka errors wrapped as :class:`KafkaIOError` carrying librdkafka's retriable flag.
+
+Exactly-once adds the transactional calls of the producer; their errors are wrapped as
+:class:`TransactionError` keeping librdkafka's three-way classification (retriable, abortable,
+fatal). :func:`member_consumer_settings` and :func:`transactional_producer_settings` are the
+worker's own clients; readers, the demo and replay keep the plain settings.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import confluent_kafka as ck
 
 from worker.config import KafkaSettings, WorkerConfig
 from worker.dlq import Headers
-from worker.exceptions import KafkaIOError
+from worker.exceptions import KafkaIOError, TransactionError
 
 RebalanceCallback = Callable[[Any, list[ck.TopicPartition]], None]
 DeliveryCallback = Callable[[ck.KafkaError | None, ck.Message], None]
@@ -58,10 +63,52 @@ def consumer_settings(cfg: WorkerConfig) -> dict[str, Any]:
             # KIP-74, so they never block a large job).
             "queued.max.messages.kbytes": cfg.batch.fetch_queue_kbytes,
             "fetch.max.bytes": cfg.batch.fetch_queue_kbytes * 1024,
-            "max.partition.fetch.bytes": min(1_048_576, cfg.batch.fetch_queue_kbytes * 1024),
+            # A quarter of the prefetch budget per partition and request: 1 MiB (the default)
+            # capped throughput at ~60 photo jobs per partition per round trip.
+            "max.partition.fetch.bytes": max(1_048_576, cfg.batch.fetch_queue_kbytes * 256),
         }
     )
     conf.update(k.consumer_extra)
+    return conf
+
+
+def member_consumer_settings(cfg: WorkerConfig) -> dict[str, Any]:
+    """The worker's own group member: ``consumer_settings`` plus the guarantee's needs."""
+    conf = consumer_settings(cfg)
+    if cfg.processing.guarantee == "exactly-once":
+        # Never read the aborted output of an upstream transactional producer. (librdkafka's
+        # default too; stated because exactly-once depends on it.)
+        conf["isolation.level"] = "read_committed"
+    if cfg.kafka.static_membership:
+        conf["group.instance.id"] = cfg.kafka.instance_id
+    conf.update(cfg.kafka.consumer_extra)
+    return conf
+
+
+def transactional_id(cfg: WorkerConfig) -> str:
+    """``<prefix>.<group>.<instance>``: stable across restarts of one worker instance.
+
+    With KIP-447 (offsets sent with ``consumer_group_metadata()``) the transactional.id does not
+    have to follow partitions: the group coordinator fences a zombie's offset commit by its
+    group generation, and a restarted instance reusing the id fences the dead one's producer
+    (``init_transactions`` bumps the epoch and aborts its open transaction) at once instead of
+    after ``transaction.timeout.ms``. Two live workers must never share an instance id: each
+    would fence the other.
+    """
+    k = cfg.kafka
+    return f"{k.transactional_id_prefix}.{k.group_id}.{k.instance_id}"
+
+
+def transactional_producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
+    conf = producer_settings(cfg)
+    conf.update(
+        {
+            "transactional.id": transactional_id(cfg),
+            # Also caps message.timeout.ms and socket.timeout.ms (librdkafka adjusts them).
+            "transaction.timeout.ms": cfg.kafka.transaction_timeout_ms,
+        }
+    )
+    conf.update(cfg.kafka.producer_extra)
     return conf
 
 
@@ -87,6 +134,22 @@ def _wrap(exc: ck.KafkaException, what: str) -> KafkaIOError:
     if isinstance(err, ck.KafkaError):
         return KafkaIOError(f"{what}: {err.str()}", recoverable=err.retriable())
     return KafkaIOError(f"{what}: {exc}")
+
+
+def txn_error(err: ck.KafkaError, what: str) -> TransactionError:
+    """librdkafka's classification of a transactional error: fatal beats abortable beats
+    retriable; an error that is none of them is fatal (confluent-kafka's documented rule)."""
+    return TransactionError(
+        f"{what}: {err.name()}: {err.str()}", code=err.code(), recoverable=err.retriable(),
+        abortable=err.txn_requires_abort(), fatal=err.fatal(),
+    )
+
+
+def _wrap_txn(exc: ck.KafkaException, what: str) -> TransactionError:
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, ck.KafkaError):
+        return txn_error(err, what)
+    return TransactionError(f"{what}: {exc}", fatal=True)
 
 
 class Consumer:
@@ -130,6 +193,22 @@ class Consumer:
     def assignment(self) -> list[ck.TopicPartition]:
         return list(self.client.assignment())
 
+    def group_metadata(self) -> object:
+        """The member's group metadata (group, generation, member id) for
+        ``send_offsets_to_transaction``: the coordinator rejects it once the generation moved
+        on, which fences a zombie's offsets (KIP-447)."""
+        try:
+            return self.client.consumer_group_metadata()
+        except ck.KafkaException as exc:
+            raise _wrap(exc, "consumer_group_metadata failed") from exc
+
+    def seek(self, partition: ck.TopicPartition) -> None:
+        """Move an assigned partition's fetch position; records fetched before are discarded."""
+        try:
+            self.client.seek(partition)
+        except ck.KafkaException as exc:
+            raise _wrap(exc, f"seek {partition.topic}[{partition.partition}] failed") from exc
+
     def pause(self, partitions: list[ck.TopicPartition]) -> None:
         if partitions:
             self.client.pause(partitions)
@@ -161,6 +240,42 @@ class Producer:
         if self._client is None:
             self._client = ck.Producer(self._settings)
 
+    @property
+    def transactional(self) -> bool:
+        return "transactional.id" in self._settings
+
+    # -- transactions (exactly-once); every error is a TransactionError ---------------------
+    def init_transactions(self, timeout: float) -> None:
+        try:
+            self.client.init_transactions(timeout)
+        except ck.KafkaException as exc:
+            raise _wrap_txn(exc, "init_transactions") from exc
+
+    def begin_transaction(self) -> None:
+        try:
+            self.client.begin_transaction()
+        except ck.KafkaException as exc:
+            raise _wrap_txn(exc, "begin_transaction") from exc
+
+    def send_offsets_to_transaction(self, offsets: list[ck.TopicPartition], group_metadata: object,
+                                    timeout: float) -> None:
+        try:
+            self.client.send_offsets_to_transaction(offsets, group_metadata, timeout)
+        except ck.KafkaException as exc:
+            raise _wrap_txn(exc, "send_offsets_to_transaction") from exc
+
+    def commit_transaction(self, timeout: float) -> None:
+        try:
+            self.client.commit_transaction(timeout)
+        except ck.KafkaException as exc:
+            raise _wrap_txn(exc, "commit_transaction") from exc
+
+    def abort_transaction(self, timeout: float) -> None:
+        try:
+            self.client.abort_transaction(timeout)
+        except ck.KafkaException as exc:
+            raise _wrap_txn(exc, "abort_transaction") from exc
+
     def produce(
         self,
         topic: str,
@@ -179,6 +294,8 @@ class Producer:
             except BufferError:
                 self.client.poll(0.05)
             except ck.KafkaException as exc:
+                if self.transactional:
+                    raise _wrap_txn(exc, f"produce to {topic}") from exc
                 raise _wrap(exc, f"produce to {topic} failed") from exc
 
     def poll(self, timeout: float = 0.0) -> int:
