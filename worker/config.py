@@ -31,6 +31,8 @@ from pydantic_settings import (
 )
 
 from worker.exceptions import ConfigError
+from worker.generation.settings import GenerationSettings
+from worker.moderation_settings import ModerationSettings
 
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("ktw_config_file", default=None)
 
@@ -53,6 +55,9 @@ class KafkaSettings(_Part):
     sasl_password: SecretStr | None = None
     ssl_ca_location: str | None = None
     session_timeout_ms: int = Field(45_000, ge=1_000)
+    # Longest a fetch waits for data. librdkafka's default (500 ms) shows up directly in
+    # produce-to-result latency when a broker holds fetches; frames want it short.
+    fetch_wait_max_ms: int = Field(20, ge=1, le=10_000)
     max_poll_interval_ms: int = Field(300_000, ge=10_000)
     # Identity of this worker instance, stable across its restarts and unique among live
     # workers of the group (a StatefulSet pod name; the host name by default). Exactly-once
@@ -280,8 +285,12 @@ class WorkerConfig(BaseSettings):
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     model: ModelSettings = Field(default_factory=ModelSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
+    # Image-and-text policies, the text (MiniLM) and CLIP engines (worker/moderation_settings).
+    moderation: ModerationSettings = Field(default_factory=ModerationSettings)
     commit: CommitSettings = Field(default_factory=CommitSettings)
     processing: ProcessingSettings = Field(default_factory=ProcessingSettings)
+    # Text-to-image jobs: SD engines, sizes, steps, blobs (worker/generation/settings).
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
     @model_validator(mode="after")

@@ -62,6 +62,7 @@ def consumer_settings(cfg: WorkerConfig) -> dict[str, Any]:
             # response is no larger (a record above these limits is still returned whole,
             # KIP-74, so they never block a large job).
             "queued.max.messages.kbytes": cfg.batch.fetch_queue_kbytes,
+            "fetch.wait.max.ms": k.fetch_wait_max_ms,
             "fetch.max.bytes": cfg.batch.fetch_queue_kbytes * 1024,
             # A quarter of the prefetch budget per partition and request: 1 MiB (the default)
             # capped throughput at ~60 photo jobs per partition per round trip.
