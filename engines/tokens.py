@@ -1,9 +1,14 @@
-"""Tokenisation for the text engines: chunks with overlap, padded to token-length buckets.
+"""Tokenisation for the text engines: sentence chunks, token windows, token-length buckets.
 
-A text becomes one or more *chunks*: windows of at most ``max_tokens`` tokens (special tokens
-included) that overlap by ``overlap`` content tokens, so a phrase cut by one window boundary is
-whole in the next. Each chunk is padded to the smallest bucket (16/32/64/128 by default) that
-holds it; a bucket is an engine profile, so short texts never pay for 128-token compute.
+A text becomes *chunks*, each embedded on its own: one per sentence, and a sentence longer than
+one window (``max_tokens`` with special tokens) is cut into windows that overlap by
+``overlap`` tokens, so a phrase cut by one window boundary is whole in the next. Why sentences
+and not plain 128-token windows: a mean-pooled embedding of a window is the average of all its
+tokens, so one violent sentence among 100 harmless tokens is diluted to nothing (measured on
+the real MiniLM weights: a stabbing sentence scoring 0.96 alone scored 0.06 inside a 128-token
+window and 0.70 inside a 32-token one; alone it keeps its 0.96).
+Each chunk is padded to the smallest bucket (16/32/64/128 by default) that holds it; a bucket
+is an engine profile, so short sentences never pay for 128-token compute.
 Special tokens come from the tokenizer's own post-processor (BERT ``[CLS] .. [SEP]``, CLIP
 ``<|startoftext|> .. <|endoftext|>``), found once by encoding a probe.
 """
@@ -11,12 +16,23 @@ Special tokens come from the tokenizer's own post-processor (BERT ``[CLS] .. [SE
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from engines.exceptions import BackendUnavailable, ModelNotFound
+
+
+# A sentence ends at ., ! or ? (closing quotes/brackets included) before whitespace, or at a
+# line break. Abbreviations ("e.g. this") split a sentence in two: harmless, both halves count.
+_SENTENCE_END = re.compile(r"(?<=[.!?\u2026])[\"')\]]*\s+|\n+")
+
+
+def sentence_starts(text: str) -> list[int]:
+    """Character offsets where sentences start (always begins with 0)."""
+    return [0, *(m.end() for m in _SENTENCE_END.finditer(text))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +91,17 @@ class TextTokenizer:
         return Chunk(full, self.bucket(len(full)))
 
     def chunks(self, text: str) -> list[Chunk]:
-        """Overlapping windows covering the whole text (one chunk for an empty text)."""
-        ids = self.content_ids(text)
+        """Every sentence's windows, in text order (one chunk of specials for an empty text)."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        starts = sentence_starts(text)
+        sentences: dict[int, list[int]] = {}
+        for token, (begin, _) in zip(enc.ids, enc.offsets, strict=True):
+            sentences.setdefault(bisect.bisect_right(starts, begin), []).append(token)
+        out = [c for _, ids in sorted(sentences.items()) for c in self.windows(ids)]
+        return out or [self._chunk([])]
+
+    def windows(self, ids: list[int]) -> list[Chunk]:
+        """Windows of at most ``window`` tokens overlapping by ``overlap``, covering ``ids``."""
         step = self.window - self.overlap
         starts = range(0, max(len(ids) - self.overlap, 1), step)
         return [self._chunk(ids[s:s + self.window]) for s in starts]

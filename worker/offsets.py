@@ -70,7 +70,7 @@ class OffsetTracker:
         """Track a consumed record; True if it went backwards (an unexpected re-delivery)."""
         return self._parts.setdefault((topic, partition), _PartitionOffsets()).begin(offset)
 
-    def keys(self) -> list[TopicPartitionKey]:
+    def partitions(self) -> list[TopicPartitionKey]:
         return list(self._parts)
 
     def position(self, key: TopicPartitionKey) -> int | None:

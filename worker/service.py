@@ -5,16 +5,31 @@ finished batches, produce results, serve delivery callbacks, commit). The main t
 waits on the engine, so it keeps polling and ``max.poll.interval.ms`` is never breached; when
 too many jobs are held it pauses the assignment instead of blocking (backpressure).
 
-Offsets: a record counts as finished only when its result (or DLQ record) is acknowledged by
-the broker; commits carry the lowest unfinished offset per partition (see worker.offsets).
+Guarantees (``processing.guarantee``):
+
+- at-least-once: a record counts as finished when its result (or DLQ record) is acknowledged by
+  the broker; offset commits carry the lowest unfinished offset per partition (worker.offsets).
+- exactly-once: outputs are released into one Kafka transaction in offset order per partition
+  (worker.guarantees), a record counts as finished once its output is in the transaction, and
+  every commit interval the transaction commits together with those positions
+  (worker.transactions). An aborted transaction rewinds every partition to its last committed
+  position and drops the work in progress, so each output is committed exactly once.
+
+Rebalances (cooperative-sticky): on revoke, queued jobs of the revoked partitions are dropped,
+batches in flight finish, and their offsets are committed (at-least-once) or the transaction is
+committed with them (exactly-once; if that fails it is aborted and the new owner redoes the
+work). On lost, nothing is committed; under exactly-once the open transaction is aborted,
+since it may hold outputs that the partitions' new owner produces again.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -34,15 +49,39 @@ from worker.exceptions import (
     KafkaIOError,
     OversizedMessage,
     SchemaViolation,
+    TransactionError,
 )
+from worker.guarantees import OrderedRelease, Output
 from worker.jobs import RESULT_SCHEMA, ModerationResult, SourceRef
-from worker.kafka import Consumer, Producer, consumer_settings, producer_settings
+from worker.kafka import (
+    Consumer,
+    Producer,
+    member_consumer_settings,
+    producer_settings,
+    transactional_id,
+    transactional_producer_settings,
+)
 from worker.moderation import Outcome, Pending
 from worker.moderation_gpu import make_task
 from worker.offsets import OffsetTracker, TopicPartitionKey
 from worker.stats import Stats
+from worker.transactions import Transactions
 
 log = structlog.get_logger("worker")
+
+
+def _DEBUG_JOBS() -> bool:  # noqa: N802 - reads like the flag it is
+    return logging.getLogger("worker").isEnabledFor(logging.DEBUG)
+_PURGED = frozenset({ck.KafkaError._PURGE_QUEUE, ck.KafkaError._PURGE_INFLIGHT})
+
+
+@dataclass(slots=True)
+class _InFlight:
+    future: Future[list[Outcome]]
+    # Each source partition's epoch at submission: an outcome whose partition was dropped or
+    # rewound since (revoke, lost, aborted transaction) is stale and discarded.
+    epochs: dict[TopicPartitionKey, int]
+    submitted_at: float
 
 
 class Worker:
@@ -54,25 +93,56 @@ class Worker:
         self.runner = runner or built
         self.task = make_task(cfg, self.runner, plan.spec, plan.profiles)
         self.stats = Stats()
-        self._consumer = Consumer(consumer_settings(cfg))
-        self._producer = Producer(producer_settings(cfg))
+        self.exactly_once = cfg.processing.guarantee == "exactly-once"
+        self._consumer = Consumer(member_consumer_settings(cfg))
+        self._producer = Producer(
+            transactional_producer_settings(cfg) if self.exactly_once else producer_settings(cfg)
+        )
+        self._txn: Transactions | None = (
+            Transactions(self._producer, timeout_ms=cfg.kafka.transaction_timeout_ms)
+            if self.exactly_once else None
+        )
         self._tracker = OffsetTracker()
+        self._release = OrderedRelease(self._tracker)
         self._batcher: DynamicBatcher[Pending] = DynamicBatcher(
             plan.profiles, max_batch_size=cfg.batch.max_batch_size,
             max_delay_s=cfg.batch.max_delay_ms / 1e3, max_pad_fraction=cfg.batch.max_pad_fraction,
         )
         self._limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
-        self._in_flight: list[Future[list[Outcome]]] = []
+        self._in_flight: list[_InFlight] = []
+        self._assigned: set[TopicPartitionKey] = set()
+        self._epochs: dict[TopicPartitionKey, int] = {}
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
+        self._abort_request: str | None = None
+        self._rewind_needed = False
         self._paused = False
         self._last_commit = time.monotonic()
         self._result_headers_base: Headers = []
+        self.rewinds = 0
+        self.stale_discarded = 0
+        self.slow_batches = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
         """Ask the loop to drain and exit (safe from signal handlers and other threads)."""
         self._stop.set()
+
+    def request_abort(self, reason: str = "requested") -> None:
+        """Exactly-once fault drill: abort the open transaction at the next step and rewind.
+
+        Safe from other threads; nothing is lost or repeated (the tests use it to prove that).
+        No effect under at-least-once.
+        """
+        self._abort_request = reason
+
+    def guarantee_totals(self) -> dict[str, int]:
+        out = {"rewinds": self.rewinds, "stale_discarded": self.stale_discarded,
+               "slow_batches": self.slow_batches}
+        if self._txn is not None:
+            out |= {"txn_commits": self._txn.commits, "txn_aborts": self._txn.aborts,
+                    "txn_retries": self._txn.retries}
+        return out
 
     def run(self) -> None:
         self.runner.activate()
@@ -83,13 +153,19 @@ class Worker:
             ("ktw.engine", self.task.engine_hash.encode()),
         ]
         self._producer.open()
+        if self._txn is not None:
+            # Fences an earlier incarnation of this instance and aborts its open transaction,
+            # so its uncommitted outputs never become visible and its offsets are released.
+            self._txn.init()
         self._consumer.open()
         self._consumer.subscribe(
             [self.cfg.topics.jobs], on_assign=self._on_assign, on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
         log.info("worker_started", topic=self.cfg.topics.jobs, group=self.cfg.kafka.group_id,
-                 engine=self.task.engine_hash, client_id=self.cfg.kafka.client_id)
+                 engine=self.task.engine_hash, client_id=self.cfg.kafka.client_id,
+                 guarantee=self.cfg.processing.guarantee,
+                 transactional_id=transactional_id(self.cfg) if self.exactly_once else None)
         try:
             while not self._stop.is_set():
                 self.step()
@@ -108,30 +184,43 @@ class Worker:
         self._schedule(force=False)
         self._collect(block=False)
         self._producer.poll(0)
+        self._settle()
         self._backpressure()
         self._maybe_commit(force=False)
-        self.stats.maybe_log(log, pending=self._tracker.pending(), paused=self._paused)
+        self._settle()
+        self.stats.maybe_log(log, pending=self._tracker.pending(), paused=self._paused,
+                             **self.guarantee_totals())
 
     def _shutdown(self) -> None:
         log.info("worker_draining", pending=self._tracker.pending(),
                  in_flight_batches=len(self._in_flight))
+        fatal = self._fatal is not None
         try:
-            if self._fatal is None:
+            if not fatal:
                 while len(self._batcher) or self._in_flight:
                     self._schedule(force=True)
                     self._collect(block=True)
-            undelivered = self._producer.flush(self.cfg.commit.drain_timeout_s)
-            if undelivered:
-                log.error("undelivered_at_shutdown", count=undelivered)
-            self._maybe_commit(force=True)
+            if self._txn is None:
+                undelivered = self._producer.flush(self.cfg.commit.drain_timeout_s)
+                if undelivered:
+                    log.error("undelivered_at_shutdown", count=undelivered)
+                # Only delivered records count as finished: committing them is safe even
+                # after a failure.
+                self._maybe_commit(force=True)
+            elif not fatal:
+                # Commits the last transaction (or aborts a failed one: its work is redone by
+                # the partitions' next owner).
+                self._maybe_commit(force=True)
         finally:
             try:
                 self._consumer.close()
-                self._producer.close(self.cfg.commit.drain_timeout_s)
+                # A fenced transactional producer has nothing left that may be delivered.
+                drain = 1.0 if fatal and self._txn is not None else self.cfg.commit.drain_timeout_s
+                self._producer.close(drain)
             finally:
                 self.task.close()
                 self.runner.deactivate()
-                log.info("worker_stopped", **self.stats.totals())
+                log.info("worker_stopped", **self.stats.totals(), **self.guarantee_totals())
 
     # -- intake ------------------------------------------------------------------------------
     def _accept(self, msg: ck.Message) -> None:
@@ -142,7 +231,14 @@ class Worker:
             log.warning("consumer_error", error=err.str(), code=err.code())
             return
         topic, partition, offset = _coordinates(msg)
-        self._tracker.begin(topic, partition, offset)
+        if (topic, partition) not in self._assigned:
+            # Fetched before a revoke or loss served in the same consume() call: its new
+            # owner reads it.
+            return
+        if self._tracker.begin(topic, partition, offset) and self._txn is not None:
+            # The consumer went backwards on its own (not after our seek): outputs of these
+            # offsets may already be in the open transaction. Abort and rewind.
+            self.request_abort(f"{topic}[{partition}] re-delivered offset {offset}")
         self.stats.consumed += 1
         value = msg.value()
         ts_type, ts = msg.timestamp()
@@ -184,19 +280,34 @@ class Worker:
                      partition=p.ref.partition, offset=p.ref.offset)
             self._publish(self.task.expired_result(p, now_ms), p.ref)
         for batch in due.batches:
-            self._in_flight.append(self.task.submit(batch))
+            epochs = {p.partition_key: self._epochs.get(p.partition_key, 0) for p in batch.items}
+            self._in_flight.append(_InFlight(self.task.submit(batch), epochs, time.monotonic()))
 
     def _collect(self, *, block: bool) -> None:
-        pending = []
-        for fut in self._in_flight:
-            if block or fut.done():
-                # An exception here is a bug in the task, not a bad job: let it stop the
-                # worker without committing those offsets.
-                for outcome in fut.result():
-                    self._finish(outcome)
-            else:
-                pending.append(fut)
+        pending: list[_InFlight] = []
+        done: list[_InFlight] = []
+        for f in self._in_flight:
+            (done if block or f.future.done() else pending).append(f)
         self._in_flight = pending
+        for f in done:
+            # An exception here is a bug in the task, not a bad job: let it stop the worker
+            # without committing those offsets.
+            outcomes = f.future.result()
+            self._check_batch_time(f, len(outcomes))
+            for outcome in outcomes:
+                key = outcome.pending.partition_key
+                if self._epochs.get(key, 0) != f.epochs.get(key):
+                    self.stale_discarded += 1
+                    continue
+                self._finish(outcome)
+
+    def _check_batch_time(self, f: _InFlight, size: int) -> None:
+        took_ms = (time.monotonic() - f.submitted_at) * 1e3
+        if took_ms > self.cfg.processing.max_batch_ms:
+            self.slow_batches += 1
+            log.error("batch_over_budget", took_ms=round(took_ms), size=size,
+                      max_batch_ms=self.cfg.processing.max_batch_ms,
+                      transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
 
     def _finish(self, outcome: Outcome) -> None:
         p = outcome.pending
@@ -207,14 +318,13 @@ class Worker:
 
     # -- output ------------------------------------------------------------------------------
     def _publish(self, result: ModerationResult, ref: SourceRef) -> None:
-        log.debug("job_result", job_id=result.id, topic=ref.topic, partition=ref.partition,
-                  offset=ref.offset, status=result.status.value,
-                  verdict=result.verdict.value if result.verdict else None,
-                  nsfw=result.scores.get("nsfw"))
-        self._producer.produce(
-            self.cfg.topics.results, key=result.id.encode(), value=encode_result(result),
-            headers=self._result_headers_base, on_delivery=partial(self._delivered, ref),
-        )
+        if _DEBUG_JOBS():  # a filtered structlog call still costs ~10 us per job
+            log.debug("job_result", job_id=result.id, topic=ref.topic,
+                      partition=ref.partition, offset=ref.offset, status=result.status.value,
+                      verdict=result.verdict.value if result.verdict else None,
+                      nsfw=result.scores.get("nsfw"))
+        self._emit(Output(ref, self.cfg.topics.results, result.id.encode(),
+                          encode_result(result), self._result_headers_base, "result"))
         self.stats.results += 1
 
     def _dead_letter(self, src: SourceRecord, error: JobRejected) -> None:
@@ -224,11 +334,24 @@ class Worker:
                     key=src.key.decode("utf-8", "replace") if src.key else None,
                     topic=ref.topic, partition=ref.partition, offset=ref.offset,
                     reason=error.reason, error=str(error)[:300])
-        self._producer.produce(
-            self.cfg.topics.dlq, key=record.key, value=record.value, headers=record.headers,
-            on_delivery=partial(self._delivered, ref),
-        )
+        self._emit(Output(ref, self.cfg.topics.dlq, record.key, record.value, record.headers,
+                          "dlq"))
         self.stats.dead_lettered += 1
+
+    def _emit(self, out: Output) -> None:
+        if self._txn is None:
+            self._producer.produce(out.topic, key=out.key, value=out.value, headers=out.headers,
+                                   on_delivery=partial(self._delivered, out.ref))
+            return
+        for ready in self._release.complete(out):
+            if self._txn.failed is not None:
+                return  # doomed: the rewind that follows redoes these records
+            try:
+                self._txn.produce(ready, partial(self._txn_delivered, self._txn.sequence))
+            except TransactionError as exc:
+                if exc.fatal:
+                    raise
+                return  # abortable: marked failed; _settle aborts and rewinds
 
     def _delivered(self, ref: SourceRef, err: ck.KafkaError | None, _msg: ck.Message) -> None:
         if err is not None:
@@ -239,6 +362,83 @@ class Worker:
             return
         self._tracker.finish(ref.topic, ref.partition, ref.offset)
 
+    def _txn_delivered(self, sequence: int, err: ck.KafkaError | None, _msg: ck.Message) -> None:
+        txn = self._txn
+        if err is None or txn is None or sequence != txn.sequence or err.code() in _PURGED:
+            return  # fine, or a purged record of a transaction being (or already) aborted
+        log.warning("transactional_delivery_failed", error=err.str())
+        txn.fail(f"delivery failed: {err.str()}")
+
+    # -- transactions (exactly-once) --------------------------------------------------------
+    def _settle(self) -> None:
+        """Abort a failed or abort-requested transaction, then rewind (main loop only)."""
+        if self._txn is None:
+            return
+        reason = self._abort_request or self._txn.failed
+        if reason is not None:
+            self._abort_request = None
+            self._abort(reason)
+        if self._rewind_needed:
+            self._rewind()
+
+    def _abort(self, reason: str) -> None:
+        """Abort the open transaction now; the rewind follows in the main loop (never inside a
+        rebalance callback: consume() may already hold records fetched before the seek)."""
+        assert self._txn is not None
+        if not self._txn.open and self._txn.failed is None:
+            return  # nothing produced since the last commit: nothing to undo
+        log.warning("transaction_abort", reason=reason[:300], records=self._txn.records,
+                    age_s=round(self._txn.age_s, 3))
+        self._txn.abort()
+        self._rewind_needed = True
+
+    def _rewind(self) -> None:
+        """Seek every partition back to its last committed position; drop work in progress."""
+        self._rewind_needed = False
+        self._batcher.remove(lambda _p: True)
+        self._release.clear()
+        positions: dict[str, int] = {}
+        for key in self._tracker.partitions():
+            target = self._tracker.rewind(key)
+            self._bump(key)
+            if target is not None and key in self._assigned:
+                # A failed seek would let the consumer run on past the aborted range: fatal
+                # (the restart resumes from the committed positions).
+                self._consumer.seek(ck.TopicPartition(key[0], key[1], target))
+                positions[f"{key[0]}[{key[1]}]"] = target
+        self.rewinds += 1
+        log.warning("rewound", positions=positions)
+
+    def _bump(self, key: TopicPartitionKey) -> None:
+        self._epochs[key] = self._epochs.get(key, 0) + 1
+
+    def _commit_transaction(self) -> None:
+        txn = self._txn
+        assert txn is not None
+        reason = self._abort_request or txn.failed
+        if reason is not None:
+            self._abort_request = None
+            self._abort(reason)
+            return
+        if not txn.open:
+            return
+        positions = self._tracker.committable()
+        offsets = [ck.TopicPartition(t, p, o) for (t, p), o in positions.items()]
+        if txn.age_s * 1e3 > self.cfg.kafka.transaction_timeout_ms / 2:
+            log.warning("transaction_long", age_s=round(txn.age_s, 1),
+                        transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
+        records = txn.records
+        try:
+            txn.commit(offsets, self._consumer.group_metadata())
+        except TransactionError as exc:
+            if exc.fatal:
+                raise
+            self._abort(f"commit failed: {exc}")
+            return
+        self._tracker.mark_committed(positions)
+        log.debug("transaction_committed", records=records,
+                  offsets={f"{t}[{p}]": o for (t, p), o in positions.items()})
+
     # -- offsets, backpressure, rebalance ---------------------------------------------------
     def _maybe_commit(self, *, force: bool, only: Iterable[TopicPartitionKey] | None = None
                       ) -> None:
@@ -246,6 +446,10 @@ class Worker:
         if not force and (now - self._last_commit) * 1e3 < self.cfg.commit.interval_ms:
             return
         self._last_commit = now
+        if self._txn is not None:
+            # One transaction covers every partition: ``only`` cannot narrow it.
+            self._commit_transaction()
+            return
         positions = self._tracker.committable(only)
         if not positions:
             return
@@ -271,7 +475,26 @@ class Worker:
             self._paused = False
             log.info("backpressure_resume", held=held)
 
+    def _forget(self, keys: set[TopicPartitionKey]) -> None:
+        self._tracker.drop(keys)
+        self._release.drop(keys)
+        for key in keys:
+            self._bump(key)
+
+    def _callback_failed(self, where: str, exc: BaseException) -> None:
+        # Never let an exception escape into librdkafka: stop the loop with it instead.
+        if isinstance(exc, TransactionError) and not exc.fatal:
+            log.warning(f"{where}_failed", error=str(exc))
+            return
+        if isinstance(exc, KafkaIOError) and not isinstance(exc, TransactionError):
+            log.warning(f"{where}_failed", error=str(exc))
+            return
+        log.error(f"{where}_failed", error=str(exc), fatal=True)
+        if self._fatal is None:
+            self._fatal = exc
+
     def _on_assign(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
+        self._assigned |= {(tp.topic, tp.partition) for tp in partitions}
         try:
             log.info("partitions_assigned", partitions=_names(partitions))
         finally:
@@ -280,27 +503,39 @@ class Worker:
 
     def _on_revoke(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         keys = {(tp.topic, tp.partition) for tp in partitions}
+        self._assigned -= keys
         log.info("partitions_revoked", partitions=_names(partitions))
         try:
-            # Queued jobs of revoked partitions are dropped uncommitted (the new owner redoes
-            # them); batches already computing are finished and delivered, then committed.
-            self._batcher.remove(lambda p: (p.ref.topic, p.ref.partition) in keys)
-            self._collect(block=True)
-            self._producer.flush(self.cfg.commit.drain_timeout_s)
-            self._maybe_commit(force=True, only=keys)
-        except KafkaIOError as exc:
-            log.warning("revoke_commit_failed", error=str(exc))
+            if self._fatal is None:
+                # Queued jobs of revoked partitions are dropped uncommitted (the new owner
+                # redoes them); batches already computing are finished and their outputs
+                # produced, then committed: their offsets (at-least-once) or the whole
+                # transaction with every partition's position (exactly-once).
+                self._batcher.remove(lambda p: p.partition_key in keys)
+                self._collect(block=True)
+                if self._txn is None:
+                    self._producer.flush(self.cfg.commit.drain_timeout_s)
+                self._maybe_commit(force=True, only=keys)
+        except Exception as exc:  # noqa: BLE001 - see _callback_failed
+            self._callback_failed("revoke_commit", exc)
         finally:
-            self._tracker.drop(keys)
+            self._forget(keys)
 
     def _on_lost(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         keys = {(tp.topic, tp.partition) for tp in partitions}
+        self._assigned -= keys
         log.warning("partitions_lost", partitions=_names(partitions))
         try:
-            self._batcher.remove(lambda p: (p.ref.topic, p.ref.partition) in keys)
+            self._batcher.remove(lambda p: p.partition_key in keys)
+            if self._txn is not None and self._fatal is None and self._txn.open:
+                # Another member may own them already and redo their jobs: the open transaction
+                # (which may hold their outputs) must never commit.
+                self._abort("partitions lost")
+        except Exception as exc:  # noqa: BLE001 - see _callback_failed
+            self._callback_failed("lost_abort", exc)
         finally:
-            # Another member may own them already: never commit here.
-            self._tracker.drop(keys)
+            # Never commit here; late outcomes of these partitions are discarded.
+            self._forget(keys)
 
 
 def _coordinates(msg: ck.Message) -> tuple[str, int, int]:

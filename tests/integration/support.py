@@ -61,6 +61,8 @@ def worker_env(cfg: WorkerConfig, **extra: str) -> dict[str, str]:
             "KTW_TOPICS__RESULTS": cfg.topics.results,
             "KTW_TOPICS__DLQ": cfg.topics.dlq,
             "KTW_COMMIT__INTERVAL_MS": str(cfg.commit.interval_ms),
+            "KTW_PROCESSING__GUARANTEE": cfg.processing.guarantee,
+            "KTW_KAFKA__TRANSACTION_TIMEOUT_MS": str(cfg.kafka.transaction_timeout_ms),
             "PYTHONUNBUFFERED": "1",
         }
     )

@@ -1,9 +1,28 @@
 """A thin typed layer over confluent-kafka: config builders and client wrappers.
 
 No network in any constructor: clients connect in ``open()``. The worker's own consumer logic
-(decode, backpressure, offsets) lives above this, in :mod:`worker.service`.
+(decode, backpressure, offsets, transactions) lives above this, in :mod:`worker.service` and
+:mod:`worker.transactions`.
 """
 
-from worker.kafka.clients import Consumer, Producer, consumer_settings, producer_settings
+from worker.kafka.clients import (
+    Consumer,
+    Producer,
+    consumer_settings,
+    member_consumer_settings,
+    producer_settings,
+    transactional_id,
+    transactional_producer_settings,
+    txn_error,
+)
 
-__all__ = ["Consumer", "Producer", "consumer_settings", "producer_settings"]
+__all__ = [
+    "Consumer",
+    "Producer",
+    "consumer_settings",
+    "member_consumer_settings",
+    "producer_settings",
+    "transactional_id",
+    "transactional_producer_settings",
+    "txn_error",
+]

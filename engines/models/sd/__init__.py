@@ -1,0 +1,12 @@
+"""Stable-Diffusion-1.5-layout generation engines: CLIP text encoder, UNet and VAE decoder.
+
+Each is an engine of its own (spec, static profiles, cache recipe, runner). Weights come from
+a local diffusers-format folder the user names (:class:`~engines.models.sd.weights.LocalSdWeights`)
+or, for tests, demos and benchmarks, from a seeded random initialisation of the same
+architecture (:class:`~engines.models.sd.weights.RandomSdWeights`). Nothing is downloaded.
+torch, diffusers and transformers are imported lazily, only where a network is built.
+"""
+
+from __future__ import annotations
+
+COMPONENTS = ("text_encoder", "unet", "vae")

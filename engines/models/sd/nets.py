@@ -1,0 +1,91 @@
+"""The three engines as plain torch modules with tensor-only signatures.
+
+Why wrappers: ONNX export, CUDA-graph capture and torch.compile all want ``forward`` to take and
+return tensors (no config objects, no dict outputs), and each engine's boundary casts live here
+once: float32 in and out on the wire, the network's own dtype (fp16 on GPUs) inside. The VAE
+decoder also folds in the latent scaling and the conversion to uint8 NHWC pixels, so a batch of
+images leaves the device as 1/4 of the bytes and needs no host arithmetic before PNG encoding.
+Imports torch, diffusers and transformers; only the torch backend and the ONNX export load it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class TextEncoderNet(nn.Module):
+    """input_ids int64 [N, 77] -> text_embeddings float32 [N, 77, hidden]."""
+
+    def __init__(self, clip: nn.Module) -> None:
+        super().__init__()
+        self.clip: Any = clip
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # SD 1.5 conditions on the last layer's normalised states (not the pooled output).
+        return self.clip(input_ids=input_ids).last_hidden_state.float()
+
+
+class UNetNet(nn.Module):
+    """sample [N, 4, h, w], timestep [N], encoder_hidden_states [N, 77, D] -> noise_pred."""
+
+    def __init__(self, unet: nn.Module) -> None:
+        super().__init__()
+        self.unet: Any = unet
+
+    def forward(self, sample: torch.Tensor, timestep: torch.Tensor,
+                encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = self.unet.conv_in.weight.dtype
+        out = self.unet(sample.to(dtype), timestep, encoder_hidden_states=encoder_hidden_states.to(
+            dtype), return_dict=False)[0]
+        return out.float()
+
+
+class VaeDecoderNet(nn.Module):
+    """latents float32 [N, 4, h, w] (unscaled) -> image uint8 [N, 8h, 8w, 3]."""
+
+    def __init__(self, vae: nn.Module, scaling_factor: float) -> None:
+        super().__init__()
+        self.post_quant_conv: Any = vae.post_quant_conv
+        self.decoder: Any = vae.decoder
+        self.scaling_factor = scaling_factor
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        z = (latents / self.scaling_factor).to(self.decoder.conv_in.weight.dtype)
+        if self.post_quant_conv is not None:
+            z = self.post_quant_conv(z)
+        x = self.decoder(z).float()
+        # Random weights can overflow fp16; NaN must not reach the uint8 cast (undefined there).
+        x = torch.nan_to_num(x / 2 + 0.5, nan=0.0).clamp(0, 1)
+        return (x * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
+def text_encoder(config: dict[str, Any]) -> TextEncoderNet:
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    return TextEncoderNet(CLIPTextModel(CLIPTextConfig.from_dict(dict(config))))
+
+
+def unet(config: dict[str, Any]) -> UNetNet:
+    from diffusers import UNet2DConditionModel
+
+    return UNetNet(UNet2DConditionModel.from_config(dict(config)))
+
+
+def vae_decoder(config: dict[str, Any]) -> VaeDecoderNet:
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL.from_config(dict(config))
+    return VaeDecoderNet(vae, float(vae.config.scaling_factor))
+
+
+BUILDERS = {"text_encoder": text_encoder, "unet": unet, "vae": vae_decoder}
+
+
+def skeleton(component: str, config: dict[str, Any], device: str = "cpu") -> nn.Module:
+    """The architecture with freshly initialised weights, built directly on ``device`` (a full
+    UNet initialises in well under a second on a GPU, ~10 s on a CPU)."""
+    with torch.device(device):
+        return BUILDERS[component](config).eval()

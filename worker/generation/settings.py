@@ -1,0 +1,107 @@
+"""The ``[generation]`` config section (text-to-image jobs).
+
+Weights: ``weights_dir`` names a local diffusers-format SD 1.5 folder. Without one the task
+refuses to start unless ``random_weights`` names an architecture explicitly (``sd15`` or
+``tiny``): random weights make noise, useful for tests, demos and benchmarks only, and every
+result says so (``random_weights: true``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SizeSettings(_Part):
+    width: int = Field(ge=64, le=2048, multiple_of=8)
+    height: int = Field(ge=64, le=2048, multiple_of=8)
+
+
+def _default_blob_dir() -> Path:
+    base = os.environ.get("KTW_CACHE_DIR") or Path.home() / ".cache" / "kafka-trt-worker"
+    return Path(base) / "blobs"
+
+
+class BlobSettings(_Part):
+    """Where images go when a result would exceed ``results_max_bytes``."""
+
+    kind: Literal["local", "s3"] = "local"
+    local_dir: Path = Field(default_factory=_default_blob_dir)
+    s3_bucket: str | None = None
+    s3_prefix: str = "generation/"
+    s3_endpoint_url: str | None = None  # any S3-compatible store (MinIO, Ceph, R2, ...)
+    s3_region: str | None = None
+
+    @model_validator(mode="after")
+    def _bucket(self) -> BlobSettings:
+        if self.kind == "s3" and not self.s3_bucket:
+            raise ValueError("blob.kind 's3' needs blob.s3_bucket")
+        return self
+
+
+class GenerationTopics(_Part):
+    jobs: str = Field("generation.jobs", min_length=1)
+    results: str = Field("generation.results", min_length=1)
+    dlq: str = Field("generation.dlq", min_length=1)
+
+
+def _sizes() -> list[SizeSettings]:
+    return [SizeSettings(width=512, height=512), SizeSettings(width=768, height=768)]
+
+
+class GenerationSettings(_Part):
+    weights_dir: Path | None = None
+    random_weights: Literal["sd15", "tiny"] | None = None
+    random_seed: int = Field(0, ge=0)
+    backend: Literal["torch", "onnxruntime"] = "torch"
+    precision: Literal["fp32", "fp16"] | None = None  # None: fp16 on CUDA, else fp32
+    device: str = Field("cuda:0", pattern=r"^(cpu|cuda(:\d+)?)$")  # torch backend only
+    sizes: list[SizeSettings] = Field(default_factory=_sizes)
+    text_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4, 8, 16])
+    unet_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4, 8, 16])
+    vae_batch_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
+    min_steps: int = Field(1, ge=1, le=150)
+    max_steps: int = Field(50, ge=1, le=150)
+    max_images_per_job: int = Field(8, ge=1, le=64)
+    cuda_graphs: bool = True
+    compile: bool = False  # torch.compile the UNet (minutes per shape; cached beside the engine)
+    png_compress_level: int = Field(6, ge=0, le=9)
+    png_threads: int = Field(4, ge=1, le=64)
+    # Kafka's default message.max.bytes is 1048588; keep headroom for headers and framing.
+    results_max_bytes: int = Field(1_000_000, ge=4096)
+    blob: BlobSettings = Field(default_factory=BlobSettings)
+    topics: GenerationTopics = Field(default_factory=GenerationTopics)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GenerationSettings:
+        if self.weights_dir is not None and self.random_weights is not None:
+            raise ValueError("set either generation.weights_dir or generation.random_weights")
+        if self.min_steps > self.max_steps:
+            raise ValueError("generation.min_steps must not exceed max_steps")
+        names = [(s.width, s.height) for s in self.sizes]
+        if not names or len(set(names)) != len(names):
+            raise ValueError("generation.sizes must be non-empty and unique")
+        for key in ("text_batch_sizes", "unet_batch_sizes", "vae_batch_sizes"):
+            sizes = getattr(self, key)
+            if not sizes or sizes != sorted(set(sizes)) or sizes[0] < 1:
+                raise ValueError(f"generation.{key} must increase strictly from >= 1")
+        if any(b % 2 for b in self.unet_batch_sizes):
+            raise ValueError("generation.unet_batch_sizes must be even (guidance pairs)")
+        if self.effective_precision == "fp16" and not self.on_cuda:
+            raise ValueError("fp16 needs the torch backend on a CUDA device")
+        return self
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.backend == "torch" and self.device.startswith("cuda")
+
+    @property
+    def effective_precision(self) -> str:
+        return self.precision or ("fp16" if self.on_cuda else "fp32")
