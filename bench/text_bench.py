@@ -13,6 +13,7 @@ python bench/text_bench.py [--gpu] [--iters 30] [--minilm-wheel W | --minilm-dir
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -40,7 +41,8 @@ def _encoder(folder: Path | None) -> Any:
 
 
 def _timed(fn: Any, iters: int) -> float:
-    fn()  # warm-up
+    for _ in range(3):  # warm-up: allocator, thread pool and kernel choice settle first
+        fn()
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
@@ -102,6 +104,7 @@ def main() -> None:
     rec: dict[str, Any] = {"benchmark": "text_engines", "env": _env(),
                            "params": {k: str(v) for k, v in vars(args).items()},
                            "minilm_weights": "real" if folder is not None else "random"}
+    rec["loadavg_before"] = os.getloadavg()  # CPU numbers are only as quiet as the machine
     if args.gpu:
         from bench.text_gpu import clip_rows, gpu_text_rows
 
@@ -110,6 +113,7 @@ def main() -> None:
         rec["clip_rows"] = clip_rows(args.iters)
     else:
         rec["text_rows"] = cpu_rows(folder, args.iters, args.threads)
+    rec["loadavg_after"] = os.getloadavg()
     print("wrote", write("text-gpu" if args.gpu else "text-cpu", rec, args.out))
 
 

@@ -92,11 +92,11 @@ def clip_rows(iters: int) -> list[dict[str, Any]]:
     import torch
 
     from engines.backends.torch_module_runner import TorchModuleRunner
-    from engines.models.clip import VIT_B32_VISION
-    from engines.models.clip_torch import ClipImageEncoder, TowerConfig
+    from engines.models.clip import vit_b32_vision
+    from engines.models.clip_torch import ClipImageEncoder
 
     torch.manual_seed(0)  # PyTorch's default initialisation: random, never zeros
-    cfg = TowerConfig(**VIT_B32_VISION)  # type: ignore[arg-type]
+    cfg = vit_b32_vision()
     size = cfg.image_size
     spec = EngineSpec("clip_image", _no_onnx, (TensorSpec("pixel_values", (-1, 3, size, size)),),
                       (TensorSpec("embedding", (-1, 512)),))

@@ -11,6 +11,7 @@ error names the extra to install.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,14 +77,14 @@ class OnnxFromTorch:
         recipe = self.recipe()
         entry = self.cache.lookup(recipe)
         if entry is None:
-            try:
-                import torch  # noqa: F401
-            except ImportError as exc:
+            # torch's exporter needs both torch and onnx.
+            missing = [m for m in ("torch", "onnx") if importlib.util.find_spec(m) is None]
+            if missing:
                 if self.fallback is not None:
                     return self.fallback()
                 raise BackendUnavailable(
-                    f"{self.model_id}: no cached ONNX export and torch is not installed to make "
-                    "one; pip install 'kafka-trt-worker[text]'") from exc
+                    f"{self.model_id}: no cached ONNX export, and {' and '.join(missing)} "
+                    "(needed to make one) not installed; pip install 'kafka-trt-worker[text]'")
             entry = EngineFromCache(self.cache, recipe,
                                     lambda out: export_onnx(self.export, out))()
         data = entry.artifact.read_bytes()

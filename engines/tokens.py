@@ -24,7 +24,6 @@ import numpy as np
 
 from engines.exceptions import BackendUnavailable, ModelNotFound
 
-
 # A sentence ends at ., ! or ? (closing quotes/brackets included) before whitespace, or at a
 # line break. Abbreviations ("e.g. this") split a sentence in two: harmless, both halves count.
 _SENTENCE_END = re.compile(r"(?<=[.!?\u2026])[\"')\]]*\s+|\n+")

@@ -171,6 +171,10 @@ class Worker:
                 self.step()
                 if self._fatal is not None:
                     raise self._fatal
+        except Exception as exc:
+            # Whatever stopped the loop, the shutdown must not drain or commit past it.
+            self._fatal = self._fatal or exc
+            raise
         finally:
             self._shutdown()
 

@@ -27,11 +27,14 @@ GRAPH_VERSION = "clip-towers-v1"
 # OpenAI CLIP's pixel statistics (every released CLIP uses them).
 MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
-# ViT-B/32, the benchmark's architecture.
-VIT_B32_TEXT = {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
-                "num_attention_heads": 8}
-VIT_B32_VISION = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-                  "num_attention_heads": 12, "image_size": 224, "patch_size": 32}
+
+
+def vit_b32_vision() -> TowerConfig:
+    """The ViT-B/32 image tower's architecture (for benchmarks on random weights)."""
+    from engines.models.clip_torch import TowerConfig
+
+    return TowerConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                       num_attention_heads=12, image_size=224, patch_size=32)
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,10 @@ def _pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def _class_builders(jpeg: bytes) -> dict[str, tuple[str, Callable[[str, random.Random], bytes | None]]]:
+Builder = Callable[[str, random.Random], bytes | None]
+
+
+def _class_builders(jpeg: bytes) -> dict[str, tuple[str, Builder]]:
     """class -> (expected DLQ reason, builder(job_id, rng) -> record value)."""
 
     def truncated_msgpack(i: str, r: random.Random) -> bytes:
@@ -129,7 +132,8 @@ def _class_builders(jpeg: bytes) -> dict[str, tuple[str, Callable[[str, random.R
     }
 
 
-CLASS_WEIGHTS = {"oversized_message": 0.2, "png_bomb": 0.5}  # the large ones, fewer of them
+CLASS_WEIGHTS = {"oversized_message": 0.2, "oversized_image_field": 0.2, "huge_text": 0.2,
+                 "png_bomb": 0.5}  # the large ones (25-70 KB each), fewer of them
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,10 @@ def malformed_corpus(n: int, seed: int = 6) -> list[BadJob]:
 
 # --- feeding and reading ------------------------------------------------------------------------
 
+# The test's own clients recover from a frozen broker as fast as the worker's do (see
+# worker.kafka.clients._common), so a recovery time measured through them is the worker's.
+CLIENT_RECOVERY = {"metadata.recovery.rebootstrap.trigger.ms": 5_000}
+
 
 class Feeder(threading.Thread):
     """Produces jobs at a steady rate until stopped; every ``bad_every``-th one is malformed."""
@@ -176,7 +184,7 @@ class Feeder(threading.Thread):
         self.failures: list[str] = []
         self._halt = threading.Event()
         self._producer = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                                      "linger.ms": 5})
+                                      "linger.ms": 5, **CLIENT_RECOVERY})
 
     def run(self) -> None:
         start = time.monotonic()
@@ -220,7 +228,7 @@ class TopicWatcher(threading.Thread):
         self._consumer = ck.Consumer({
             "bootstrap.servers": bootstrap, "group.id": f"watch-{uuid.uuid4()}",
             "auto.offset.reset": "earliest", "enable.auto.commit": False,
-            "isolation.level": isolation, "fetch.wait.max.ms": 100,
+            "isolation.level": isolation, "fetch.wait.max.ms": 100, **CLIENT_RECOVERY,
         })
         self._consumer.subscribe([topic])
 
@@ -259,7 +267,7 @@ def read_all(bootstrap: str, topic: str, *, isolation: str = "read_committed",
     """Every record of a topic, read from the beginning until ``idle_s`` pass with nothing new."""
     c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"audit-{uuid.uuid4()}",
                      "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                     "isolation.level": isolation})
+                     "isolation.level": isolation, **CLIENT_RECOVERY})
     c.subscribe([topic])
     out: list[ck.Message] = []
     deadline = time.monotonic() + timeout
@@ -312,7 +320,8 @@ class Fleet:
 
     def __init__(self, cfg: WorkerConfig, log_dir: Path, **env: str) -> None:
         self.cfg, self.log_dir, self.env = cfg, log_dir, env
-        self.procs: dict[str, WorkerProcess] = {}
+        self.procs: dict[str, WorkerProcess] = {}  # the latest process of each instance
+        self.every: list[WorkerProcess] = []
         self.starts: collections.Counter[str] = collections.Counter()
         self.exit_codes: list[tuple[str, int]] = []
 
@@ -321,6 +330,7 @@ class Fleet:
         full = worker_env(self.cfg, KTW_KAFKA__INSTANCE_ID=instance, **{**self.env, **env})
         proc = WorkerProcess(full, self.log_dir / f"{instance}-{self.starts[instance]}.log")
         self.procs[instance] = proc
+        self.every.append(proc)
         return proc
 
     def kill9(self, instance: str) -> None:
@@ -355,7 +365,7 @@ class Fleet:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for proc in self.procs.values():
+        for proc in self.every:
             if proc.proc.poll() is None:
                 proc.kill9()
 
@@ -450,8 +460,8 @@ def log_events(text: str) -> collections.Counter[str]:
 
 
 def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 30.0,
-                     rate_per_s: float = 10.0, partitions: int = 3, after_s: float = 10.0
-                     ) -> dict[str, Any]:
+                     rate_per_s: float = 10.0, partitions: int = 3, after_s: float = 10.0,
+                     **env: str) -> dict[str, Any]:
     """Freeze the broker (SIGSTOP) for ``stall_s`` under a steady feed, then resume it.
 
     Recovery time: from resume() until a result is visible (read_committed) for a job produced
@@ -465,7 +475,7 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode})
     feeder = Feeder(bootstrap, topics.jobs, rate_per_s=rate_per_s, prefix="st-", bad_every=20)
     watcher = TopicWatcher(bootstrap, topics.results)
-    with Fleet(cfg, log_dir, KTW_BATCH__MAX_BATCH_SIZE="8") as fleet:
+    with Fleet(cfg, log_dir, **{"KTW_BATCH__MAX_BATCH_SIZE": "8", **env}) as fleet:
         proc = fleet.start("s0")
         assert fleet.wait_assigned("s0", 90), "worker never got partitions"
         feeder.start()
@@ -576,6 +586,83 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
         "revokes_per_worker": revokes,
     }
     figures.update(_audit_outputs(bootstrap, topics, good, bad))
+    time.sleep(0.5)
+    figures["offsets_committed_to_end"] = (
+        committed(bootstrap, topics.group, topics.jobs, partitions)
+        == end_offsets(bootstrap, topics.jobs, partitions))
+    return figures
+
+
+def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
+              n_good: int = 300, partitions: int = 3, seed: int = 6) -> dict[str, Any]:
+    """``n_bad`` malformed jobs (every corpus class) mixed with ``n_good`` good ones, produced
+    up front, then one worker process drains them all."""
+    from tests.integration.support import (
+        committed,
+        end_offsets,
+        fresh_topics,
+        produce,
+        worker_config,
+    )
+
+    topics = fresh_topics(bootstrap, partitions)
+    cfg = worker_config(bootstrap, topics, processing={"guarantee": mode}, limits=FLOOD_LIMITS)
+    corpus = malformed_corpus(n_bad, seed)
+    by_key = {b.key: b for b in corpus}
+    good = [f"good-{i:05d}" for i in range(n_good)]
+    records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]] = []
+    every = max(1, len(corpus) // max(1, n_good))
+    gi = 0
+    for i, b in enumerate(corpus):
+        if i % every == 0 and gi < n_good:
+            records.append((good[gi].encode(), good_job(good[gi]), None))
+            gi += 1
+        records.append((b.key.encode(), b.value, [("origin", b"flood")]))
+    records.extend((k.encode(), good_job(k), None) for k in good[gi:])
+    produce(bootstrap, topics.jobs, records)
+    env = {f"KTW_LIMITS__{k.upper()}": str(v) for k, v in FLOOD_LIMITS.items()}
+    with Fleet(cfg, log_dir, KTW_BATCH__MAX_BATCH_SIZE="16", **env) as fleet:
+        t0 = time.monotonic()
+        proc = fleet.start("f0")
+        dlq_w, res_w = TopicWatcher(bootstrap, topics.dlq), TopicWatcher(bootstrap, topics.results)
+        dlq_w.start()
+        res_w.start()
+        drained = res_w.wait_for(set(good), 300) and dlq_w.wait_for(set(by_key), 300)
+        elapsed = time.monotonic() - t0
+        dlq_w.stop()
+        res_w.stop()
+        survived = proc.proc.poll() is None
+        code = fleet.terminate("f0")
+        events = log_events(proc.log_text())
+        error_lines = proc.log_text().count('"level": "error"')
+    dlq = read_all(bootstrap, topics.dlq)
+    results = read_all(bootstrap, topics.results)
+    wrong_reason: collections.Counter[str] = collections.Counter()
+    altered = 0
+    for m in dlq:
+        b = by_key.get(m.key().decode())
+        if b is None:
+            continue
+        h = {k: (v or b"").decode("utf-8", "replace") for k, v in (m.headers() or [])}
+        if h.get("ktw.dlq.error.reason") != b.reason or not h.get("ktw.dlq.error.message"):
+            wrong_reason[f"{b.klass}:{h.get('ktw.dlq.error.reason')}"] += 1
+        if m.value() != b.value or h.get("origin") != "flood":
+            altered += 1
+    from worker.codec import decode_result
+
+    not_ok = sum(1 for m in results if decode_result(m.value())["status"] != "ok")
+    figures: dict[str, Any] = {
+        "mode": mode, "bad_jobs": len(corpus), "good_jobs": len(good),
+        "classes": dict(collections.Counter(b.klass for b in corpus)),
+        "drained": drained, "elapsed_s": round(elapsed, 1),
+        "worker_survived": survived, "exit_code": code,
+        "worker_error_lines": error_lines,
+        "dead_lettered_logged": events["job_dead_lettered"],
+        "dlq": Audit(set(by_key), key_counts(dlq)).summary(),
+        "results": Audit(set(good), key_counts(results)).summary(),
+        "dlq_wrong_reason": dict(wrong_reason), "dlq_altered": altered,
+        "results_not_ok": not_ok,
+    }
     time.sleep(0.5)
     figures["offsets_committed_to_end"] = (
         committed(bootstrap, topics.group, topics.jobs, partitions)

@@ -33,6 +33,11 @@ def _common(k: KafkaSettings) -> dict[str, Any]:
         "security.protocol": k.security_protocol,
         # librdkafka's own log lines go through stdlib logging (and so structlog's renderer).
         "logger": logging.getLogger("librdkafka"),
+        # A broker that was unreachable (or fenced by its controller, e.g. after a long pause)
+        # can answer metadata with no brokers at all; librdkafka then forgets every broker and
+        # only re-bootstraps after this long (default 5 min: the worker would sit idle that
+        # long). Measured in tests/integration/test_faults_broker_stall.py.
+        "metadata.recovery.rebootstrap.trigger.ms": 5_000,
     }
     if k.sasl_mechanism:
         conf["sasl.mechanism"] = k.sasl_mechanism

@@ -143,3 +143,12 @@ def test_runtime_accepts_text_with_its_package() -> None:
 def test_environment_sets_the_clip_folder(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KTW_MODERATION__CLIP__WEIGHTS_DIR", "/models/clip")
     assert load_config().moderation.clip.weights_dir == Path("/models/clip")
+
+
+def test_the_shipped_example_config_loads() -> None:
+    example = Path(__file__).resolve().parents[3] / "deploy" / "config.example.toml"
+    cfg = load_config(example)
+    pols = effective_policies(cfg)
+    assert {"default", "strict", "captions", "ads"} <= set(pols)
+    assert pols["ads"].models == ["open_nsfw", "text", "clip"]
+    assert len(pols["captions"].labels) == 7

@@ -3,6 +3,9 @@ plainly neutral; the neutral ones include violent and scam *words* used harmless
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from worker.config import load_config
 from worker.policy_settings import PolicySettings
 
 VIOLENT = ["I'm going to beat you until you bleed.",
@@ -21,12 +24,6 @@ NEUTRAL = ["The weather is lovely today, let's go for a walk in the park.",
            "The football match ended in a draw.",
            "Kill the process with Ctrl+C if it hangs.",
            "The band shot their new music video in Berlin."]
-POLICY = PolicySettings(models=["text"], labels={
-    "violence": {"descriptions": ["threatening to hurt or kill someone",
-                                  "a violent attack: stabbing, shooting or beating people",
-                                  "graphic gore, blood and injuries"]},
-    "scam": {"descriptions": ["you won a prize, send your bank details to claim it",
-                              "asking for your password, PIN or login to verify your account",
-                              "guaranteed investment returns, send money first",
-                              "pay a fee with gift cards"]},
-})
+# The shipped example's text-only policy: the ranking tests check its label descriptions.
+EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "config.example.toml"
+POLICY: PolicySettings = load_config(EXAMPLE).moderation.policies["captions"]

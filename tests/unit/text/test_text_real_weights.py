@@ -1,9 +1,10 @@
 """The real all-MiniLM-L6-v2 weights: semantics that a moderation policy relies on.
 
-The fixed sentences below are plainly violent, plainly scams, or plainly neutral; the label
-descriptions are the ones deploy/config.example.toml ships. Ranking (not absolute values) is
-what is asserted, plus the calibrated scores landing on the right side of 0.5 for the clear
-cases, since the calibration constants are documented defaults, not fitted probabilities.
+The fixed sentences (tests/unit/text/sentences.py) are plainly violent, plainly scams, or
+plainly neutral; the label descriptions are those of deploy/config.example.toml's "captions"
+policy. Ranking (not absolute values) is what is asserted, plus the calibrated scores landing
+on the right side of 0.5 for the clear cases, since the calibration constants are documented
+defaults, not fitted probabilities.
 """
 
 from __future__ import annotations

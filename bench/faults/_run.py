@@ -1,0 +1,57 @@
+"""Shared plumbing of the fault scripts: a broker, a log folder, the JSON record."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.common import environment, write
+from worker.local_kafka import LocalKafka
+
+
+@contextlib.contextmanager
+def broker(*, local_only: bool = False) -> Iterator[tuple[str, LocalKafka | None]]:
+    """$KAFKA_BOOTSTRAP_SERVERS if set (unless ``local_only``), else a fresh LocalKafka."""
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    if external and not local_only:
+        yield external, None
+        return
+    with LocalKafka() as kafka:
+        yield kafka.bootstrap_servers, kafka
+
+
+def log_dir(name: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix=f"ktw-{name}-"))
+    print(f"worker logs: {path}", file=sys.stderr)
+    return path
+
+
+def modes(arg: str) -> list[str]:
+    out = [m.strip() for m in arg.split(",") if m.strip()]
+    bad = set(out) - {"at-least-once", "exactly-once"}
+    if bad:
+        raise SystemExit(f"unknown mode(s): {sorted(bad)}")
+    return out
+
+
+def add_modes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--modes", default="at-least-once,exactly-once",
+                   help="comma-separated guarantees to run")
+
+
+def finish(name: str, params: dict[str, Any], runs: list[dict[str, Any]], started: float,
+           ok: bool) -> Path:
+    record = {"bench": name, "env": environment(), "params": params, "runs": runs,
+              "wall_s": round(time.monotonic() - started, 1), "ok": ok}
+    path = write(name, record)
+    print(json.dumps(runs, indent=1, sort_keys=True))
+    print(f"{'PASS' if ok else 'FAIL'}: record written to {path}")
+    return path

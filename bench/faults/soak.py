@@ -1,0 +1,146 @@
+"""Soak: steady load for a long time (default an hour), sampling the worker's RSS and open file
+descriptors; growth must stay under 5%.
+
+    python -m bench.faults.soak [--minutes 60] [--rate 20] [--mode at-least-once]
+
+Growth = (median of the last window - median of the first window after warm-up) / first; the
+windows are --window-s long (default: a tenth of the run after warm-up, at least 60 s). Also
+reported: the least-squares RSS slope after warm-up (MB/hour), end-to-end latency per window,
+and whether every job was answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.faults._run import broker, finish, log_dir
+from tests.integration.faults import Audit, Feeder, Fleet, TopicWatcher, key_counts, read_all
+from tests.integration.support import fresh_topics, worker_config
+
+GROWTH_BOUND_PCT = 5.0
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return -1
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _slope_per_hour(points: list[tuple[float, float]]) -> float:
+    if len(points) < 2:
+        return 0.0
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return 0.0 if den == 0 else sum((x - mx) * (y - my) for x, y in points) / den * 3600
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=60.0)
+    p.add_argument("--rate", type=float, default=20.0, help="jobs per second")
+    p.add_argument("--mode", default="at-least-once",
+                   choices=["at-least-once", "exactly-once"])
+    p.add_argument("--sample-s", type=float, default=5.0)
+    p.add_argument("--warmup-s", type=float, default=None,
+                   help="excluded from the growth figure (default: min(120, 20%% of the run))")
+    p.add_argument("--window-s", type=float, default=None)
+    p.add_argument("--partitions", type=int, default=3)
+    a = p.parse_args()
+    total_s = a.minutes * 60
+    warmup = a.warmup_s if a.warmup_s is not None else min(120.0, 0.2 * total_s)
+    window = a.window_s if a.window_s is not None else max(60.0, 0.1 * (total_s - warmup))
+    started = time.monotonic()
+    samples: list[dict[str, Any]] = []
+    with broker() as (bootstrap, _):
+        topics = fresh_topics(bootstrap, a.partitions)
+        cfg = worker_config(bootstrap, topics, processing={"guarantee": a.mode})
+        feeder = Feeder(bootstrap, topics.jobs, rate_per_s=a.rate, prefix="soak-", bad_every=50)
+        watcher = TopicWatcher(bootstrap, topics.results)
+        with Fleet(cfg, log_dir("soak"), KTW_BATCH__MAX_BATCH_SIZE="16") as fleet:
+            proc = fleet.start("soak0")
+            assert fleet.wait_assigned("soak0", 120), proc.log_text()[-2000:]
+            pid = proc.proc.pid
+            feeder.start()
+            watcher.start()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < total_s and proc.proc.poll() is None:
+                t = time.monotonic() - t0
+                seen = len(watcher.seen())
+                samples.append({"t": round(t, 1), "rss_mb": round(_rss_mb(pid), 1),
+                                "fds": _fds(pid), "threads": _threads(pid),
+                                "sent": len(feeder.good), "answered": seen})
+                print(f"t={t:7.0f}s rss={samples[-1]['rss_mb']:.1f}MB fds={samples[-1]['fds']} "
+                      f"threads={samples[-1]['threads']} answered={seen}/{len(feeder.good)}",
+                      flush=True)
+                time.sleep(a.sample_s)
+            survived = proc.proc.poll() is None
+            feeder.stop()
+            good = set(feeder.good)
+            drained = watcher.wait_for(good, 300)
+            latency = {k: watcher.first_seen[k] - feeder.sent_at[k]
+                       for k in good if k in watcher.first_seen}
+            watcher.stop()
+            code = fleet.terminate("soak0") if survived else proc.proc.returncode
+        audit = Audit(good, key_counts(read_all(bootstrap, topics.results)))
+
+    def window_of(lo: float, hi: float, key: str) -> list[float]:
+        return [s[key] for s in samples if lo <= s["t"] < hi]
+
+    end = samples[-1]["t"] if samples else 0.0
+    first_rss = window_of(warmup, warmup + window, "rss_mb")
+    last_rss = window_of(end - window, end + 1, "rss_mb")
+    first_fds = window_of(warmup, warmup + window, "fds")
+    last_fds = window_of(end - window, end + 1, "fds")
+    rss0, rss1 = statistics.median(first_rss), statistics.median(last_rss)
+    fd0, fd1 = statistics.median(first_fds), statistics.median(last_fds)
+    rss_growth = (rss1 - rss0) / rss0 * 100
+    fd_growth = (fd1 - fd0) / fd0 * 100
+    slope = _slope_per_hour([(s["t"], s["rss_mb"]) for s in samples if s["t"] >= warmup])
+    lat_windows = {}
+    for name, lo, hi in (("first", warmup, warmup + window), ("last", end - window, end + 1)):
+        lats = sorted(latency[k] for k in latency
+                      if lo <= feeder.sent_at[k] - t0 < hi)
+        if lats:
+            lat_windows[name] = {"median_ms": round(statistics.median(lats) * 1e3, 1),
+                                 "p99_ms": round(lats[int(0.99 * (len(lats) - 1))] * 1e3, 1)}
+    run = {
+        "mode": a.mode, "minutes": a.minutes, "rate_per_s": a.rate, "warmup_s": warmup,
+        "window_s": window, "samples": len(samples), "worker_survived": survived,
+        "exit_code": code, "drained": drained, "results": audit.summary(),
+        "rss_mb": {"first_window_median": rss0, "last_window_median": rss1,
+                   "max": max(s["rss_mb"] for s in samples), "growth_pct": round(rss_growth, 2),
+                   "slope_mb_per_hour": round(slope, 2)},
+        "fds": {"first_window_median": fd0, "last_window_median": fd1,
+                "max": max(s["fds"] for s in samples), "growth_pct": round(fd_growth, 2)},
+        "threads": {"first": samples[0]["threads"], "last": samples[-1]["threads"]},
+        "latency": lat_windows,
+        "series": samples[:: max(1, len(samples) // 200)],
+    }
+    run["ok"] = (survived and code == 0 and drained and audit.missing == set()
+                 and rss_growth < GROWTH_BOUND_PCT and fd_growth < GROWTH_BOUND_PCT)
+    print(f"RSS {rss0:.1f} -> {rss1:.1f} MB ({rss_growth:+.2f}%, slope {slope:+.1f} MB/h), "
+          f"fds {fd0:.0f} -> {fd1:.0f} ({fd_growth:+.2f}%), latency {lat_windows}, "
+          f"results {audit.summary()}")
+    finish("faults-soak", vars(a), [run], started, bool(run["ok"]))
+
+
+if __name__ == "__main__":
+    main()
