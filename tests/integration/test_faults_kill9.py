@@ -29,7 +29,7 @@ KILLS = 20
 @pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
 def test_kill9_twenty_times_under_load(kafka_bootstrap: str, tmp_path: Path, mode: str) -> None:
     f = run_kill9(kafka_bootstrap, tmp_path, mode=mode, kills=KILLS, seed=KILLS)
-    print("kill9", json.dumps(f, sort_keys=True))
+    print("\nkill9", json.dumps(f, sort_keys=True))
     assert f["drained"], f
     assert f["final_exit_codes"] == [0, 0, 0], f
     assert f["results"]["missing"] == 0 and f["dlq"]["missing"] == 0, f

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_scale_one_to_three_to_one_under_load(kafka_bootstrap: str, tmp_path: Path,
                                               mode: str) -> None:
     f = run_scaling(kafka_bootstrap, tmp_path, mode=mode)
-    print("scaling", json.dumps(f, sort_keys=True))
+    print("\nscaling", json.dumps(f, sort_keys=True))
     assert f["exit_codes"] == {"a1": 0, "a2": 0, "a0": 0}, f
     # The scale-out was real: each added worker answered jobs; the first one saw revocations.
     assert all(f["results_per_worker"][n] > 0 for n in ("a1", "a2")), f

@@ -25,7 +25,7 @@ def test_ten_thousand_bad_jobs_zero_crashes_all_dead_lettered_all_good_answered(
     kafka_bootstrap: str, tmp_path: Path, mode: str
 ) -> None:
     f = run_flood(kafka_bootstrap, tmp_path, mode=mode, n_bad=10_000, n_good=300)
-    print("flood", json.dumps(f, sort_keys=True))
+    print("\nflood", json.dumps(f, sort_keys=True))
     assert len(f["classes"]) >= 12
     assert f["drained"], f
     assert f["worker_survived"] and f["exit_code"] == 0, f

@@ -311,6 +311,16 @@ class Producer:
         """Wait for outstanding deliveries; return how many are still undelivered."""
         return self.client.flush(timeout)
 
+    def abandon(self) -> None:
+        """Drop the client without flushing (a fenced transactional producer may deliver
+        nothing more); queued and in-flight records are purged."""
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.purge(in_queue=True, in_flight=True, blocking=False)
+            except (ck.KafkaException, RuntimeError):
+                pass  # in a fatal state the purge may be refused: dropping the client is enough
+
     def close(self, timeout: float = 30.0) -> int:
         """Flush, then release the client; return how many records stayed undelivered."""
         if self._client is None:

@@ -177,10 +177,11 @@ def test_jobs_that_cannot_be_scored_go_to_the_dlq(task: MultimodalTask, job: dic
     assert getattr(info.value, "reason", None) == reason
 
 
-def test_too_many_chunks_is_refused(mm_cfg: WorkerConfig, engines: Engines) -> None:
+def test_too_many_chunks_is_refused(mm_cfg: WorkerConfig, engines: Engines,
+                                   image_side: tuple[Any, Any]) -> None:
     small = mm_cfg.model_copy(update={"moderation": mm_cfg.moderation.model_copy(update={
         "text": mm_cfg.moderation.text.model_copy(update={"max_chunks": 2})})})
-    task = MultimodalTask(small, effective_policies(small), engines)
+    task = MultimodalTask(small, effective_policies(small), engines, image_side[0])
     try:
         with pytest.raises(TextTooLong, match="3 chunks"):
             task.check(_pending("x", text="One. Two. Three.", policy="captions").job)
@@ -199,6 +200,12 @@ def test_expired_job_is_answered_once_and_forgotten(task: MultimodalTask, photo:
     p = _pending("late", image=photo, text=CALM, policy="ads", deadline_ms=1)
     o = _drain(task, p)["late"]
     assert o.result is not None and o.result.status is Status.EXPIRED and o.decision is None
+
+
+def test_open_nsfw_policies_need_the_image_scorer(mm_cfg: WorkerConfig, engines: Engines
+                                                  ) -> None:
+    with pytest.raises(ValueError, match="image scorer"):
+        MultimodalTask(mm_cfg, effective_policies(mm_cfg), engines)
 
 
 def test_remove_drops_queued_jobs(task: MultimodalTask, photo: bytes) -> None:
