@@ -71,9 +71,11 @@ from worker.transactions import Transactions
 log = structlog.get_logger("worker")
 
 
-def _DEBUG_JOBS() -> bool:  # noqa: N802 - reads like the flag it is
-    return logging.getLogger("worker").isEnabledFor(logging.DEBUG)
 _PURGED = frozenset({ck.KafkaError._PURGE_QUEUE, ck.KafkaError._PURGE_INFLIGHT})
+
+
+def _DEBUG_JOBS() -> bool:
+    return logging.getLogger("worker").isEnabledFor(logging.DEBUG)
 
 
 @dataclass(slots=True)
@@ -218,6 +220,10 @@ class Worker:
                 # Commits the last transaction (or aborts a failed one: its work is redone by
                 # the partitions' next owner).
                 self._maybe_commit(force=True)
+        except Exception as exc:
+            self._fatal = self._fatal or exc
+            log.error("shutdown_failed", error=f"{type(exc).__name__}: {exc}"[:500])
+            raise
         finally:
             try:
                 self._consumer.close()

@@ -36,13 +36,9 @@ import structlog
 from worker.exceptions import ProducerFenced, TransactionError
 from worker.guarantees import Output
 from worker.kafka import Producer
-from worker.kafka.clients import DeliveryCallback
+from worker.kafka.clients import FENCED_CODES, DeliveryCallback
 
 log = structlog.get_logger("worker.transactions")
-
-FENCED_CODES = frozenset({ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED,
-                          ck.KafkaError.INVALID_PRODUCER_EPOCH})
-
 
 def _as_fatal(exc: TransactionError, what: str) -> TransactionError:
     cls = ProducerFenced if exc.code in FENCED_CODES else TransactionError

@@ -210,11 +210,18 @@ class Feeder(threading.Thread):
             self.failures.append(str(err))
 
     def stop(self, timeout: float = 120.0) -> None:
+        """Stop feeding and wait until every job sent is acknowledged."""
         self._halt.set()
-        self.join(30)
+        if self.is_alive():
+            self.join(30)
         left = self._producer.flush(timeout)
-        del self._producer  # release the client (and its connections) now
         assert left == 0 and not self.failures, (left, self.failures[:3])
+
+    def halt(self) -> None:
+        """Stop feeding, no questions asked (cleanup after a failure)."""
+        self._halt.set()
+        if self.is_alive():
+            self.join(30)
 
 
 class TopicWatcher(threading.Thread):
@@ -250,9 +257,11 @@ class TopicWatcher(threading.Thread):
         with self._lock:
             return set(self.counts)
 
-    def wait_for(self, keys: set[str], timeout: float) -> bool:
+    def wait_for(self, keys: set[str], timeout: float,
+                 alive: Callable[[], bool] | None = None) -> bool:
+        """Until every key is seen, the timeout passes, or ``alive()`` turns False."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and (alive is None or alive()):
             if keys <= self.seen():
                 return True
             time.sleep(0.2)
@@ -260,7 +269,17 @@ class TopicWatcher(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
-        self.join(30)
+        if self.is_alive():
+            self.join(30)
+
+    halt = stop
+
+    def __enter__(self) -> TopicWatcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def read_all(bootstrap: str, topic: str, *, isolation: str = "read_committed",
@@ -323,11 +342,14 @@ class Fleet:
         self.cfg, self.log_dir, self.env = cfg, log_dir, env
         self.procs: dict[str, WorkerProcess] = {}  # the latest process of each instance
         self.every: list[WorkerProcess] = []
+        self.stopped: set[str] = set()  # instances stopped on purpose (SIGTERM)
+        self._helpers: list[Any] = []  # feeders and watchers to halt on the way out
         self.starts: collections.Counter[str] = collections.Counter()
         self.exit_codes: list[tuple[str, int]] = []
 
     def start(self, instance: str, **env: str) -> WorkerProcess:
         self.starts[instance] += 1
+        self.stopped.discard(instance)
         full = worker_env(self.cfg, KTW_KAFKA__INSTANCE_ID=instance, **{**self.env, **env})
         proc = WorkerProcess(full, self.log_dir / f"{instance}-{self.starts[instance]}.log")
         self.procs[instance] = proc
@@ -339,6 +361,7 @@ class Fleet:
 
     def terminate(self, instance: str, timeout: float = 90.0) -> int:
         proc = self.procs[instance]
+        self.stopped.add(instance)
         proc.terminate()
         code = proc.wait(timeout)
         self.exit_codes.append((instance, code))
@@ -362,10 +385,20 @@ class Fleet:
     def alive(self) -> Iterator[str]:
         return (i for i, p in self.procs.items() if p.proc.poll() is None)
 
+    def all_alive(self) -> bool:
+        """Every instance not stopped on purpose is running (waits stop early if one died)."""
+        return all(p.proc.poll() is None for i, p in self.procs.items() if i not in self.stopped)
+
+    def own(self, *helpers: Any) -> None:
+        """Threads (Feeder, TopicWatcher) halted on exit, so a failing run leaks nothing."""
+        self._helpers.extend(helpers)
+
     def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for helper in self._helpers:
+            helper.halt()
         for proc in self.every:
             if proc.proc.poll() is None:
                 proc.kill9()
@@ -419,6 +452,7 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
     with Fleet(cfg, log_dir, KTW_KAFKA__STATIC_MEMBERSHIP="true",
                KTW_BATCH__MAX_BATCH_SIZE="8", KTW_BATCH__MAX_DELAY_MS=str(batch_delay_ms)
                ) as fleet:
+        fleet.own(feeder, watcher)
         for name in names:
             fleet.start(name)
         for name in names:
@@ -436,7 +470,7 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
         kill_phase_s = time.monotonic() - started
         feeder.stop()
         good, bad = set(feeder.good), set(feeder.bad)
-        drained = watcher.wait_for(good, drain_timeout_s)
+        drained = watcher.wait_for(good, drain_timeout_s, fleet.all_alive)
         drain_s = time.monotonic() - started - kill_phase_s
         watcher.stop()
         codes = [fleet.terminate(name) for name in names]
@@ -488,6 +522,7 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
     feeder = Feeder(bootstrap, topics.jobs, rate_per_s=rate_per_s, prefix="st-", bad_every=20)
     watcher = TopicWatcher(bootstrap, topics.results)
     with Fleet(cfg, log_dir, **{"KTW_BATCH__MAX_BATCH_SIZE": "8", **env}) as fleet:
+        fleet.own(feeder, watcher)
         proc = fleet.start("s0")
         assert fleet.wait_assigned("s0", 90), "worker never got partitions"
         feeder.start()
@@ -515,9 +550,9 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
         feeder.stop()
         good, bad = set(feeder.good), set(feeder.bad)
         backlog = {k for k in good if feeder.sent_at[k] < t_resume}
-        watcher.wait_for(backlog, 120)
+        watcher.wait_for(backlog, 120, fleet.all_alive)
         backlog_s = max(watcher.first_seen.get(k, float("inf")) for k in backlog) - t_resume
-        drained = watcher.wait_for(good, 120)
+        drained = watcher.wait_for(good, 120, fleet.all_alive)
         watcher.stop()
         survived = proc.proc.poll() is None
         code = fleet.terminate("s0")
@@ -552,17 +587,22 @@ def stopped_totals(text: str) -> dict[str, Any]:
 
 
 def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float = 10.0,
-                partitions: int = 6, phase_s: float = 15.0) -> dict[str, Any]:
-    """1 -> 3 -> 1 workers (dynamic membership, cooperative-sticky) under a steady feed; the
-    two extra workers leave with SIGTERM (revoke, commit, leave group)."""
+                partitions: int = 6, phase_s: float = 15.0, backlog: int = 300
+                ) -> dict[str, Any]:
+    """1 -> 3 -> 1 workers (dynamic membership, cooperative-sticky) under a steady feed on top
+    of a ``backlog`` (the lag an autoscaler reacts to); the two extra workers leave with
+    SIGTERM (revoke, commit, leave group). Revocations land while jobs are queued and in
+    flight."""
     from tests.integration.support import committed, end_offsets, fresh_topics, worker_config
 
     topics = fresh_topics(bootstrap, partitions)
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode})
-    feeder = Feeder(bootstrap, topics.jobs, rate_per_s=rate_per_s, prefix="sc-", bad_every=20)
+    feeder = Feeder(bootstrap, topics.jobs, rate_per_s=rate_per_s, prefix="sc-", bad_every=7,
+                    burst=backlog)
     watcher = TopicWatcher(bootstrap, topics.results)
     marks: dict[str, float] = {}
     with Fleet(cfg, log_dir, KTW_BATCH__MAX_BATCH_SIZE="8") as fleet:
+        fleet.own(feeder, watcher)
         t0 = time.monotonic()
         fleet.start("a0")
         assert fleet.wait_assigned("a0", 90)
@@ -582,7 +622,7 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
         time.sleep(phase_s / 2)
         feeder.stop()
         good, bad = set(feeder.good), set(feeder.bad)
-        drained = watcher.wait_for(good, 120)
+        drained = watcher.wait_for(good, 120, fleet.all_alive)
         marks["drained"] = time.monotonic() - t0
         watcher.stop()
         codes["a0"] = fleet.terminate("a0")
@@ -591,7 +631,8 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
                    for name, p in fleet.procs.items()}
     figures: dict[str, Any] = {
         "mode": mode, "rate_per_s": rate_per_s, "partitions": partitions, "phase_s": phase_s,
-        "jobs_good": len(good), "jobs_bad": len(bad), "drained": drained, "exit_codes": codes,
+        "backlog": backlog, "jobs_good": len(good), "jobs_bad": len(bad), "drained": drained,
+        "exit_codes": codes,
         "marks_s": {k: round(v, 1) for k, v in marks.items()},
         "results_per_worker": {n: t.get("results", 0) for n, t in per_worker.items()},
         "aborts_per_worker": {n: t.get("txn_aborts", 0) for n, t in per_worker.items()},
@@ -637,9 +678,11 @@ def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
         t0 = time.monotonic()
         proc = fleet.start("f0")
         dlq_w, res_w = TopicWatcher(bootstrap, topics.dlq), TopicWatcher(bootstrap, topics.results)
+        fleet.own(dlq_w, res_w)
         dlq_w.start()
         res_w.start()
-        drained = res_w.wait_for(set(good), 300) and dlq_w.wait_for(set(by_key), 300)
+        drained = (res_w.wait_for(set(good), 300, fleet.all_alive)
+                   and dlq_w.wait_for(set(by_key), 300, fleet.all_alive))
         elapsed = time.monotonic() - t0
         dlq_w.stop()
         res_w.stop()

@@ -65,9 +65,7 @@ def test_aborts_mid_stream_rewind_and_every_job_is_answered_exactly_once(
     produce(kafka_bootstrap, topics.jobs, records)
     rng = random.Random(6)
     stop = threading.Event()
-    watcher = TopicWatcher(kafka_bootstrap, topics.results)
-    watcher.start()
-    with ThreadedWorker(cfg) as tw:
+    with TopicWatcher(kafka_bootstrap, topics.results) as watcher, ThreadedWorker(cfg) as tw:
         def drill() -> None:
             while not stop.wait(rng.uniform(0.3, 1.2)):
                 tw.worker.request_abort("fault drill")
@@ -82,7 +80,6 @@ def test_aborts_mid_stream_rewind_and_every_job_is_answered_exactly_once(
             driller.join(5)
         assert watcher.wait_for(set(good), 180)
         totals = tw.worker.guarantee_totals()
-    watcher.stop()
     results = Audit(set(good), key_counts(read_all(kafka_bootstrap, topics.results)))
     dlq = Audit(set(bad), key_counts(read_all(kafka_bootstrap, topics.dlq)))
     raw = read_all(kafka_bootstrap, topics.results, isolation="read_uncommitted", idle_s=2)
@@ -107,6 +104,7 @@ def test_a_second_instance_with_the_same_id_fences_the_first_which_exits_non_zer
     good, bad, records = _jobs(900, bad_every=30, prefix="f-")
     watcher = TopicWatcher(kafka_bootstrap, topics.results)
     with Fleet(cfg, tmp_path, KTW_BATCH__MAX_BATCH_SIZE="8") as fleet:
+        fleet.own(watcher)
         first = fleet.start("same")
         assert fleet.wait_assigned("same", 90)
         produce(kafka_bootstrap, topics.jobs, records)

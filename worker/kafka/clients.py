@@ -12,6 +12,7 @@ worker's own clients; readers, the demo and replay keep the plain settings.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ import confluent_kafka as ck
 
 from worker.config import KafkaSettings, WorkerConfig
 from worker.dlq import Headers
-from worker.exceptions import KafkaIOError, TransactionError
+from worker.exceptions import KafkaIOError, ProducerFenced, TransactionError
 
 RebalanceCallback = Callable[[Any, list[ck.TopicPartition]], None]
 DeliveryCallback = Callable[[ck.KafkaError | None, ck.Message], None]
@@ -142,10 +143,16 @@ def _wrap(exc: ck.KafkaException, what: str) -> KafkaIOError:
     return KafkaIOError(f"{what}: {exc}")
 
 
+# Fatal errors that mean a newer instance took this transactional.id over.
+FENCED_CODES = frozenset({ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED,
+                          ck.KafkaError.INVALID_PRODUCER_EPOCH})
+
+
 def txn_error(err: ck.KafkaError, what: str) -> TransactionError:
     """librdkafka's classification of a transactional error: fatal beats abortable beats
     retriable; an error that is none of them is fatal (confluent-kafka's documented rule)."""
-    return TransactionError(
+    cls = ProducerFenced if err.fatal() and err.code() in FENCED_CODES else TransactionError
+    return cls(
         f"{what}: {err.name()}: {err.str()}", code=err.code(), recoverable=err.retriable(),
         abortable=err.txn_requires_abort(), fatal=err.fatal(),
     )
@@ -305,21 +312,31 @@ class Producer:
                 raise _wrap(exc, f"produce to {topic} failed") from exc
 
     def poll(self, timeout: float = 0.0) -> int:
-        return self.client.poll(timeout)
+        """Serve delivery callbacks. A fatal producer error (e.g. fenced) surfaces here too."""
+        try:
+            return self.client.poll(timeout)
+        except ck.KafkaException as exc:
+            if self.transactional:
+                raise _wrap_txn(exc, "producer poll") from exc
+            raise _wrap(exc, "producer poll failed") from exc
 
     def flush(self, timeout: float) -> int:
         """Wait for outstanding deliveries; return how many are still undelivered."""
-        return self.client.flush(timeout)
+        try:
+            return self.client.flush(timeout)
+        except ck.KafkaException as exc:
+            if self.transactional:
+                raise _wrap_txn(exc, "producer flush") from exc
+            raise _wrap(exc, "producer flush failed") from exc
 
     def abandon(self) -> None:
         """Drop the client without flushing (a fenced transactional producer may deliver
         nothing more); queued and in-flight records are purged."""
         client, self._client = self._client, None
         if client is not None:
-            try:
+            # In a fatal state the purge may be refused: dropping the client is enough then.
+            with contextlib.suppress(ck.KafkaException, RuntimeError):
                 client.purge(in_queue=True, in_flight=True, blocking=False)
-            except (ck.KafkaException, RuntimeError):
-                pass  # in a fatal state the purge may be refused: dropping the client is enough
 
     def close(self, timeout: float = 30.0) -> int:
         """Flush, then release the client; return how many records stayed undelivered."""
