@@ -144,7 +144,7 @@ class Worker:
                "slow_batches": self.slow_batches}
         if self._txn is not None:
             out |= {"txn_commits": self._txn.commits, "txn_aborts": self._txn.aborts,
-                    "txn_retries": self._txn.retries}
+                    "txn_retries": self._txn.retries, "producer_resets": self._txn.resets}
         return out
 
     def run(self) -> None:

@@ -16,8 +16,12 @@ Exactly-once commit protocol (driven by :mod:`worker.service`):
 Error classes (librdkafka's, see :func:`worker.kafka.txn_error`):
 
 - retriable: the same call is repeated (with a short back-off) until it succeeds, for at most
-  ``kafka.transaction_timeout_ms`` (after that the coordinator aborts the transaction itself);
-  a commit still failing then is treated as abortable, an abort still failing as fatal;
+  ``stuck_after_s`` (a quarter of ``kafka.transaction_timeout_ms``, at most 15 s); a commit
+  still failing then is treated as abortable; an abort still failing means the client itself is
+  stuck (seen after a long broker stall: librdkafka forgot every broker and did not come back),
+  so the producer is *reset*: the client is dropped, a new one with the same transactional.id
+  runs ``init_transactions``, which fences the old one and has the coordinator abort its open
+  transaction; if even that fails for ``kafka.transaction_timeout_ms`` the error is fatal;
 - abortable (``txn_requires_abort``): :class:`TransactionError` with ``abortable`` set reaches
   the loop, which aborts and rewinds;
 - fatal (fenced by a newer instance with the same transactional.id, or anything unclassified):
@@ -40,6 +44,10 @@ from worker.kafka.clients import FENCED_CODES, DeliveryCallback
 
 log = structlog.get_logger("worker.transactions")
 
+
+class _Stuck(Exception):
+    """A call kept timing out for its whole budget: the client needs a reset."""
+
 def _as_fatal(exc: TransactionError, what: str) -> TransactionError:
     cls = ProducerFenced if exc.code in FENCED_CODES else TransactionError
     return cls(f"{what}: {exc}", code=exc.code, fatal=True)
@@ -55,11 +63,14 @@ class Transactions:
         timeout_ms: int,
         op_timeout_s: float = 10.0,
         backoff_s: float = 0.2,
+        stuck_after_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._producer = producer
         self._retry_for_s = timeout_ms / 1e3
+        self._stuck_after_s = (stuck_after_s if stuck_after_s is not None
+                               else min(15.0, self._retry_for_s / 4))
         self._op_timeout_s = op_timeout_s
         self._backoff_s = backoff_s
         self._clock = clock
@@ -74,11 +85,13 @@ class Transactions:
         self.commits = 0
         self.aborts = 0
         self.retries = 0
+        self.resets = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def init(self) -> None:
         """Register the transactional.id; fences and aborts a previous incarnation's work."""
-        self._retrying("init_transactions", self._producer.init_transactions, on_deadline="fatal")
+        self._retrying("init_transactions", self._producer.init_transactions,
+                       budget_s=self._retry_for_s, on_deadline="fatal")
 
     def produce(self, out: Output, on_delivery: DeliveryCallback) -> None:
         if not self.open:
@@ -120,10 +133,10 @@ class Transactions:
             self._retrying(
                 "send_offsets_to_transaction",
                 lambda t: self._producer.send_offsets_to_transaction(offsets, group_metadata, t),
-                on_deadline="abort",
+                budget_s=self._stuck_after_s, on_deadline="abort",
             )
         self._retrying("commit_transaction", self._producer.commit_transaction,
-                       on_deadline="abort")
+                       budget_s=self._stuck_after_s, on_deadline="abort")
         self._closed()
         self.commits += 1
 
@@ -131,11 +144,24 @@ class Transactions:
         """Abort the open transaction (if any); True if one was aborted."""
         if not self.open and self.failed is None:
             return False
-        self._retrying("abort_transaction", self._producer.abort_transaction,
-                       on_deadline="fatal", abortable_is_fatal=True)
+        try:
+            self._retrying("abort_transaction", self._producer.abort_transaction,
+                           budget_s=self._stuck_after_s, on_deadline="reset",
+                           abortable_is_fatal=True)
+        except _Stuck as exc:
+            self.reset(str(exc))
         self._closed()
         self.aborts += 1
         return True
+
+    def reset(self, reason: str) -> None:
+        """Replace a stuck client: a new one with the same transactional.id fences the old one
+        and makes the coordinator abort its open transaction."""
+        log.warning("producer_reset", reason=reason[:300])
+        self._producer.abandon()
+        self._producer.open()
+        self.init()
+        self.resets += 1
 
     def _closed(self) -> None:
         self.open = False
@@ -144,9 +170,9 @@ class Transactions:
         self.sequence += 1
 
     # -- retries -----------------------------------------------------------------------------
-    def _retrying(self, what: str, call: Callable[[float], None], *, on_deadline: str,
-                  abortable_is_fatal: bool = False) -> None:
-        deadline = self._clock() + self._retry_for_s
+    def _retrying(self, what: str, call: Callable[[float], None], *, budget_s: float,
+                  on_deadline: str, abortable_is_fatal: bool = False) -> None:
+        deadline = self._clock() + budget_s
         attempt = 0
         while True:
             attempt += 1
@@ -161,9 +187,11 @@ class Transactions:
                     self.fail(str(exc))
                     raise
                 if self._clock() >= deadline:
-                    msg = f"{what} still failing after {self._retry_for_s:.0f} s: {exc}"
+                    msg = f"{what} still failing after {budget_s:.0f} s: {exc}"
                     if on_deadline == "fatal":
                         raise TransactionError(msg, code=exc.code, fatal=True) from exc
+                    if on_deadline == "reset":
+                        raise _Stuck(msg) from exc
                     self.fail(msg)
                     raise TransactionError(msg, code=exc.code, abortable=True) from exc
                 self.retries += 1

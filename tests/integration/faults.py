@@ -566,7 +566,8 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
         "worker_survived": survived, "exit_code": code,
         "worker_events": {k: events[k] for k in ("partitions_lost", "partitions_revoked",
                                                  "transaction_abort", "rewound", "txn_retry",
-                                                 "commit_failed", "consumer_error")},
+                                                 "producer_reset", "commit_failed",
+                                                 "consumer_error", "worker_failed")},
     }
     figures.update(_audit_outputs(bootstrap, topics, good, bad))
     time.sleep(0.5)

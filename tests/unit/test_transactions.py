@@ -62,6 +62,12 @@ class ScriptedProducer:
     def produce(self, topic: str, **kw: Any) -> None:
         self._call("produce")
 
+    def abandon(self) -> None:
+        self.calls.append("abandon")
+
+    def open(self) -> None:
+        self.calls.append("open")
+
 
 class Clock:
     def __init__(self) -> None:
@@ -151,25 +157,38 @@ def test_a_failed_delivery_makes_the_next_commit_abortable_without_calling_the_b
     assert p.calls == ["begin", "produce"]
 
 
-def test_retriable_past_the_transaction_timeout_becomes_abortable_for_a_commit() -> None:
+def test_retriable_past_its_budget_becomes_abortable_for_a_commit() -> None:
     clock = Clock()
     p = ScriptedProducer(commit=[RETRIABLE] * 1000)
-    t = _txn(p, clock, timeout_ms=2_000)
+    t = _txn(p, clock, timeout_ms=8_000)
     t.produce(OUT, _noop)
     with pytest.raises(TransactionError) as info:
         t.commit(OFFSETS, object())
     assert info.value.abortable and "still failing after 2 s" in str(info.value)
-    assert clock.now >= 2.0
+    assert 2.0 <= clock.now < 3.0
 
 
-def test_an_abort_that_cannot_complete_is_fatal() -> None:
+def test_an_abort_stuck_past_its_budget_resets_the_producer() -> None:
     clock = Clock()
     p = ScriptedProducer(abort=[RETRIABLE] * 1000)
-    t = _txn(p, clock, timeout_ms=2_000)
+    t = _txn(p, clock, timeout_ms=60_000)
+    t.produce(OUT, _noop)
+    assert t.abort() is True
+    # 15 s of timeouts (a quarter of the transaction timeout, at most 15 s), then a new client
+    # whose init_transactions fences the stuck one and aborts its transaction.
+    assert 15.0 <= clock.now < 16.0
+    assert p.calls[-3:] == ["abandon", "open", "init"]
+    assert t.resets == 1 and t.aborts == 1 and not t.open and t.failed is None
+
+
+def test_a_reset_whose_init_keeps_failing_is_fatal() -> None:
+    clock = Clock()
+    p = ScriptedProducer(abort=[RETRIABLE] * 1000, init=[RETRIABLE] * 1000)
+    t = _txn(p, clock, timeout_ms=4_000)
     t.produce(OUT, _noop)
     with pytest.raises(TransactionError) as info:
         t.abort()
-    assert info.value.fatal
+    assert info.value.fatal and "init_transactions" in str(info.value)
 
 
 @pytest.mark.parametrize("call", ["send_offsets", "commit"])
