@@ -383,7 +383,8 @@ class Worker:
         if err is None or txn is None or sequence != txn.sequence or err.code() in _PURGED:
             return  # fine, or a purged record of a transaction being (or already) aborted
         log.warning("transactional_delivery_failed", error=err.str())
-        txn.fail(f"delivery failed: {err.str()}")
+        txn.fail(f"delivery failed: {err.str()}",
+                 timed_out=err.code() == ck.KafkaError._MSG_TIMED_OUT)
 
     # -- transactions (exactly-once) --------------------------------------------------------
     def _settle(self) -> None:

@@ -16,12 +16,16 @@ Exactly-once commit protocol (driven by :mod:`worker.service`):
 Error classes (librdkafka's, see :func:`worker.kafka.txn_error`):
 
 - retriable: the same call is repeated (with a short back-off) until it succeeds, for at most
-  ``stuck_after_s`` (a quarter of ``kafka.transaction_timeout_ms``, at most 15 s); a commit
-  still failing then is treated as abortable; an abort still failing means the client itself is
-  stuck (seen after a long broker stall: librdkafka forgot every broker and did not come back),
-  so the producer is *reset*: the client is dropped, a new one with the same transactional.id
-  runs ``init_transactions``, which fences the old one and has the coordinator abort its open
-  transaction; if even that fails for ``kafka.transaction_timeout_ms`` the error is fatal;
+  a budget: 10 s for a commit, 5 s for an abort (both shrink with a transaction timeout under
+  40 s). A commit still timing out after its budget, or a record whose delivery timed out, is
+  treated as abortable *and* makes the client suspect: after a long broker stall librdkafka can
+  be left without any broker in its metadata and never reconnect (observed with a single-node
+  Kafka 4.1 frozen for 30 s: every later request sat in the queue until it timed out). So that
+  abort is done by a *reset*: the client is dropped and a new one with the same
+  transactional.id runs ``init_transactions``, which fences the old one and has the coordinator
+  abort its open transaction (the same path as a restart after kill -9). An abort that itself
+  times out for its budget is also done by a reset. If the new client's ``init_transactions``
+  fails for ``kafka.transaction_timeout_ms``, the error is fatal;
 - abortable (``txn_requires_abort``): :class:`TransactionError` with ``abortable`` set reaches
   the loop, which aborts and rewinds;
 - fatal (fenced by a newer instance with the same transactional.id, or anything unclassified):
@@ -63,14 +67,17 @@ class Transactions:
         timeout_ms: int,
         op_timeout_s: float = 10.0,
         backoff_s: float = 0.2,
-        stuck_after_s: float | None = None,
+        commit_budget_s: float | None = None,
+        abort_budget_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._producer = producer
         self._retry_for_s = timeout_ms / 1e3
-        self._stuck_after_s = (stuck_after_s if stuck_after_s is not None
-                               else min(15.0, self._retry_for_s / 4))
+        self._commit_budget_s = (commit_budget_s if commit_budget_s is not None
+                                 else min(10.0, self._retry_for_s / 4))
+        self._abort_budget_s = (abort_budget_s if abort_budget_s is not None
+                                else min(5.0, self._retry_for_s / 8))
         self._op_timeout_s = op_timeout_s
         self._backoff_s = backoff_s
         self._clock = clock
@@ -79,6 +86,7 @@ class Transactions:
         self.opened_at: float | None = None
         self.records = 0  # produced into the open transaction
         self.failed: str | None = None  # set when the open transaction can only be aborted
+        self._suspect = False  # the failure was a timeout: the client may be stuck
         # Bumped at every commit and abort: a delivery report carries the sequence of its
         # transaction, so reports of an aborted one (purged messages) are told apart.
         self.sequence = 0
@@ -113,10 +121,12 @@ class Transactions:
             raise
         self.records += 1
 
-    def fail(self, reason: str) -> None:
-        """The open transaction can no longer commit (e.g. a delivery failed): abort it."""
+    def fail(self, reason: str, *, timed_out: bool = False) -> None:
+        """The open transaction can no longer commit (e.g. a delivery failed): abort it.
+        ``timed_out``: the failure was a timeout, so the abort resets the client."""
         if self.failed is None:
             self.failed = reason
+        self._suspect = self._suspect or timed_out
 
     @property
     def age_s(self) -> float:
@@ -133,10 +143,10 @@ class Transactions:
             self._retrying(
                 "send_offsets_to_transaction",
                 lambda t: self._producer.send_offsets_to_transaction(offsets, group_metadata, t),
-                budget_s=self._stuck_after_s, on_deadline="abort",
+                budget_s=self._commit_budget_s, on_deadline="abort",
             )
         self._retrying("commit_transaction", self._producer.commit_transaction,
-                       budget_s=self._stuck_after_s, on_deadline="abort")
+                       budget_s=self._commit_budget_s, on_deadline="abort")
         self._closed()
         self.commits += 1
 
@@ -144,12 +154,15 @@ class Transactions:
         """Abort the open transaction (if any); True if one was aborted."""
         if not self.open and self.failed is None:
             return False
-        try:
-            self._retrying("abort_transaction", self._producer.abort_transaction,
-                           budget_s=self._stuck_after_s, on_deadline="reset",
-                           abortable_is_fatal=True)
-        except _Stuck as exc:
-            self.reset(str(exc))
+        if self._suspect:
+            self.reset(f"aborting after a timeout ({self.failed})")
+        else:
+            try:
+                self._retrying("abort_transaction", self._producer.abort_transaction,
+                               budget_s=self._abort_budget_s, on_deadline="reset",
+                               abortable_is_fatal=True)
+            except _Stuck as exc:
+                self.reset(str(exc))
         self._closed()
         self.aborts += 1
         return True
@@ -167,6 +180,7 @@ class Transactions:
         self.open = False
         self.opened_at = None
         self.failed = None
+        self._suspect = False
         self.sequence += 1
 
     # -- retries -----------------------------------------------------------------------------
@@ -192,7 +206,7 @@ class Transactions:
                         raise TransactionError(msg, code=exc.code, fatal=True) from exc
                     if on_deadline == "reset":
                         raise _Stuck(msg) from exc
-                    self.fail(msg)
+                    self.fail(msg, timed_out=True)
                     raise TransactionError(msg, code=exc.code, abortable=True) from exc
                 self.retries += 1
                 log.warning("txn_retry", call=what, attempt=attempt, error=str(exc))

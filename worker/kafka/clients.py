@@ -305,7 +305,7 @@ class Producer:
                                     on_delivery=on_delivery)
                 return
             except BufferError:
-                self.client.poll(0.05)
+                self.poll(0.05)  # serve callbacks to make room (errors wrapped)
             except ck.KafkaException as exc:
                 if self.transactional:
                     raise _wrap_txn(exc, f"produce to {topic}") from exc
