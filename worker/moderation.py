@@ -31,6 +31,9 @@ class Pending:
     job: ModerationJob
     consumed_at: float  # time.monotonic()
     record: SourceRecord
+    # The source partition's epoch at intake (worker.service): an answer whose partition was
+    # revoked, lost or rewound since is stale and discarded.
+    epoch: int = 0
 
     # The batcher's view of a job (worker.batcher.Batchable).
     @property

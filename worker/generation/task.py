@@ -45,6 +45,7 @@ class GenerationPending:
     consumed_at: float  # time.monotonic()
     record: SourceRecord | None
     latent_shape: tuple[int, ...]
+    epoch: int = 0  # the source partition's epoch at intake (see worker.moderation.Pending)
 
     # The batcher's view (worker.batcher.Batchable): one queue per resolution.
     @property
