@@ -22,6 +22,9 @@ MAX_ID_CHARS = 256
 MAX_TEXT_CHARS = 100_000
 MAX_IMAGE_BYTES = 64 * 1024 * 1024
 POLICY_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+# A text counts as present when it has a non-whitespace character (the schema's anyOf
+# pattern); a job needs an image, such a text, or both.
+TEXT_PRESENT = re.compile(r"\S")
 JOB_FIELDS = frozenset({"v", "id", "image", "text", "policy", "deadline_ms"})
 INT64_MAX = 2**63 - 1
 
@@ -87,19 +90,20 @@ def decode_moderation_job(payload: bytes, limits: DecodeLimits | None = None) ->
     unknown = set(obj) - JOB_FIELDS
     if unknown:
         raise SchemaViolation(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}")
-    for key in ("id", "image"):
-        if key not in obj:
-            raise SchemaViolation(f"missing required field '{key}'")
+    if "id" not in obj:
+        raise SchemaViolation("missing required field 'id'")
 
     job_id = _require_str(obj, "id", max_chars=MAX_ID_CHARS)
-    image = obj["image"]
-    if not isinstance(image, bytes):
-        raise SchemaViolation(f"field 'image': expected binary, got {_type_name(image)}")
-    if not image:
-        raise SchemaViolation("field 'image': empty")
-    max_image = min(limits.max_image_bytes, MAX_IMAGE_BYTES)
-    if len(image) > max_image:
-        raise SchemaViolation(f"field 'image': {len(image)} bytes exceeds the limit {max_image}")
+    image = obj.get("image")
+    if image is not None:
+        if not isinstance(image, bytes):
+            raise SchemaViolation(f"field 'image': expected binary, got {_type_name(image)}")
+        if not image:
+            raise SchemaViolation("field 'image': empty")
+        max_image = min(limits.max_image_bytes, MAX_IMAGE_BYTES)
+        if len(image) > max_image:
+            raise SchemaViolation(
+                f"field 'image': {len(image)} bytes exceeds the limit {max_image}")
 
     text = None
     if obj.get("text") is not None:
@@ -115,6 +119,8 @@ def decode_moderation_job(payload: bytes, limits: DecodeLimits | None = None) ->
         raise SchemaViolation(
             f"field 'deadline_ms': expected a non-negative integer (epoch ms), got {deadline!r}"
         )
+    if image is None and (text is None or not TEXT_PRESENT.search(text)):
+        raise SchemaViolation("job has neither image nor text")
     return ModerationJob(id=job_id, image=image, text=text, policy=policy, deadline_ms=deadline)
 
 
@@ -140,6 +146,11 @@ def result_to_dict(result: ModerationResult) -> dict[str, Any]:
             "partition": result.source.partition,
             "offset": result.source.offset,
         }
+    # Image-and-text policies only: open_nsfw-only results stay byte-identical to v1's.
+    if result.rule is not None:
+        out["rule"] = result.rule
+    if result.models:
+        out["models"] = list(result.models)  # a msgpack array decodes as a list
     return out
 
 
@@ -148,5 +159,9 @@ def encode_result(result: ModerationResult) -> bytes:
 
 
 def decode_result(payload: bytes) -> dict[str, Any]:
-    """Decode a result payload (used by the demo, replay and tests); no validation beyond map."""
+    """Decode a result payload (used by the demo, replay and tests); no validation beyond map.
+
+    The map is what :func:`result_to_dict` wrote: optional fields (``verdict``, ``error``,
+    ``source``, ``rule``, ``models``) only where set, ``models`` as a list.
+    """
     return _unpack(payload)

@@ -59,6 +59,19 @@ class UnknownPolicy(JobRejected):
     reason = "unknown_policy"
 
 
+class NothingToScore(JobRejected):
+    """The job's policy runs no model that the job has input for (e.g. a text-only job under
+    an image-only policy): answering "allow" would be a silent skip."""
+
+    reason = "nothing_to_score"
+
+
+class TextTooLong(JobRejected):
+    """The job's text makes more chunks than ``moderation.text.max_chunks``."""
+
+    reason = "text_too_long"
+
+
 class ImageRejected(JobRejected):
     """The image cannot be decoded, is too large, or looks like a decompression bomb."""
 

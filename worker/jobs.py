@@ -39,7 +39,7 @@ class SourceRef:
 @dataclass(frozen=True, slots=True)
 class ModerationJob:
     id: str
-    image: bytes
+    image: bytes | None  # None: a text-only job (the codec ensures image or text is present)
     text: str | None = None
     policy: str = "default"
     deadline_ms: int | None = None
@@ -57,3 +57,8 @@ class ModerationResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     source: SourceRef | None = None
+    # Image-and-text policies (worker.policies.Decision): the rule that decided, e.g.
+    # "block:text.violence" or "allow", and the models that ran, in the order they ran.
+    # Unset for open_nsfw-only results, which keep their v1 shape.
+    rule: str | None = None
+    models: tuple[str, ...] = ()

@@ -17,7 +17,7 @@ from engines.spec import EngineSpec
 from worker.batcher import Batch
 from worker.config import WorkerConfig
 from worker.dlq import SourceRecord
-from worker.exceptions import JobRejected, UnknownPolicy
+from worker.exceptions import JobRejected, NothingToScore, UnknownPolicy
 from worker.images import CROP, ImageLimits, decode_image, preprocess_open_nsfw
 from worker.jobs import ModerationJob, ModerationResult, SourceRef, Status, Verdict
 from worker.verdict import verdict_for
@@ -60,6 +60,12 @@ class Outcome:
 IMAGE_ITEM_SHAPE = (CROP, CROP, 3)
 
 
+def no_image(job: ModerationJob) -> NothingToScore:
+    """The rejection of a text-only job on the open_nsfw path: it has nothing to score."""
+    return NothingToScore(f"policy {job.policy!r} runs open_nsfw only and the job has no "
+                          "image: nothing to score")
+
+
 class ModerationTask:
     """Turns batches of :class:`Pending` jobs into :class:`Outcome` futures without blocking."""
 
@@ -80,9 +86,12 @@ class ModerationTask:
         return self.runner.engine_hash
 
     def check_policy(self, job: ModerationJob) -> None:
+        """Intake check: the policy is configured, and the job has an image to score."""
         if job.policy not in self.cfg.model.policies:
             known = ", ".join(sorted(self.cfg.model.policies))
             raise UnknownPolicy(f"policy {job.policy!r} is not configured (known: {known})")
+        if job.image is None:
+            raise no_image(job)
 
     def expired_result(self, p: Pending, now_ms: int) -> ModerationResult:
         """The answer for a job the batcher found past its deadline (never sent to the engine)."""
@@ -121,6 +130,8 @@ class ModerationTask:
         self._decode_pool.shutdown(wait=True)
 
     def _prepare(self, p: Pending) -> np.ndarray | JobRejected:
+        if p.job.image is None:  # check_policy refuses these at intake; never crash on one
+            return no_image(p.job)
         try:
             img = decode_image(p.job.image, self._limits)
         except JobRejected as exc:

@@ -26,7 +26,7 @@ from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, JobRejected
 from worker.images import crop_pixels, decode_image
 from worker.jobs import Status
-from worker.moderation import ModerationTask, Outcome, Pending
+from worker.moderation import ModerationTask, Outcome, Pending, no_image
 from worker.verdict import verdict_for
 
 
@@ -118,10 +118,15 @@ class GpuModerationTask(ModerationTask):
 
     def _run(self, batch: Batch[Pending]) -> list[Outcome]:
         started = time.monotonic()
-        scores, rejects, prep = self._infer_rows([p.job.image for p in batch.items])
+        # check_policy refuses image-less jobs at intake; never crash on one that got here.
+        outcomes = [Outcome(p, rejection=no_image(p.job)) for p in batch.items
+                    if p.job.image is None]
+        imaged = [(p, p.job.image) for p in batch.items if p.job.image is not None]
+        if not imaged:
+            return outcomes
+        scores, rejects, prep = self._infer_rows([image for _, image in imaged])
         done = time.monotonic()
-        outcomes: list[Outcome] = []
-        for i, (p, rej) in enumerate(zip(batch.items, rejects, strict=True)):
+        for i, ((p, _), rej) in enumerate(zip(imaged, rejects, strict=True)):
             if rej is not None or scores is None:
                 outcomes.append(Outcome(p, rejection=rej))
                 continue

@@ -22,6 +22,8 @@ from typing import Protocol
 from worker.batcher import Batch, DynamicBatcher
 from worker.config import WorkerConfig
 from worker.exceptions import JobRejected, UnknownPolicy
+from worker.exceptions import NothingToScore as NothingToScore  # re-exported: defined here before
+from worker.exceptions import TextTooLong as TextTooLong
 from worker.jobs import ModerationJob, ModerationResult, Status
 from worker.moderation import Outcome, Pending
 from worker.multimodal_parts import JobState, Part, PartKind, image_part, plan_models
@@ -32,17 +34,6 @@ from worker.policy_settings import PolicySettings
 
 class ImageScorer(Protocol):
     def submit(self, batch: Batch[Pending]) -> Future[list[Outcome]]: ...
-
-
-class NothingToScore(JobRejected):
-    """The job's policy runs no model that the job has input for (e.g. text-only job,
-    image-only policy): answering "allow" would be a silent skip."""
-
-    reason = "nothing_to_score"
-
-
-class TextTooLong(JobRejected):
-    reason = "text_too_long"
 
 
 @dataclasses.dataclass(slots=True)

@@ -17,7 +17,7 @@ from worker.clip_engines import ClipEngines
 from worker.clip_images import preprocess_clip
 from worker.clip_scoring import PromptBank
 from worker.config import WorkerConfig
-from worker.exceptions import JobRejected
+from worker.exceptions import JobRejected, NothingToScore
 from worker.images import ImageLimits, decode_image
 from worker.jobs import ModerationResult, Status, Verdict
 from worker.moderation_engines import TextEngine
@@ -107,8 +107,11 @@ class PartRunner:
         clip = self._clip()
 
         def prepare(p: Part) -> np.ndarray | JobRejected:
+            image = p.state.pending.job.image
+            if image is None:  # plan_models gives CLIP image parts only to jobs with an image
+                return NothingToScore("a CLIP image part of a job without an image")
             try:
-                img = decode_image(p.state.pending.job.image, self._limits)
+                img = decode_image(image, self._limits)
             except JobRejected as exc:
                 return exc
             return preprocess_clip(img, clip.image_size)
@@ -161,11 +164,12 @@ def decide(engines: Engines, state: JobState, now_ms: int
 
     def result(status: Status, model_id: str = "-", engine_hash: str = "-", *,
                verdict: Verdict | None = None, scores: dict[str, float] | None = None,
-               error: str | None = None) -> ModerationResult:
+               error: str | None = None, rule: str | None = None,
+               models: tuple[str, ...] = ()) -> ModerationResult:
         return ModerationResult(id=p.job.id, status=status, policy=p.job.policy,
                                 model_id=model_id, engine_hash=engine_hash, source=p.ref,
                                 timings_ms=timings, verdict=verdict, scores=scores or {},
-                                error=error)
+                                error=error, rule=rule, models=models)
 
     if state.expired:
         late = now_ms - (p.job.deadline_ms or now_ms)
@@ -176,4 +180,5 @@ def decide(engines: Engines, state: JobState, now_ms: int
     decision = evaluate(state.policy, scores_of(engines, state))
     ids = [engines.identity(m) for m in decision.models_run]
     return result(Status.OK, "+".join(i for i, _ in ids), "+".join(h for _, h in ids),
-                  verdict=decision.verdict, scores=decision.label_scores), decision
+                  verdict=decision.verdict, scores=decision.label_scores,
+                  rule=decision.rule, models=decision.models_run), decision

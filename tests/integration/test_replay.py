@@ -245,8 +245,11 @@ def test_rejected_records_counted_and_sent_only_with_dlq_flag(
     produce(kafka_bootstrap, t.jobs, [
         (b"bad-image", encode_job("bad-image", b"\xff\xd8\xff\xe0 truncated"), None),
         (b"garbage", b"\xc1 not msgpack", None),
+        # A valid text-only job: open_nsfw has nothing to score in it.
+        (b"text-only", msgpack.packb({"v": 1, "id": "text-only", "text": "a caption"}), None),
     ])
-    want = {"result:ok": 3, "rejected:bad_image": 1, "rejected:not_msgpack": 1}
+    want = {"result:ok": 3, "rejected:bad_image": 1, "rejected:not_msgpack": 1,
+            "rejected:nothing_to_score": 1}
     counted = replay(kafka_bootstrap, shared_runner, tmp_path / "a.json", t.jobs, t.replay)
     assert counted.finished and counted.counts == want
     assert read_all(kafka_bootstrap, t.dlq) == []
@@ -254,10 +257,11 @@ def test_rejected_records_counted_and_sent_only_with_dlq_flag(
 
     sent = replay(kafka_bootstrap, shared_runner, tmp_path / "b.json", t.jobs, t.old,
                   dlq_topic=t.dlq)
-    assert sent.counts == {"result:ok": 3, "dlq:bad_image": 1, "dlq:not_msgpack": 1}
+    assert sent.counts == {"result:ok": 3, "dlq:bad_image": 1, "dlq:not_msgpack": 1,
+                           "dlq:nothing_to_score": 1}
     dead = read_all(kafka_bootstrap, t.dlq)
     reasons = sorted(dict(m.headers())["ktw.dlq.error.reason"] for m in dead)
-    assert reasons == [b"bad_image", b"not_msgpack"]
+    assert reasons == [b"bad_image", b"not_msgpack", b"nothing_to_score"]
     assert all(dict(m.headers())["ktw.replay.id"] == sent.replay_id.encode() for m in dead)
 
 

@@ -212,7 +212,8 @@ def test_missing_version_is_schema_violation() -> None:
         ({"id": b"job"}, "id"),
         ({"image": "not-bytes"}, "image"),
         ({"image": b""}, "image"),
-        ({"image": None}, "image"),
+        ({"image": b"", "text": "a caption"}, "image"),  # a caption does not excuse it
+        ({"image": "not-bytes", "text": "a caption"}, "image"),
         ({"text": b"bytes"}, "text"),
         ({"text": 5}, "text"),
         ({"text": "t" * 20_001}, "text"),
@@ -236,13 +237,62 @@ def test_schema_violation_message_names_the_field(fields: dict[str, Any], named:
     assert named in str(err)
 
 
-@pytest.mark.parametrize("field", ["id", "image"])
-def test_missing_required_field_is_named(field: str) -> None:
+def test_missing_id_is_named() -> None:
     doc = _job()
-    del doc[field]
+    del doc["id"]
     err = _reject(_pack(doc))
     assert type(err) is SchemaViolation
-    assert f"missing required field '{field}'" in str(err)
+    assert "missing required field 'id'" in str(err)
+
+
+# --- image, text or both ------------------------------------------------------------------------
+
+
+def _without_image(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in _job(**fields).items() if k != "image"}
+
+
+@pytest.mark.parametrize("doc", [_without_image(text="a caption"),
+                                 _job(image=None, text="a caption")],
+                         ids=["image-absent", "image-nil"])
+def test_text_only_job_is_accepted_with_image_none(doc: dict[str, Any]) -> None:
+    job = decode_moderation_job(_pack(doc))
+    assert job == ModerationJob(id="job-1", image=None, text="a caption")
+
+
+@pytest.mark.parametrize("doc", [_job(), _job(text=None), _job(text=""), _job(text=" \n")],
+                         ids=["text-absent", "text-nil", "text-empty", "text-blank"])
+def test_image_only_job_is_accepted(doc: dict[str, Any]) -> None:
+    job = decode_moderation_job(_pack(doc))
+    assert job.image == IMAGE and job.text == doc.get("text")
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [_without_image(), _job(image=None), _without_image(text=None), _job(image=None, text=None),
+     _without_image(text=""), _without_image(text="  \t\n"), _without_image(text="\u3000\u00a0")],
+    ids=["neither", "image-nil", "text-nil", "both-nil", "text-empty", "text-blank",
+         "text-unicode-blank"],
+)
+def test_job_with_neither_image_nor_text_is_schema_violation(doc: dict[str, Any]) -> None:
+    err = _reject(_pack(doc))
+    assert type(err) is SchemaViolation
+    assert "job has neither image nor text" in str(err)
+
+
+def test_zero_byte_image_is_schema_violation_even_with_text() -> None:
+    for doc in (_job(image=b""), _job(image=b"", text="a caption")):
+        err = _reject(_pack(doc))
+        assert type(err) is SchemaViolation
+        assert "field 'image': empty" in str(err)
+
+
+def test_text_only_job_still_obeys_the_text_limit() -> None:
+    limits = DecodeLimits(max_image_bytes=1024, max_text_chars=10)
+    assert decode_moderation_job(_pack(_without_image(text="t" * 10)), limits).text == "t" * 10
+    err = _reject(_pack(_without_image(text="t" * 11)), limits)
+    assert type(err) is SchemaViolation
+    assert "'text'" in str(err)
 
 
 def test_absent_optional_fields_take_their_defaults() -> None:
@@ -369,8 +419,41 @@ def test_result_round_trips_through_msgpack() -> None:
 
 def test_result_to_dict_omits_absent_optional_fields() -> None:
     doc = result_to_dict(_result(status=Status.ERROR, verdict=None))
-    assert not {"verdict", "error", "source"} & set(doc)
+    assert not {"verdict", "error", "source", "rule", "models"} & set(doc)
     assert doc["status"] == "error" and doc["v"] == 1
+
+
+def test_result_to_dict_writes_rule_and_models_when_set() -> None:
+    doc = result_to_dict(_result(rule="block:text.violence", models=("open_nsfw", "text")))
+    assert doc["rule"] == "block:text.violence"
+    assert doc["models"] == ["open_nsfw", "text"]
+
+
+@pytest.mark.parametrize("kw", [{"rule": "allow"}, {"models": ("text",)}], ids=repr)
+def test_result_to_dict_writes_each_of_rule_and_models_on_its_own(kw: dict[str, Any]) -> None:
+    doc = result_to_dict(_result(**kw))
+    (key, value), = kw.items()
+    assert doc[key] == (list(value) if isinstance(value, tuple) else value)
+    assert not ({"rule", "models"} - {key}) & set(doc)
+
+
+def test_result_with_rule_and_models_round_trips_through_msgpack() -> None:
+    result = _result(scores={"text.violence": 0.95}, rule="block:text.violence",
+                     models=("text",))
+    decoded = decode_result(encode_result(result))
+    assert decoded == result_to_dict(result)
+    assert decoded["models"] == ["text"] and decoded["rule"] == "block:text.violence"
+
+
+def test_open_nsfw_result_payload_is_byte_identical_to_v1() -> None:
+    """Results without rule/models are exactly the v1 payload: same keys, same order."""
+    result = _result(scores={"sfw": 0.9, "nsfw": 0.1}, timings_ms={"infer": 3.0},
+                     source=SourceRef("moderation.jobs", 1, 2))
+    v1 = {"v": 1, "id": "j", "status": "ok", "policy": "default", "model_id": "open_nsfw",
+          "engine_hash": "e", "scores": {"sfw": 0.9, "nsfw": 0.1}, "timings_ms": {"infer": 3.0},
+          "verdict": "allow", "source": {"topic": "moderation.jobs", "partition": 1,
+                                         "offset": 2}}
+    assert encode_result(result) == _pack(v1)
 
 
 def test_result_to_dict_rounds_timings_to_microseconds() -> None:

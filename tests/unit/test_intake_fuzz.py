@@ -22,6 +22,7 @@ from PIL import Image
 from worker.codec import DecodeLimits, decode_moderation_job
 from worker.exceptions import ImageRejected, JobRejected
 from worker.images import ImageLimits, decode_image, preprocess_open_nsfw
+from worker.moderation import no_image
 from worker.producer_tool import encode_job
 
 LIMITS = DecodeLimits(max_image_bytes=256 * 1024, max_text_chars=2000)
@@ -46,6 +47,8 @@ def _intake(payload: bytes) -> np.ndarray | JobRejected:
     """What the worker does with one record, minus Kafka: a model input or a rejection."""
     try:
         job = decode_moderation_job(payload, LIMITS)
+        if job.image is None:  # ModerationTask.check_policy: a text-only job on open_nsfw
+            return no_image(job)
         return preprocess_open_nsfw(decode_image(job.image, IMAGE_LIMITS))
     except JobRejected as exc:
         return exc

@@ -12,6 +12,7 @@ from worker.codec import DecodeLimits, decode_moderation_job
 from worker.config import load_config
 from worker.exceptions import JobRejected, OversizedMessage, SchemaViolation
 from worker.images import ImageLimits, decode_image
+from worker.moderation import no_image
 
 
 def _reason(value: bytes | None) -> str:
@@ -26,6 +27,8 @@ def _reason(value: bytes | None) -> str:
                                                         cfg.limits.max_text_chars))
         if job.policy not in cfg.model.policies:
             raise JobRejected("policy", reason="unknown_policy")
+        if job.image is None:
+            raise no_image(job)
         decode_image(job.image, ImageLimits(cfg.limits.max_image_pixels,
                                             cfg.limits.max_image_side))
     except JobRejected as exc:

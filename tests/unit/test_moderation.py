@@ -20,7 +20,7 @@ from worker.codec import result_to_dict
 from worker.config import WorkerConfig, load_config
 from worker.dlq import SourceRecord
 from worker.engine_setup import EnginePlan, engine_plan
-from worker.exceptions import ImageRejected, UnknownPolicy
+from worker.exceptions import ImageRejected, JobRejected, NothingToScore, UnknownPolicy
 from worker.images import decode_image, preprocess_open_nsfw
 from worker.jobs import ModerationJob, SourceRef, Status, Verdict
 from worker.moderation import ModerationTask, Outcome, Pending
@@ -52,7 +52,7 @@ def task(cfg: WorkerConfig, runner: OrtRunner, plan: EnginePlan) -> Iterator[Mod
     t.close()
 
 
-def _pending(job_id: str, image: bytes, offset: int = 0, **job: Any) -> Pending:
+def _pending(job_id: str, image: bytes | None, offset: int = 0, **job: Any) -> Pending:
     record = SourceRecord(topic="moderation.jobs", partition=1, offset=offset,
                           key=job_id.encode(), value=b"<msgpack>", headers=None,
                           timestamp_ms=1_796_000_000_000)
@@ -215,6 +215,36 @@ def test_check_policy_refuses_an_unknown_policy(task: ModerationTask) -> None:
 @pytest.mark.parametrize("policy", ["default", "strict"])
 def test_check_policy_accepts_configured_policies(task: ModerationTask, policy: str) -> None:
     task.check_policy(ModerationJob(id="j", image=b"x", policy=policy))
+
+
+@pytest.mark.parametrize("policy", ["default", "strict"])
+def test_check_policy_refuses_a_job_without_an_image(task: ModerationTask, policy: str) -> None:
+    with pytest.raises(NothingToScore) as info:
+        task.check_policy(ModerationJob(id="j", image=None, text="a caption", policy=policy))
+    assert info.value.reason == "nothing_to_score"
+    assert isinstance(info.value, JobRejected) and "no image" in str(info.value)
+
+
+def test_check_policy_names_an_unknown_policy_before_a_missing_image(
+    task: ModerationTask,
+) -> None:
+    with pytest.raises(UnknownPolicy):
+        task.check_policy(ModerationJob(id="j", image=None, text="a caption", policy="nope"))
+
+
+def test_an_image_less_job_in_a_batch_is_rejected_and_the_others_scored(
+    task: ModerationTask, plan: EnginePlan, sample_paths: list[Path]
+) -> None:
+    """check_policy keeps these out; should one get in, it is dead-lettered, not a crash."""
+    items = [_pending("text-only", None, 0, text="a caption"),
+             _pending("photo", sample_paths[0].read_bytes(), 1)]
+    outcomes = _by_id(_run(task, _batch(plan, items)))
+    rejected, photo = outcomes["text-only"], outcomes["photo"]
+    assert isinstance(rejected.rejection, NothingToScore) and rejected.result is None
+    assert photo.result is not None and photo.result.status is Status.OK
+    # open_nsfw-only results carry no rule or model list: they keep the v1 shape
+    assert photo.result.rule is None and photo.result.models == ()
+    assert not {"rule", "models"} & set(result_to_dict(photo.result))
 
 
 # --- deadlines ----------------------------------------------------------------------------------

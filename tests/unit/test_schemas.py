@@ -34,6 +34,8 @@ EXAMPLES = sorted((SCHEMAS / "examples").glob("*.json"))
 JOB_EXAMPLES = [p for p in EXAMPLES if p.name.startswith("moderation-job.")]
 RESULT_EXAMPLES = [p for p in EXAMPLES if p.name.startswith("moderation-result.")]
 DLQ_EXAMPLES = [p for p in EXAMPLES if p.name.startswith("dlq-record.")]
+# Examples with a bin field (a text-only job has none, so its JSON view is its msgpack side).
+BIN_EXAMPLES = [p for p in JOB_EXAMPLES if "image" in json.loads(p.read_text())] + DLQ_EXAMPLES
 # The contract never limits sizes below the schema's maxima; operational limits do.
 NO_OPERATIONAL_LIMITS = DecodeLimits(max_image_bytes=codec.MAX_IMAGE_BYTES,
                                      max_text_chars=codec.MAX_TEXT_CHARS)
@@ -93,6 +95,22 @@ def test_codec_constants_mirror_the_job_schema(contract: Any) -> None:
     assert props["deadline_ms"]["maximum"] == codec.INT64_MAX
     assert props["v"]["const"] == 1
     assert set(props) == codec.JOB_FIELDS
+    image_branch, text_branch = contract.schema("moderation-job")["anyOf"]
+    assert image_branch["required"] == ["image"] and text_branch["required"] == ["text"]
+    assert text_branch["properties"]["text"]["pattern"] == codec.TEXT_PRESENT.pattern
+
+
+def test_every_dlq_reason_is_listed_in_the_dlq_schema(contract: Any) -> None:
+    """Each JobRejected subclass's reason code is documented for DLQ consumers."""
+    from worker import exceptions
+
+    listed = contract.schema("dlq-record")["x-dlq-headers"]["ktw.dlq.error.reason"]
+    listed = {r.strip() for r in listed.split(":", 1)[1].split(",")}
+    reasons = {cls.reason for cls in vars(exceptions).values()
+               if isinstance(cls, type) and issubclass(cls, JobRejected)
+               and cls is not JobRejected}
+    assert {"nothing_to_score", "text_too_long"} <= reasons
+    assert reasons == listed
 
 
 # --- the custom keyword and type checker --------------------------------------------------------
@@ -108,7 +126,6 @@ def test_codec_constants_mirror_the_job_schema(contract: Any) -> None:
         ("text", None, True),  # nullable
         ("policy", None, True),  # nullable
         ("id", None, False),  # not nullable
-        ("image", None, False),
         ("image", b"", False),  # minLength counts bytes
     ],
 )
@@ -117,6 +134,40 @@ def test_wire_validator_enforces_x_msgpack_type(
 ) -> None:
     job = {"v": 1, "id": "job-1", "image": b"\xff\xd8", field: value}
     assert (contract.errors("moderation-job", job) == []) is valid
+
+
+@pytest.mark.parametrize(
+    ("fields", "valid"),
+    [
+        ({"image": b"\xff\xd8"}, True),  # image-only
+        ({"image": b"\xff\xd8", "text": None}, True),
+        ({"image": b"\xff\xd8", "text": "  "}, True),  # a blank caption beside an image
+        ({"text": "hello"}, True),  # text-only
+        ({"image": None, "text": "hello"}, True),  # image nullable
+        ({"text": " \t\n\u3000 hi "}, True),
+        ({}, False),  # neither
+        ({"image": None}, False),
+        ({"text": None}, False),
+        ({"image": None, "text": None}, False),
+        ({"text": ""}, False),  # blank text alone is nothing
+        ({"text": " \t\n\u3000"}, False),
+        ({"text": b"hello"}, False),  # bin where str is due
+    ],
+    ids=repr,
+)
+def test_job_needs_an_image_or_a_non_blank_text_in_schema_and_codec(
+    contract: Any, fields: dict[str, Any], valid: bool
+) -> None:
+    job = {"v": 1, "id": "job-1", **fields}
+    assert (contract.errors("moderation-job", job) == []) is valid
+    payload = msgpack.packb(job, use_bin_type=True)
+    if valid:
+        decoded = decode_moderation_job(payload)
+        assert decoded.image == fields.get("image")
+        assert decoded.text == fields.get("text")
+    else:
+        with pytest.raises(SchemaViolation):
+            decode_moderation_job(payload)
 
 
 def test_wire_validator_applies_max_length_to_bytes(contract: Any) -> None:
@@ -143,7 +194,7 @@ def test_example_is_valid_on_the_msgpack_side(contract: Any, path: Path) -> None
     assert contract.errors(name, wire) == []
 
 
-@pytest.mark.parametrize("path", JOB_EXAMPLES + DLQ_EXAMPLES, ids=_ids(JOB_EXAMPLES + DLQ_EXAMPLES))
+@pytest.mark.parametrize("path", BIN_EXAMPLES, ids=_ids(BIN_EXAMPLES))
 def test_example_json_view_is_refused_as_msgpack_where_bin_is_due(
     contract: Any, path: Path
 ) -> None:
@@ -160,11 +211,24 @@ def test_job_example_decodes_with_the_codec(contract: Any, path: Path) -> None:
     job = decode_moderation_job(msgpack.packb(wire, use_bin_type=True))
     assert job == ModerationJob(
         id=wire["id"],
-        image=wire["image"],
+        image=wire.get("image"),
         text=wire.get("text"),
         policy=wire.get("policy") or "default",
         deadline_ms=wire.get("deadline_ms"),
     )
+
+
+def test_examples_cover_text_only_jobs_and_multimodal_results() -> None:
+    names = {p.name for p in EXAMPLES}
+    assert {"moderation-job.text-only.json", "moderation-result.multimodal.json"} <= names
+    text_only = _load(SCHEMAS / "examples" / "moderation-job.text-only.json")
+    job = decode_moderation_job(msgpack.packb(text_only, use_bin_type=True))
+    assert job.image is None and job.text == text_only["text"]
+    multimodal = _load(SCHEMAS / "examples" / "moderation-result.multimodal.json")
+    assert multimodal["rule"] and multimodal["models"]
+    for path in RESULT_EXAMPLES:  # the open_nsfw-only results keep their v1 shape
+        if path.name != "moderation-result.multimodal.json":
+            assert not {"rule", "models"} & set(_load(path)), path.name
 
 
 def _result_from_example(doc: dict[str, Any]) -> ModerationResult:
@@ -180,6 +244,8 @@ def _result_from_example(doc: dict[str, Any]) -> ModerationResult:
         timings_ms=doc["timings_ms"],
         error=doc.get("error"),
         source=SourceRef(src["topic"], src["partition"], src["offset"]) if src else None,
+        rule=doc.get("rule"),
+        models=tuple(doc.get("models", ())),
     )
 
 
@@ -209,8 +275,14 @@ def test_result_to_dict_reproduces_the_result_example(path: Path) -> None:
             id="job-3", status=Status.ERROR, policy="strict", model_id="open_nsfw",
             engine_hash="e", error="onnxruntime run failed",
         ),
+        ModerationResult(
+            id="job-4", status=Status.OK, policy="captions", model_id="minilm_l6_v2",
+            engine_hash="e", verdict=Verdict.BLOCK,
+            scores={"text.violence": 0.93, "text.scam": 0.01},
+            rule="block:text.violence", models=("text",),
+        ),
     ],
-    ids=["ok-with-verdict", "expired-without-verdict", "error-minimal"],
+    ids=["ok-with-verdict", "expired-without-verdict", "error-minimal", "ok-multimodal"],
 )
 def test_result_built_by_the_codec_is_valid(contract: Any, result: ModerationResult) -> None:
     assert contract.errors("moderation-result", result_to_dict(result)) == []
@@ -226,6 +298,28 @@ def test_result_schema_ties_verdict_to_status_ok(
     result = ModerationResult(id="j", status=status, policy="default", model_id="m",
                               engine_hash="e", verdict=verdict)
     assert contract.errors("moderation-result", result_to_dict(result)) != []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"rule": None},  # models without the rule that used them
+        {"models": ()},  # a rule without the models it read
+        {"status": Status.EXPIRED, "verdict": None},  # a rule needs a verdict, hence ok
+        {"rule": ""},
+        {"models": ("text", "text")},
+        {"models": ("gpt",)},
+    ],
+    ids=repr,
+)
+def test_result_schema_refuses_inconsistent_rule_and_models(
+    contract: Any, change: dict[str, Any]
+) -> None:
+    base = dict(id="j", status=Status.OK, policy="ads", model_id="m", engine_hash="e",
+                verdict=Verdict.ALLOW, rule="allow", models=("open_nsfw", "text"))
+    assert contract.errors("moderation-result", result_to_dict(ModerationResult(**base))) == []
+    bad = result_to_dict(ModerationResult(**{**base, **change}))
+    assert contract.errors("moderation-result", bad) != []
 
 
 # --- DLQ records --------------------------------------------------------------------------------
@@ -310,7 +404,11 @@ Mutation = tuple[str, Callable[[dict[str, Any]], Any], type[JobRejected]]
 MUTATIONS: list[Mutation] = [
     ("drop-v", _drop("v"), SchemaViolation),
     ("drop-id", _drop("id"), SchemaViolation),
-    ("drop-image", _drop("image"), SchemaViolation),
+    ("drop-image-and-text", lambda d: _drop("text")(_drop("image")(d)), SchemaViolation),
+    ("image=null-text=null", lambda d: {**d, "image": None, "text": None}, SchemaViolation),
+    ('drop-image-text=""', lambda d: {**_drop("image")(d), "text": ""}, SchemaViolation),
+    ("drop-image-blank-text", lambda d: {**_drop("image")(d), "text": " \t\n"}, SchemaViolation),
+    ("image=null-text-as-bin", lambda d: {**d, "image": None, "text": b"hi"}, SchemaViolation),
     ("v=2", _set("v", 2), UnsupportedVersion),
     ("v=0", _set("v", 0), UnsupportedVersion),
     ('v="1"', _set("v", "1"), SchemaViolation),
@@ -340,6 +438,21 @@ def test_the_unmutated_base_is_accepted_by_both(contract: Any) -> None:
     doc = _full()
     assert contract.errors("moderation-job", doc) == []
     decode_moderation_job(msgpack.packb(doc, use_bin_type=True), NO_OPERATIONAL_LIMITS)
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [_drop("image"), _set("image", None), _drop("text"), _set("text", None)],
+    ids=["drop-image", "image=null", "drop-text", "text=null"],
+)
+def test_dropping_one_of_image_and_text_is_accepted_by_both(
+    contract: Any, mutate: Callable[[dict[str, Any]], Any]
+) -> None:
+    doc = mutate(_full())
+    assert contract.errors("moderation-job", doc) == []
+    job = decode_moderation_job(msgpack.packb(doc, use_bin_type=True), NO_OPERATIONAL_LIMITS)
+    assert (job.image is None) is (doc.get("image") is None)
+    assert (job.text is None) is (doc.get("text") is None)
 
 
 @pytest.mark.parametrize(
@@ -386,7 +499,8 @@ _PLAUSIBLE = {
     "v": st.just(1),
     "id": st.text(min_size=1, max_size=300),
     "image": st.binary(min_size=1, max_size=64),
-    "text": st.one_of(st.none(), st.text(max_size=50)),
+    "text": st.one_of(st.none(), st.text(max_size=50),
+                      st.text(alphabet=" \t\n\u3000\u00a0x", max_size=4)),  # blank or nearly
     "policy": st.one_of(st.none(), _POLICY),
     "deadline_ms": st.one_of(st.none(), st.integers(min_value=-5, max_value=2**64 - 1)),
 }

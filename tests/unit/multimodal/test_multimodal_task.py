@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from worker.batcher import Batch
+from worker.codec import result_to_dict
 from worker.config import WorkerConfig
 from worker.dlq import SourceRecord
 from worker.exceptions import ImageRejected, UnknownPolicy
@@ -41,7 +42,7 @@ def task(mm_cfg: WorkerConfig, engines: Engines, image_side: tuple[Any, Any]
 def _pending(job_id: str, offset: int = 0, **job: Any) -> Pending:
     record = SourceRecord("moderation.jobs", 0, offset, job_id.encode(), b"<msgpack>", None, None)
     return Pending(SourceRef("moderation.jobs", 0, offset),
-                   ModerationJob(id=job_id, image=job.pop("image", b""), **job),
+                   ModerationJob(id=job_id, image=job.pop("image", None), **job),
                    time.monotonic(), record)
 
 
@@ -70,6 +71,7 @@ def test_image_and_text_job_gets_scores_from_every_path(task: MultimodalTask, ph
                              "clip.violence", "clip.scam", "clip.neutral", "clip.consistency"}
     assert r.scores["open_nsfw.nsfw"] < 0.2 and r.scores["text.violence"] < 0.5
     assert r.model_id == "open_nsfw+minilm_l6_v2+clip"
+    assert r.rule == "allow" and r.models == ("open_nsfw", "text", "clip")
     assert r.engine_hash.count("+") == 2 and r.engine_hash.startswith("onnxruntime-")
     assert set(r.timings_ms) == {"queue", "infer", "total"}
 
@@ -86,6 +88,39 @@ def test_text_only_and_image_only_jobs_run_what_they_can(task: MultimodalTask, p
     assert image.models_run == ("open_nsfw", "clip") and "clip.consistency" not in (
         image.label_scores)
     assert legacy.models_run == ("open_nsfw",) and legacy.rule == "allow"
+
+
+def test_text_only_job_result_names_its_rule_and_the_text_model(task: MultimodalTask) -> None:
+    o = _drain(task, _pending("text", text=VIOLENT, policy="ads"))["text"]
+    r = o.result
+    assert r is not None and o.rejection is None and r.status is Status.OK
+    assert r.models == ("text",)
+    assert r.rule == "block:text.violence" and r.verdict is Verdict.BLOCK
+    assert r.model_id == "minilm_l6_v2"
+    assert set(r.scores) == {"text.violence", "text.scam"}
+    doc = result_to_dict(r)
+    assert doc["rule"] == "block:text.violence" and doc["models"] == ["text"]
+
+
+def test_image_only_job_result_lists_the_image_models(task: MultimodalTask, photo: bytes
+                                                      ) -> None:
+    r = _drain(task, _pending("image", image=photo, policy="ads"))["image"].result
+    assert r is not None and r.status is Status.OK
+    assert r.models == ("open_nsfw", "clip") and r.rule == "allow"
+
+
+def test_expired_job_carries_no_rule_or_models(task: MultimodalTask, photo: bytes) -> None:
+    late = _drain(task, _pending("late", image=photo, text=CALM, policy="ads",
+                                 deadline_ms=1))["late"].result
+    assert late is not None and late.status is Status.EXPIRED
+    assert late.rule is None and late.models == ()
+
+
+def test_rejections_are_the_shared_exception_classes() -> None:
+    from worker import exceptions, multimodal
+
+    assert multimodal.NothingToScore is exceptions.NothingToScore
+    assert multimodal.TextTooLong is exceptions.TextTooLong
 
 
 def test_long_text_is_chunked_and_its_worst_sentence_decides(task: MultimodalTask) -> None:
@@ -169,6 +204,7 @@ def test_text_and_image_batches_form_independently(mm_cfg: WorkerConfig, engines
     ({"text": CALM, "policy": "default"}, NothingToScore, "nothing_to_score"),
     ({"text": "   ", "policy": "captions"}, NothingToScore, "nothing_to_score"),
     ({"policy": "ads"}, NothingToScore, "nothing_to_score"),
+    ({"image": b"\xff\xd8", "policy": "captions"}, NothingToScore, "nothing_to_score"),
 ])
 def test_jobs_that_cannot_be_scored_go_to_the_dlq(task: MultimodalTask, job: dict[str, Any],
                                                   error: type[Exception], reason: str) -> None:
