@@ -261,7 +261,7 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
     th.start()
     while not stop.is_set():
         counter.value = worker.stats.results
-        if worker.task.pipeline_ready() and worker._consumer._client is not None and \
+        if worker.task.ready() and worker._consumer._client is not None and \
                 worker._consumer.assignment():
             ready.set()
         time.sleep(0.02)

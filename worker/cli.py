@@ -43,11 +43,17 @@ def _install_stop_handlers(stop: Any) -> None:
 
 
 @app.command()
-def run(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None) -> None:
+def run(
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    task: Annotated[str | None, typer.Option(
+        help="What to serve: moderation or generation (default: processing.task).")] = None,
+) -> None:
     """Run the worker against the configured brokers until SIGTERM/SIGINT."""
     from worker.service import Worker
 
-    cfg = _config(config, bootstrap_servers)
+    cfg = _config(config, bootstrap_servers,
+                  **({"processing": {"task": task}} if task is not None else {}))
     if not cfg.kafka.bootstrap_servers:
         raise WorkerError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass "
                           "--bootstrap-servers (or try `trt-worker demo`)")

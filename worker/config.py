@@ -262,6 +262,9 @@ class ProcessingSettings(_Part):
     ``isolation.level=read_committed``."""
 
     guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
+    # What this process serves (worker.serving_setup): moderation jobs from ``topics`` or
+    # text-to-image jobs from ``generation.topics``. Give each task its own kafka.group_id.
+    task: Literal["moderation", "generation"] = "moderation"
     # The longest one batch (decode + inference + results) may take. A transaction stays open
     # for about one commit interval plus one batch, so exactly-once requires
     # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches

@@ -1,5 +1,9 @@
 """The worker loop: consume -> decode -> batch -> infer -> produce -> commit.
 
+The loop knows Kafka, offsets and transactions; what it serves (open_nsfw moderation,
+image-and-text moderation, text-to-image generation) is a :class:`worker.serving.ServedTask`
+chosen by the config (worker.serving_setup).
+
 One step is schedule (release due batches) -> execute (submit, non-blocking) -> update (collect
 finished batches, produce results, serve delivery callbacks, commit). The main thread never
 waits on the engine, so it keeps polling and ``max.poll.interval.ms`` is never breached; when
@@ -28,20 +32,14 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import confluent_kafka as ck
 import structlog
 
-from engines.backends.base import Runner
-from worker.batcher import DynamicBatcher, NoProfileFits
-from worker.codec import DecodeLimits, decode_moderation_job, encode_result
 from worker.config import WorkerConfig
-from worker.dlq import Headers, SourceRecord, dead_letter
-from worker.engine_setup import make_runner
+from worker.dlq import SourceRecord, dead_letter
 from worker.exceptions import (
     ConfigError,
     DeliveryFailed,
@@ -53,7 +51,7 @@ from worker.exceptions import (
     TransactionError,
 )
 from worker.guarantees import OrderedRelease, Output
-from worker.jobs import RESULT_SCHEMA, ModerationResult, SourceRef
+from worker.jobs import SourceRef
 from worker.kafka import (
     Consumer,
     Producer,
@@ -62,9 +60,8 @@ from worker.kafka import (
     transactional_id,
     transactional_producer_settings,
 )
-from worker.moderation import Outcome, Pending
-from worker.moderation_gpu import make_task
 from worker.offsets import OffsetTracker, TopicPartitionKey
+from worker.serving import Answer, ServedTask
 from worker.stats import Stats
 from worker.transactions import Transactions
 
@@ -78,23 +75,18 @@ def _DEBUG_JOBS() -> bool:
     return logging.getLogger("worker").isEnabledFor(logging.DEBUG)
 
 
-@dataclass(slots=True)
-class _InFlight:
-    future: Future[list[Outcome]]
-    # Each source partition's epoch at submission: an outcome whose partition was dropped or
-    # rewound since (revoke, lost, aborted transaction) is stale and discarded.
-    epochs: dict[TopicPartitionKey, int]
-    submitted_at: float
-
-
 class Worker:
-    def __init__(self, cfg: WorkerConfig, runner: Runner | None = None) -> None:
+    def __init__(self, cfg: WorkerConfig, task: ServedTask | None = None) -> None:
         if not cfg.kafka.bootstrap_servers:
             raise ConfigError("kafka.bootstrap_servers is empty (set KAFKA_BOOTSTRAP_SERVERS)")
         self.cfg = cfg
-        built, plan = make_runner(cfg)
-        self.runner = runner or built
-        self.task = make_task(cfg, self.runner, plan.spec, plan.profiles)
+        if task is None:
+            from worker.serving_setup import make_served_task
+
+            task = make_served_task(cfg)
+        self.task = task
+        self.topics = task.topics
+        task.on_batch_done = self._check_batch_time
         self.stats = Stats()
         self.exactly_once = cfg.processing.guarantee == "exactly-once"
         self._consumer = Consumer(member_consumer_settings(cfg))
@@ -107,12 +99,6 @@ class Worker:
         )
         self._tracker = OffsetTracker()
         self._release = OrderedRelease(self._tracker)
-        self._batcher: DynamicBatcher[Pending] = DynamicBatcher(
-            plan.profiles, max_batch_size=cfg.batch.max_batch_size,
-            max_delay_s=cfg.batch.max_delay_ms / 1e3, max_pad_fraction=cfg.batch.max_pad_fraction,
-        )
-        self._limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
-        self._in_flight: list[_InFlight] = []
         self._assigned: set[TopicPartitionKey] = set()
         self._epochs: dict[TopicPartitionKey, int] = {}
         self._stop = threading.Event()
@@ -121,7 +107,6 @@ class Worker:
         self._rewind_needed = False
         self._paused = False
         self._last_commit = time.monotonic()
-        self._result_headers_base: Headers = []
         self.rewinds = 0
         self.stale_discarded = 0
         self.slow_batches = 0
@@ -148,13 +133,7 @@ class Worker:
         return out
 
     def run(self) -> None:
-        self.runner.activate()
-        self.task.warm_up(self._batcher.profiles)
-        self._result_headers_base = [
-            ("ktw.schema", RESULT_SCHEMA.encode()),
-            ("ktw.model", self.task.model_id.encode()),
-            ("ktw.engine", self.task.engine_hash.encode()),
-        ]
+        self.task.warm_up()
         self._producer.open()
         if self._txn is not None:
             # Fences an earlier incarnation of this instance and aborts its open transaction,
@@ -162,10 +141,11 @@ class Worker:
             self._txn.init()
         self._consumer.open()
         self._consumer.subscribe(
-            [self.cfg.topics.jobs], on_assign=self._on_assign, on_revoke=self._on_revoke,
+            [self.topics.jobs], on_assign=self._on_assign, on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        log.info("worker_started", topic=self.cfg.topics.jobs, group=self.cfg.kafka.group_id,
+        log.info("worker_started", task=self.cfg.processing.task, topic=self.topics.jobs,
+                 group=self.cfg.kafka.group_id, model=self.task.model_id,
                  engine=self.task.engine_hash, client_id=self.cfg.kafka.client_id,
                  guarantee=self.cfg.processing.guarantee,
                  transactional_id=transactional_id(self.cfg) if self.exactly_once else None)
@@ -202,11 +182,11 @@ class Worker:
 
     def _shutdown(self) -> None:
         log.info("worker_draining", pending=self._tracker.pending(),
-                 in_flight_batches=len(self._in_flight))
+                 in_flight_batches=self.task.in_flight())
         fatal = self._fatal is not None
         try:
             if not fatal:
-                while len(self._batcher) or self._in_flight:
+                while self.task.held():
                     self._schedule(force=True)
                     self._collect(block=True)
             if self._txn is None:
@@ -235,7 +215,6 @@ class Worker:
                     self._producer.close(self.cfg.commit.drain_timeout_s)
             finally:
                 self.task.close()
-                self.runner.deactivate()
                 log.info("worker_stopped", **self.stats.totals(), **self.guarantee_totals())
 
     # -- intake ------------------------------------------------------------------------------
@@ -247,7 +226,8 @@ class Worker:
             log.warning("consumer_error", error=err.str(), code=err.code())
             return
         topic, partition, offset = _coordinates(msg)
-        if (topic, partition) not in self._assigned:
+        key = (topic, partition)
+        if key not in self._assigned:
             # Fetched before a revoke or loss served in the same consume() call: its new
             # owner reads it.
             return
@@ -272,76 +252,54 @@ class Worker:
                     f"record of {len(value)} bytes exceeds limits.max_message_bytes "
                     f"{self.cfg.limits.max_message_bytes}"
                 )
-            job = decode_moderation_job(value, self._limits)
-            self.task.check_policy(job)
+            self.task.admit(record, self._epochs.get(key, 0), time.monotonic())
         except JobRejected as exc:
             self._dead_letter(record, exc)
-            return
-        ref = SourceRef(topic, partition, offset)
-        try:
-            self._batcher.add(Pending(ref, job, time.monotonic(), record))
-        except NoProfileFits as exc:
-            self._dead_letter(record, SchemaViolation(str(exc), reason="no_profile"))
 
     # -- schedule / execute / update -------------------------------------------------------
     def _schedule(self, *, force: bool) -> None:
-        free = self.cfg.batch.max_in_flight_batches - len(self._in_flight)
+        free = self.cfg.batch.max_in_flight_batches - self.task.in_flight()
         if free <= 0 and not force:
             return
-        now_ms = int(time.time() * 1e3)
-        due = self._batcher.schedule(time.monotonic(), now_ms, limit=max(free, 0), force=force)
-        for p in due.expired:
-            self.stats.expired += 1
-            log.info("job_expired", job_id=p.job.id, topic=p.ref.topic,
-                     partition=p.ref.partition, offset=p.ref.offset)
-            self._publish(self.task.expired_result(p, now_ms), p.ref)
-        for batch in due.batches:
-            epochs = {p.partition_key: self._epochs.get(p.partition_key, 0) for p in batch.items}
-            self._in_flight.append(_InFlight(self.task.submit(batch), epochs, time.monotonic()))
+        for answer in self.task.step(time.monotonic(), int(time.time() * 1e3), free=free,
+                                     force=force):
+            self._answer(answer)
 
     def _collect(self, *, block: bool) -> None:
-        pending: list[_InFlight] = []
-        done: list[_InFlight] = []
-        for f in self._in_flight:
-            (done if block or f.future.done() else pending).append(f)
-        self._in_flight = pending
-        for f in done:
-            # An exception here is a bug in the task, not a bad job: let it stop the worker
-            # without committing those offsets.
-            outcomes = f.future.result()
-            self._check_batch_time(f, len(outcomes))
-            for outcome in outcomes:
-                key = outcome.pending.partition_key
-                if self._epochs.get(key, 0) != f.epochs.get(key):
-                    self.stale_discarded += 1
-                    continue
-                self._finish(outcome)
+        # An exception here is a bug in the task, not a bad job: let it stop the worker without
+        # committing those offsets.
+        for answer in self.task.collect(block=block):
+            self._answer(answer)
 
-    def _check_batch_time(self, f: _InFlight, size: int) -> None:
-        took_ms = (time.monotonic() - f.submitted_at) * 1e3
+    def _check_batch_time(self, took_ms: float, size: int) -> None:
         if took_ms > self.cfg.processing.max_batch_ms:
             self.slow_batches += 1
             log.error("batch_over_budget", took_ms=round(took_ms), size=size,
                       max_batch_ms=self.cfg.processing.max_batch_ms,
                       transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
 
-    def _finish(self, outcome: Outcome) -> None:
-        p = outcome.pending
-        if outcome.rejection is not None:
-            self._dead_letter(p.record, outcome.rejection)
-        elif outcome.result is not None:
-            self._publish(outcome.result, p.ref)
+    def _answer(self, a: Answer) -> None:
+        if self._epochs.get((a.ref.topic, a.ref.partition), 0) != a.epoch:
+            # Its partition was revoked, lost or rewound since intake: the new owner (or the
+            # replay after the rewind) answers it.
+            self.stale_discarded += 1
+            return
+        if a.rejection is not None:
+            self._dead_letter(a.record, a.rejection)
+            return
+        if a.expired:
+            self.stats.expired += 1
+            log.info("job_expired", job_id=a.job_id, topic=a.ref.topic,
+                     partition=a.ref.partition, offset=a.ref.offset)
+        elif _DEBUG_JOBS():  # a filtered structlog call still costs ~10 us per job
+            log.debug("job_result", job_id=a.job_id, topic=a.ref.topic,
+                      partition=a.ref.partition, offset=a.ref.offset, status=a.status)
+        assert a.value is not None
+        self._emit(Output(a.ref, self.topics.results, a.key, a.value, a.headers or [],
+                          "result"))
+        self.stats.results += 1
 
     # -- output ------------------------------------------------------------------------------
-    def _publish(self, result: ModerationResult, ref: SourceRef) -> None:
-        if _DEBUG_JOBS():  # a filtered structlog call still costs ~10 us per job
-            log.debug("job_result", job_id=result.id, topic=ref.topic,
-                      partition=ref.partition, offset=ref.offset, status=result.status.value,
-                      verdict=result.verdict.value if result.verdict else None,
-                      nsfw=result.scores.get("nsfw"))
-        self._emit(Output(ref, self.cfg.topics.results, result.id.encode(),
-                          encode_result(result), self._result_headers_base, "result"))
-        self.stats.results += 1
 
     def _dead_letter(self, src: SourceRecord, error: JobRejected) -> None:
         record = dead_letter(src, error, self.cfg.kafka.client_id)
@@ -350,7 +308,7 @@ class Worker:
                     key=src.key.decode("utf-8", "replace") if src.key else None,
                     topic=ref.topic, partition=ref.partition, offset=ref.offset,
                     reason=error.reason, error=str(error)[:300])
-        self._emit(Output(ref, self.cfg.topics.dlq, record.key, record.value, record.headers,
+        self._emit(Output(ref, self.topics.dlq, record.key, record.value, record.headers,
                           "dlq"))
         self.stats.dead_lettered += 1
 
@@ -412,7 +370,7 @@ class Worker:
     def _rewind(self) -> None:
         """Seek every partition back to its last committed position; drop work in progress."""
         self._rewind_needed = False
-        self._batcher.remove(lambda _p: True)
+        self.task.remove(set(self._tracker.partitions()) | self._assigned)
         self._release.clear()
         positions: dict[str, int] = {}
         for key in self._tracker.partitions():
@@ -528,7 +486,7 @@ class Worker:
                 # redoes them); batches already computing are finished and their outputs
                 # produced, then committed: their offsets (at-least-once) or the whole
                 # transaction with every partition's position (exactly-once).
-                self._batcher.remove(lambda p: p.partition_key in keys)
+                self.task.remove(keys)
                 self._collect(block=True)
                 if self._txn is None:
                     self._producer.flush(self.cfg.commit.drain_timeout_s)
@@ -543,7 +501,7 @@ class Worker:
         self._assigned -= keys
         log.warning("partitions_lost", partitions=_names(partitions))
         try:
-            self._batcher.remove(lambda p: p.partition_key in keys)
+            self.task.remove(keys)
             if self._txn is not None and self._fatal is None and self._txn.open:
                 # Another member may own them already and redo their jobs: the open transaction
                 # (which may hold their outputs) must never commit.
