@@ -81,14 +81,12 @@ def gpu_text_rows(net: Any, folder: Path | None, iters: int
                 rows.append(_row("minilm", n, b, d, h))
         feeds = token_rows(folder, 64, 32, seed=1)
         fp16 = runner.infer(feeds).result()["embedding"]
-    with torch.no_grad():
-        fp32 = net(*(torch.from_numpy(feeds[k]) for k in ("input_ids", "attention_mask")))
-    diff = float(np.abs(fp16 - fp32.numpy()).max())
-    print(f"minilm fp16 vs fp32 (CPU) max abs difference: {diff:.2e}")
-    return rows, diff
+    return rows, _vs_fp32("minilm", net, fp16,
+                          *(torch.from_numpy(feeds[k]) for k in ("input_ids", "attention_mask")))
 
 
-def clip_rows(iters: int) -> list[dict[str, Any]]:
+def clip_rows(iters: int) -> tuple[list[dict[str, Any]], float]:
+    """Rows per batch size, and the fp16 runner's max abs difference from CPU fp32 (batch 32)."""
     import torch
 
     from engines.backends.torch_module_runner import TorchModuleRunner
@@ -101,7 +99,8 @@ def clip_rows(iters: int) -> list[dict[str, Any]]:
     spec = EngineSpec("clip_image", _no_onnx, (TensorSpec("pixel_values", (-1, 3, size, size)),),
                       (TensorSpec("embedding", (-1, 512)),))
     profile = StaticProfile("px224", (3, size, size), CLIP_BATCHES)
-    runner = TorchModuleRunner(spec, lambda: ClipImageEncoder(cfg, 512).eval(),
+    net = ClipImageEncoder(cfg, 512).eval()
+    runner = TorchModuleRunner(spec, lambda: copy.deepcopy(net),
                                profiles=(profile,), identity=lambda: "vit-b32-random",
                                precision="fp16", device=0)
     rng = np.random.default_rng(0)
@@ -111,4 +110,21 @@ def clip_rows(iters: int) -> list[dict[str, Any]]:
             pixels = rng.standard_normal((b, 3, size, size)).astype(np.float32)
             d, h = _time(runner, (b, profile.item_shape), {"pixel_values": pixels}, iters)
             rows.append(_row("clip-b32", f"{size}x{size}", b, d, h))
-    return rows
+        pixels = rng.standard_normal((32, 3, size, size)).astype(np.float32)  # fresh rows
+        fp16 = runner.infer({"pixel_values": pixels}).result()["embedding"]
+    return rows, _vs_fp32("clip-b32", net, fp16, torch.from_numpy(pixels))
+
+
+def _vs_fp32(kind: str, net: Any, fp16: np.ndarray, *inputs: Any) -> float:
+    """Max abs difference of the GPU fp16 rows from the same module in fp32 on the CPU."""
+    import torch
+
+    with torch.no_grad():
+        fp32 = net(*inputs).float().numpy()
+    if fp16.shape != fp32.shape:
+        print(f"{kind} fp16 vs fp32: shapes differ, {fp16.shape} vs {fp32.shape}")
+        return float("nan")
+    diff = float(np.abs(fp16 - fp32).max())  # NaN if the fp16 rows hold any NaN
+    print(f"{kind} fp16 vs fp32 (CPU) max abs difference: {diff:.2e} "
+          f"(fp32 row norms {np.linalg.norm(fp32, axis=1).mean():.3f})")
+    return diff
