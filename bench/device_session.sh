@@ -27,9 +27,13 @@ export PYTHONUNBUFFERED=1
 
 left() { echo $((SESSION_S - ($(date +%s) - T0))); }
 
+# STEPS: which steps to run (default all), e.g. STEPS="generation_e2e pipeline_e2e"
+STEPS=${STEPS:-text_bench gpu_tests pipeline_e2e generation_e2e}
+
 step() {  # step NAME LIMIT_S CMD...: run under min(LIMIT_S, time left - 10 s)
     local name=$1 limit=$2 t rc
     shift 2
+    case " $STEPS " in *" $name "*) ;; *) return ;; esac
     local avail=$(($(left) - 10))
     ((avail < limit)) && limit=$avail
     if ((limit < 20)); then
@@ -82,6 +86,12 @@ EOF
     step pipeline_e2e 300 "$PY" bench/pipeline_bench.py --skip-ceilings --e2e gpu:4 \
         --naive-jobs 0 --out "$OUT"
 
+    # 4. issue 8: generation end to end through Kafka (Tansu), full SD 1.5 architecture with
+    #    random weights, fp16, CUDA graphs, 512x512, 20 steps, 8-image jobs; plus the same
+    #    batches in-process as the ceiling
+    step generation_e2e 330 "$PY" bench/generation_bench.py --e2e --arch sd15 --device cuda:0 \
+        --out "$OUT"
+
     nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1
     "$PY" - "$OUT" <<'EOF'
 import glob, json, sys
@@ -92,7 +102,7 @@ for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
         print(f"  {r['model']:8s} {r['shape']!s:>8s} b{r['batch']:<4d} device "
               f"{r['device_per_s']:9.0f}/s host {r['host_per_s']:9.0f}/s")
     for k in ("fp16_vs_fp32_max_abs", "clip_fp16_vs_fp32_max_abs", "clip_error",
-              "c_sustained", "c_latency"):
+              "c_sustained", "c_latency", "e2e"):
         if k in d:
             print(" ", k, d[k])
 EOF
