@@ -9,6 +9,7 @@ them), ``submit(batch)`` returns a future of outcomes without blocking the poll 
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -80,6 +81,11 @@ class GenerationTask:
         self.max_jobs_per_batch = max_jobs_per_batch
         self._png_pool = ThreadPoolExecutor(settings.png_threads, thread_name_prefix="png")
         self._batch_pool = ThreadPoolExecutor(max_in_flight_batches, thread_name_prefix="gen")
+        # One batch at a time on the engines: their CUDA graphs share one memory pool and
+        # per-shape slots, which must never be replayed concurrently (two batches did so on the
+        # H200 and hung at 100% GPU). PNG encoding of one batch still overlaps the next batch's
+        # GPU work, which is what several batches in flight buy here.
+        self._engines_lock = threading.Lock()
 
     @property
     def model_id(self) -> str:
@@ -161,22 +167,26 @@ class GenerationTask:
     def _generate(self, items: list[GenerationPending], started: float
                   ) -> tuple[dict[str, float], dict[tuple[int, int], bytes]]:
         e = self.engines
-        texts = sorted({t for p in items for t in (p.job.prompt, p.job.negative_prompt)})
-        emb = sampler.encode_texts(e.runners["text_encoder"], e.profiles.text, e.tokenizer(texts))
-        row_of = {t: emb[i] for i, t in enumerate(texts)}
-        encoded = time.monotonic()
-        chunks = self._chunks(items, row_of)
-        vae_profiles = {v.item_shape: v for v in e.profiles.vae.values()}
-        sampler.denoise(e.runners["unet"], e.runners["vae"], chunks, vae_profiles)
-        denoised = time.monotonic()
-        pixels = {row.tag: px for c in chunks
-                  for row, px in zip(c.rows, sampler.images_of(c), strict=True)}
-        decoded = time.monotonic()
+        with self._engines_lock:
+            gpu_start = time.monotonic()
+            texts = sorted({t for p in items for t in (p.job.prompt, p.job.negative_prompt)})
+            emb = sampler.encode_texts(e.runners["text_encoder"], e.profiles.text,
+                                       e.tokenizer(texts))
+            row_of = {t: emb[i] for i, t in enumerate(texts)}
+            encoded = time.monotonic()
+            chunks = self._chunks(items, row_of)
+            vae_profiles = {v.item_shape: v for v in e.profiles.vae.values()}
+            sampler.denoise(e.runners["unet"], e.runners["vae"], chunks, vae_profiles)
+            denoised = time.monotonic()
+            pixels = {row.tag: px for c in chunks
+                      for row, px in zip(c.rows, sampler.images_of(c), strict=True)}
+            decoded = time.monotonic()
         level = self.settings.png_compress_level
         futures = {tag: self._png_pool.submit(encode_png, px, level) for tag, px in pixels.items()}
         pngs = {tag: f.result() for tag, f in futures.items()}
         done = time.monotonic()
-        stamps = {"text": encoded - started, "denoise": denoised - encoded,
+        stamps = {"engines_wait": gpu_start - started, "text": encoded - gpu_start,
+                  "denoise": denoised - encoded,
                   "vae": decoded - denoised, "png": done - decoded}
         return {k: v * 1e3 for k, v in stamps.items()}, pngs
 

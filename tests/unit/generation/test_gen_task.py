@@ -74,7 +74,7 @@ def test_result_is_valid_and_holds_a_png_of_the_job_size(task: GenerationTask,
     assert (im.index, im.seed, im.width, im.height) == (0, 42, 128, 64)
     px = pixels(im.png)
     assert px.shape == (64, 128, 3) and px.std() > 0  # drawn, not a constant
-    assert set(r.timings_ms) == {"queue", "text", "denoise", "vae", "png", "total"}
+    assert set(r.timings_ms) == {"queue", "engines_wait", "text", "denoise", "vae", "png", "total"}
     assert r.engine_hashes == task.engines.engine_hashes()
     assert ("ktw.schema", b"generation-result/v1") in task.headers(r)
 
