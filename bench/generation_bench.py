@@ -266,7 +266,8 @@ def e2e_config(args: argparse.Namespace, bootstrap: str, tag: str, blob_dir: Pat
             "random_weights": args.arch, "backend": "torch", "device": args.device,
             "sizes": [{"width": res, "height": res}], "text_batch_sizes": [2, 16],
             "unet_batch_sizes": [2, 16], "vae_batch_sizes": [1, 8],
-            "max_steps": max(50, args.e2e_steps), "max_images_per_job": max(8, per_job),
+            "max_steps": max(50, args.e2e_steps), "max_images_per_job": per_job,
+            "max_images_per_batch": 8,
             "cuda_graphs": True, "png_threads": 8, "blob": {"local_dir": str(blob_dir)},
             "topics": {"jobs": f"gen-jobs-{tag}", "results": f"gen-results-{tag}",
                        "dlq": f"gen-dlq-{tag}"}})

@@ -232,12 +232,12 @@ def make_served_task(cfg: WorkerConfig) -> ServedTask:
     """The task this process serves (engines built or loaded from the cache, not activated:
     :meth:`ServedTask.warm_up` does that)."""
     if cfg.processing.task == "generation":
-        from worker.generation.setup import make_generation_task
+        from worker.generation.setup import jobs_per_batch, make_generation_task
 
         g = cfg.generation.topics
         gen = make_generation_task(cfg)
         batcher: DynamicBatcher[GenerationPending] = DynamicBatcher(
-            gen.batcher_profiles(), max_batch_size=cfg.batch.max_batch_size,
+            gen.batcher_profiles(), max_batch_size=jobs_per_batch(cfg),
             max_delay_s=cfg.batch.max_delay_ms / 1e3, max_pad_fraction=cfg.batch.max_pad_fraction)
         return BatchedTask(TaskTopics(g.jobs, g.results, g.dlq), GenerationCore(gen), batcher)
     topics = TaskTopics(cfg.topics.jobs, cfg.topics.results, cfg.topics.dlq)

@@ -60,10 +60,16 @@ def make_engines(cfg: WorkerConfig, on_build: Callable[[BuildRecipe], None] | No
         raise ConfigError(f"generation: {exc}") from exc
 
 
+def jobs_per_batch(cfg: WorkerConfig) -> int:
+    """Jobs per batch: as many worst-case jobs as ``generation.max_images_per_batch`` holds."""
+    g = cfg.generation
+    return max(1, min(cfg.batch.max_batch_size, g.max_images_per_batch // g.max_images_per_job))
+
+
 def make_generation_task(cfg: WorkerConfig,
                          on_build: Callable[[BuildRecipe], None] | None = None
                          ) -> GenerationTask:
     return GenerationTask(cfg.generation, make_engines(cfg, on_build),
                           make_blob_store(cfg.generation.blob),
                           max_in_flight_batches=cfg.batch.max_in_flight_batches,
-                          max_jobs_per_batch=cfg.batch.max_batch_size)
+                          max_jobs_per_batch=jobs_per_batch(cfg))
