@@ -83,6 +83,10 @@ class GenerationSettings(_Part):
     # 20 steps on an H200: batches stay well inside processing.max_batch_ms.
     max_images_per_batch: int = Field(16, ge=1, le=1024)
     cuda_graphs: bool = True
+    # At start-up: "all_shapes" captures every static shape's CUDA graph before the first poll
+    # (slow start, no stall later); "first_use" captures each shape when a batch first needs it
+    # (fast start; the first batch of each shape pays its capture, about a second).
+    warm_up: Literal["all_shapes", "first_use"] = "all_shapes"
     compile: bool = False  # torch.compile the UNet (minutes per shape; cached beside the engine)
     png_compress_level: int = Field(6, ge=0, le=9)
     png_threads: int = Field(4, ge=1, le=64)

@@ -127,8 +127,11 @@ class GenerationTask:
                                   "the job reached the engines")
 
     def warm_up(self) -> None:
-        """Load the engines and run every static shape once (CUDA graphs are captured here)."""
+        """Load the engines; with ``warm_up = "all_shapes"`` also run every static shape once
+        (CUDA graphs are captured here, else on each shape's first use)."""
         self.engines.activate()
+        if self.settings.warm_up == "first_use":
+            return
         for runner in self.engines.runners.values():
             warm = getattr(runner, "warm_up", None)
             if callable(warm):

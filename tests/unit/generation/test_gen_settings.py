@@ -28,3 +28,41 @@ def test_jobs_per_batch_never_exceeds_the_image_budget(per_job: int, per_batch: 
 def test_a_job_larger_than_a_batch_is_refused_at_start_up() -> None:
     with pytest.raises(ConfigError, match="max_images_per_job must not exceed"):
         load_config(None, generation={"max_images_per_job": 16, "max_images_per_batch": 8})
+
+
+class _Runner:
+    def __init__(self) -> None:
+        self.warmed = 0
+
+    def warm_up(self) -> None:
+        self.warmed += 1
+
+
+class _Engines:
+    def __init__(self) -> None:
+        self.active = False
+        self.runners = {"text_encoder": _Runner(), "unet": _Runner(), "vae": _Runner()}
+        self.model_id = "fake"
+
+    def activate(self) -> None:
+        self.active = True
+
+
+@pytest.mark.parametrize(("mode", "captures"), [("all_shapes", 1), ("first_use", 0)])
+def test_warm_up_mode_decides_whether_every_shape_runs_at_start(mode: str,
+                                                                captures: int) -> None:
+    from pathlib import Path
+
+    from worker.generation.blobs import LocalBlobStore
+    from worker.generation.settings import GenerationSettings
+    from worker.generation.task import GenerationTask
+
+    engines = _Engines()
+    task = GenerationTask(GenerationSettings(random_weights="tiny", warm_up=mode),  # type: ignore[arg-type]
+                          engines, LocalBlobStore(Path("/nonexistent")), own_engines=False)  # type: ignore[arg-type]
+    try:
+        task.warm_up()
+    finally:
+        task.close()
+    assert engines.active
+    assert [r.warmed for r in engines.runners.values()] == [captures] * 3
