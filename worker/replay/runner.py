@@ -1,8 +1,9 @@
-"""The replay loop: assigned consumer -> decode -> ModerationTask -> idempotent producer.
+"""The replay loop: assigned consumer -> the live worker's task -> idempotent producer.
 
-Scoring goes through the live worker's own parts (``make_runner``, ``DynamicBatcher`` over
-the engine's profiles, :class:`worker.moderation.ModerationTask`), so a replayed result is what
-the live worker would answer now. Deadlines are stripped at intake: the question a replay asks
+Scoring goes through the task the live worker would serve with this config
+(:func:`worker.serving_setup.make_served_task`: open_nsfw, image-and-text policies, or
+generation), so a replayed result is what the live worker would answer now. Deadlines are
+stripped at intake: the question a replay asks
 is what the model says, not whether the answer would have been in time. Rejected
 records are counted by reason, and sent to a DLQ topic only with ``--dlq-topic``.
 
@@ -15,26 +16,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, deque
-from concurrent.futures import Future, wait
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from dataclasses import dataclass, field
 from functools import partial
 
 import confluent_kafka as ck
 import structlog
 
 from engines.backends.base import Runner
-from worker.batcher import DynamicBatcher, NoProfileFits
-from worker.codec import DecodeLimits, decode_moderation_job, encode_result
 from worker.config import WorkerConfig
 from worker.dlq import SourceRecord, dead_letter
-from worker.engine_setup import engine_plan, make_runner
 from worker.exceptions import DeliveryFailed, JobRejected, OversizedMessage, SchemaViolation
-from worker.jobs import ModerationJob, ModerationResult, SourceRef
 from worker.kafka import Producer
-from worker.moderation import ModerationTask, Outcome, Pending
 from worker.replay.exceptions import ReplayError
-from worker.replay.headers import REPLAY_ID, result_headers
+from worker.replay.headers import REPLAY_ID, source_headers
 from worker.replay.kafka import Admin, admin_settings, replay_consumer_settings
 from worker.replay.kafka import replay_producer_settings as producer_conf
 from worker.replay.ledger import PartitionLedger
@@ -43,6 +38,7 @@ from worker.replay.ratelimit import RateLimiter
 from worker.replay.scan import recover_written
 from worker.replay.start import ReplayRequest, bind_engine, load_or_create
 from worker.replay.state import ReplayState, save_state
+from worker.serving import Answer, ServedTask
 
 log = structlog.get_logger("replay")
 
@@ -71,17 +67,10 @@ class ReplayRunner:
         self._admin = Admin(admin_settings(cfg))
         # Validation and state first: a bad request fails before the model is even loaded.
         self.state, self.resumed = load_or_create(cfg, self._admin, req)
-        self._own_runner = runner is None
-        if runner is None:
-            self.runner, self._plan = make_runner(cfg)
-        else:
-            self.runner, self._plan = runner, engine_plan(cfg)
-        self._batcher: DynamicBatcher[Pending] = DynamicBatcher(
-            self._plan.profiles, max_batch_size=cfg.batch.max_batch_size,
-            max_delay_s=cfg.batch.max_delay_ms / 1e3, max_pad_fraction=cfg.batch.max_pad_fraction,
-        )
-        self._limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
-        self._in_flight: deque[Future[list[Outcome]]] = deque()
+        # ``runner``: an open_nsfw runner shared with the caller (tests), left active.
+        from worker.serving_setup import make_served_task
+
+        self._task: ServedTask = make_served_task(cfg, ignore_deadlines=True, runner=runner)
         self._fatal: BaseException | None = None
         self._admitted = 0
         self._handled = 0
@@ -95,9 +84,9 @@ class ReplayRunner:
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> ReplaySummary:
         started = time.monotonic()
-        self.runner.activate()
-        task = self._task = ModerationTask(self.cfg, self.runner, self._plan.spec)
+        task = self._task
         try:
+            task.warm_up()
             bind_engine(self.state, model=task.model_id, engine=task.engine_hash,
                         resumed=self.resumed)
             recovered = 0
@@ -112,8 +101,6 @@ class ReplayRunner:
                 self._loop()
         finally:
             task.close()
-            if self._own_runner:
-                self.runner.deactivate()
         summary = ReplaySummary(
             self.state.replay_id, self.req.topic, self.req.to_topic, self.state.engine,
             _ranges(self.state), self.state.totals(), self.resumed, recovered, self._handled,
@@ -165,11 +152,11 @@ class ReplayRunner:
         admitted = sum(self._accept(m, producer) for m in msgs)
         limiter.take(admitted)
         self._track_positions(consumer, todo)
-        self._submit(force=budget == 0 or len(msgs) < budget)
+        self._submit(producer, force=budget == 0 or len(msgs) < budget)
         if budget == 0:  # nothing to read now: wait for the engine or the broker, not spin
             pause = min(limiter.wait_s(), 0.05) if want > 0 else 0.05
-            if self._in_flight:
-                wait([self._in_flight[0]], timeout=pause)
+            if self._task.in_flight():
+                self._task.wait(pause)
             else:
                 producer.poll(pause)
         self._collect(producer, block=False)
@@ -205,8 +192,7 @@ class ReplayRunner:
         return all(self._positions.get(p, -1) >= self.state.partitions[p].end for p in todo)
 
     def _busy(self) -> bool:
-        return bool(len(self._batcher) or self._in_flight or any(
-            lg.open for lg in self.state.partitions.values()))
+        return bool(self._task.held() or any(lg.open for lg in self.state.partitions.values()))
 
     def _done(self) -> int:
         return sum(lg.end - lg.start - lg.remaining() for lg in self.state.partitions.values())
@@ -235,25 +221,19 @@ class ReplayRunner:
             ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else None,
         )
         try:
-            job = self._decode(record.value)
-            self._batcher.add(Pending(SourceRef(self.req.topic, p, off), job, time.monotonic(),
-                                      record))
+            self._check(record.value)
+            self._task.admit(record, 0, time.monotonic())
         except JobRejected as exc:
             self._reject(record, exc, producer)
-        except NoProfileFits as exc:
-            self._reject(record, SchemaViolation(str(exc), reason="no_profile"), producer)
         return 1
 
-    def _decode(self, value: bytes | None) -> ModerationJob:
-        """The live worker's intake checks, in its order."""
+    def _check(self, value: bytes | None) -> None:
+        """The live worker's record checks before its task's own (worker.service, in order)."""
         if value is None:
             raise SchemaViolation("record has no value (tombstone)")
         if len(value) > self.cfg.limits.max_message_bytes:
             raise OversizedMessage(f"record of {len(value)} bytes exceeds "
                                    f"limits.max_message_bytes {self.cfg.limits.max_message_bytes}")
-        job = decode_moderation_job(value, self._limits)
-        self._task.check_policy(job)
-        return replace(job, deadline_ms=None)
 
     def _reject(self, record: SourceRecord, error: JobRejected, producer: Producer) -> None:
         kind = f"rejected:{error.reason}"
@@ -272,32 +252,29 @@ class ReplayRunner:
         )
 
     # -- execute / output --------------------------------------------------------------------
-    def _submit(self, *, force: bool) -> None:
-        free = self.cfg.batch.max_in_flight_batches - len(self._in_flight)
-        if free <= 0 or not len(self._batcher):
+    def _submit(self, producer: Producer, *, force: bool) -> None:
+        free = self.cfg.batch.max_in_flight_batches - self._task.in_flight()
+        if free <= 0 or not self._task.held():
             return
-        due = self._batcher.schedule(time.monotonic(), int(time.time() * 1e3), limit=free,
-                                     force=force)
-        for batch in due.batches:
-            self._in_flight.append(self._task.submit(batch))
+        # Deadlines were dropped at intake: nothing expires, but answer whatever step returns.
+        for answer in self._task.step(time.monotonic(), int(time.time() * 1e3), free=free,
+                                      force=force):
+            self._answer(answer, producer)
 
     def _collect(self, producer: Producer, *, block: bool) -> None:
-        # In submission order, so each source partition's results are produced in order.
-        while self._in_flight and (block or self._in_flight[0].done()):
-            for outcome in self._in_flight.popleft().result():
-                p = outcome.pending
-                if outcome.rejection is not None:
-                    self._reject(p.record, outcome.rejection, producer)
-                elif outcome.result is not None:
-                    self._publish(outcome.result, p.ref, producer)
+        for answer in self._task.collect(block=block):
+            self._answer(answer, producer)
 
-    def _publish(self, result: ModerationResult, ref: SourceRef, producer: Producer) -> None:
+    def _answer(self, a: Answer, producer: Producer) -> None:
+        if a.rejection is not None:
+            self._reject(a.record, a.rejection, producer)
+            return
+        assert a.value is not None
         producer.produce(
-            self.req.to_topic, key=result.id.encode(), value=encode_result(result),
-            headers=result_headers(self._task.model_id, self._task.engine_hash,
-                                   self.state.replay_id, ref),
-            on_delivery=partial(self._acked, ref.partition, ref.offset,
-                                f"result:{result.status.value}"),
+            self.req.to_topic, key=a.key, value=a.value,
+            headers=[*(a.headers or []), *source_headers(self.state.replay_id, a.ref)],
+            on_delivery=partial(self._acked, a.ref.partition, a.ref.offset,
+                                f"result:{a.status}"),
         )
 
     def _acked(self, partition: int, offset: int, kind: str, err: ck.KafkaError | None,
@@ -315,8 +292,8 @@ class ReplayRunner:
             marks[out_p] = max(marks.get(out_p, 0), out_off + 1)
 
     def _drain(self, producer: Producer) -> None:
-        while len(self._batcher) or self._in_flight:
-            self._submit(force=True)
+        while self._task.held():
+            self._submit(producer, force=True)
             self._collect(producer, block=True)
         left = producer.flush(self.cfg.commit.drain_timeout_s)
         if self._fatal is not None:
