@@ -79,3 +79,13 @@ def test_bad_values_are_refused_with_their_field(bad: dict[str, dict[str, object
         load_config(None, **bad)
     section, fields = next(iter(bad.items()))
     assert f"{section}.{next(iter(fields))}" in str(info.value)
+
+
+def test_every_client_recovers_from_a_stalled_broker_within_seconds() -> None:
+    # After a broker pause librdkafka may hold no broker at all (re-bootstrap after 5 s) and
+    # back off its reconnects (capped at 2 s): together they keep recovery well inside 10 s.
+    cfg = load_config(None, kafka={"bootstrap_servers": "b:9092"})
+    for conf in (member_consumer_settings(cfg), producer_settings(cfg),
+                 transactional_producer_settings(cfg)):
+        assert conf["metadata.recovery.rebootstrap.trigger.ms"] == 5_000
+        assert conf["reconnect.backoff.max.ms"] == 2_000

@@ -39,6 +39,10 @@ def _common(k: KafkaSettings) -> dict[str, Any]:
         # only re-bootstraps after this long (default 5 min: the worker would sit idle that
         # long). Measured in tests/integration/test_faults_broker_stall.py.
         "metadata.recovery.rebootstrap.trigger.ms": 5_000,
+        # Reconnect attempts back off exponentially up to this (default 10 s): after a broker
+        # came back, a client could otherwise wait that long before trying again, on top of
+        # the re-bootstrap above; 2 s keeps recovery after a stall well inside 10 s.
+        "reconnect.backoff.max.ms": 2_000,
     }
     if k.sasl_mechanism:
         conf["sasl.mechanism"] = k.sasl_mechanism
