@@ -280,3 +280,34 @@ def test_abort_with_nothing_open_is_a_no_op() -> None:
     assert t.abort() is False and p.calls == []
 
 
+
+
+@pytest.mark.parametrize(("reason", "fenced"), [
+    ("Fatal error: Broker: There is a newer producer with the same transactionalId which "
+     "fences the current one", True),
+    ("Fatal error: Broker: Producer attempted an operation with an old epoch", True),
+    ("Local: This instance has been fenced by a newer instance", True),
+    ("Fatal error: Broker: Transactional Id authorization failed", False),
+    (None, False),
+])
+def test_the_generic_fatal_code_is_classified_by_the_error_callbacks_report(
+    reason: str | None, fenced: bool
+) -> None:
+    """A producer in its fatal state fails every call with _FATAL; only the error callback
+    said why (a real case: a fenced instance's next produce())."""
+    err = ck.KafkaError(ck.KafkaError._FATAL, "Unable to produce message: Local: Fatal error")
+    exc = txn_error(err, "produce to out", reason)
+    assert isinstance(exc, ProducerFenced) is fenced
+    assert exc.fatal and not exc.abortable
+    if reason:
+        assert reason in str(exc)
+
+
+def test_the_producer_records_the_fatal_report_its_error_callback_gets() -> None:
+    from worker.kafka.clients import Producer
+
+    p = Producer({"bootstrap.servers": "127.0.0.1:1", "transactional.id": "t"})
+    p._on_error(ck.KafkaError(ck.KafkaError._TRANSPORT, "connection refused"))
+    assert p.fatal_reason is None, "a transient error is not a fatal one"
+    p._on_error(ck.KafkaError(ck.KafkaError._FATAL, "Fatal error: Broker: ... fences ..."))
+    assert p.fatal_reason is not None and "fences" in p.fatal_reason

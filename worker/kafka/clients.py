@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import confluent_kafka as ck
+import structlog
 
 from worker.config import KafkaSettings, WorkerConfig
 from worker.dlq import Headers
@@ -25,6 +27,8 @@ from worker.exceptions import KafkaIOError, ProducerFenced, TransactionError
 
 RebalanceCallback = Callable[[Any, list[ck.TopicPartition]], None]
 DeliveryCallback = Callable[[ck.KafkaError | None, ck.Message], None]
+
+log = structlog.get_logger("worker.kafka")
 
 
 def _common(k: KafkaSettings) -> dict[str, Any]:
@@ -152,20 +156,37 @@ FENCED_CODES = frozenset({ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED,
                           ck.KafkaError.INVALID_PRODUCER_EPOCH})
 
 
-def txn_error(err: ck.KafkaError, what: str) -> TransactionError:
+# librdkafka's texts for the fenced codes above, as its error callback reports a fatal error
+# ("Fatal error: Broker: There is a newer producer ... which fences the current one", "...
+# operation with an old epoch", "Local: This instance has been fenced by a newer instance").
+_FENCED_TEXT = re.compile(r"fence|old epoch", re.IGNORECASE)
+
+
+def txn_error(err: ck.KafkaError, what: str, fatal_reason: str | None = None
+              ) -> TransactionError:
     """librdkafka's classification of a transactional error: fatal beats abortable beats
-    retriable; an error that is none of them is fatal (confluent-kafka's documented rule)."""
-    cls = ProducerFenced if err.fatal() and err.code() in FENCED_CODES else TransactionError
-    return cls(
+    retriable; an error that is none of them is fatal (confluent-kafka's documented rule).
+
+    Once the producer is in its fatal state, calls fail with the generic ``_FATAL`` code, and
+    the underlying error is only told to the error callback (confluent-kafka has no
+    ``rd_kafka_fatal_error()``): ``fatal_reason`` is that report, if one was seen."""
+    fenced = err.fatal() and err.code() in FENCED_CODES
+    if err.code() == ck.KafkaError._FATAL:
+        fenced = bool(fatal_reason and _FENCED_TEXT.search(fatal_reason))
+        reason = f" ({fatal_reason})" if fatal_reason else ""
+        return (ProducerFenced if fenced else TransactionError)(
+            f"{what}: {err.name()}: {err.str()}{reason}", code=err.code(), fatal=True)
+    return (ProducerFenced if fenced else TransactionError)(
         f"{what}: {err.name()}: {err.str()}", code=err.code(), recoverable=err.retriable(),
         abortable=err.txn_requires_abort(), fatal=err.fatal(),
     )
 
 
-def _wrap_txn(exc: ck.KafkaException, what: str) -> TransactionError:
+def _wrap_txn(exc: ck.KafkaException, what: str, fatal_reason: str | None = None
+              ) -> TransactionError:
     err = exc.args[0] if exc.args else None
     if isinstance(err, ck.KafkaError):
-        return txn_error(err, what)
+        return txn_error(err, what, fatal_reason)
     return TransactionError(f"{what}: {exc}", fatal=True)
 
 
@@ -245,7 +266,26 @@ class Consumer:
 class Producer:
     def __init__(self, settings: dict[str, Any]) -> None:
         self._settings = dict(settings)
+        self._settings.setdefault("error_cb", self._on_error)
         self._client: ck.Producer | None = None
+        self.fatal_reason: str | None = None  # the error callback's report of a fatal error
+
+    def _on_error(self, err: ck.KafkaError) -> None:
+        # Served by poll()/flush(). Non-fatal errors are informational: librdkafka recovers.
+        if err.fatal() or err.code() == ck.KafkaError._FATAL:
+            self.fatal_reason = err.str()
+            log.error("producer_fatal_error", code=err.name(), error=err.str())
+        else:  # librdkafka's own log line says the same at its level
+            log.debug("producer_error", code=err.name(), error=err.str())
+
+    def _txn_error(self, exc: ck.KafkaException, what: str) -> TransactionError:
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, ck.KafkaError) and err.code() == ck.KafkaError._FATAL \
+                and self.fatal_reason is None and self._client is not None:
+            # The fatal error's report may still sit in the queue: serve it first.
+            with contextlib.suppress(ck.KafkaException):
+                self._client.poll(0)
+        return _wrap_txn(exc, what, self.fatal_reason)
 
     @property
     def client(self) -> ck.Producer:
@@ -266,32 +306,32 @@ class Producer:
         try:
             self.client.init_transactions(timeout)
         except ck.KafkaException as exc:
-            raise _wrap_txn(exc, "init_transactions") from exc
+            raise self._txn_error(exc, "init_transactions") from exc
 
     def begin_transaction(self) -> None:
         try:
             self.client.begin_transaction()
         except ck.KafkaException as exc:
-            raise _wrap_txn(exc, "begin_transaction") from exc
+            raise self._txn_error(exc, "begin_transaction") from exc
 
     def send_offsets_to_transaction(self, offsets: list[ck.TopicPartition], group_metadata: object,
                                     timeout: float) -> None:
         try:
             self.client.send_offsets_to_transaction(offsets, group_metadata, timeout)
         except ck.KafkaException as exc:
-            raise _wrap_txn(exc, "send_offsets_to_transaction") from exc
+            raise self._txn_error(exc, "send_offsets_to_transaction") from exc
 
     def commit_transaction(self, timeout: float) -> None:
         try:
             self.client.commit_transaction(timeout)
         except ck.KafkaException as exc:
-            raise _wrap_txn(exc, "commit_transaction") from exc
+            raise self._txn_error(exc, "commit_transaction") from exc
 
     def abort_transaction(self, timeout: float) -> None:
         try:
             self.client.abort_transaction(timeout)
         except ck.KafkaException as exc:
-            raise _wrap_txn(exc, "abort_transaction") from exc
+            raise self._txn_error(exc, "abort_transaction") from exc
 
     def produce(
         self,
@@ -312,7 +352,7 @@ class Producer:
                 self.poll(0.05)  # serve callbacks to make room (errors wrapped)
             except ck.KafkaException as exc:
                 if self.transactional:
-                    raise _wrap_txn(exc, f"produce to {topic}") from exc
+                    raise self._txn_error(exc, f"produce to {topic}") from exc
                 raise _wrap(exc, f"produce to {topic} failed") from exc
 
     def poll(self, timeout: float = 0.0) -> int:
@@ -321,7 +361,7 @@ class Producer:
             return self.client.poll(timeout)
         except ck.KafkaException as exc:
             if self.transactional:
-                raise _wrap_txn(exc, "producer poll") from exc
+                raise self._txn_error(exc, "producer poll") from exc
             raise _wrap(exc, "producer poll failed") from exc
 
     def flush(self, timeout: float) -> int:
@@ -330,7 +370,7 @@ class Producer:
             return self.client.flush(timeout)
         except ck.KafkaException as exc:
             if self.transactional:
-                raise _wrap_txn(exc, "producer flush") from exc
+                raise self._txn_error(exc, "producer flush") from exc
             raise _wrap(exc, "producer flush failed") from exc
 
     def abandon(self) -> None:
