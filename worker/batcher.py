@@ -3,7 +3,8 @@
 Rules (each unit-tested in tests/unit/test_batcher.py):
 - fill: a profile's batch is due once ``min(max_batch_size, profile max)`` jobs are queued;
 - delay: ... or once its oldest job has waited ``max_delay_s``;
-- deadline: a job whose deadline has passed is returned as expired, never batched;
+- deadline: a job whose deadline has passed is returned as expired, never batched (unless
+  ``expire_deadlines`` is off: replay asks what the model says now, not whether in time);
 - padding: a due batch is padded up to the profile's next static size, unless that would waste
   more than ``max_pad_fraction`` of it; then the largest full static size is taken instead and
   the rest waits for the next call;
@@ -76,6 +77,7 @@ class DynamicBatcher(Generic[T]):
         max_batch_size: int,
         max_delay_s: float,
         max_pad_fraction: float = 0.5,
+        expire_deadlines: bool = True,
     ) -> None:
         if not profiles:
             raise ValueError("at least one profile is required")
@@ -84,6 +86,7 @@ class DynamicBatcher(Generic[T]):
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
         self.max_pad_fraction = max_pad_fraction
+        self.expire_deadlines = expire_deadlines
         self._queues = {p.name: _ProfileQueue[T](p) for p in profiles}
         self.profiles = profiles
 
@@ -144,13 +147,16 @@ class DynamicBatcher(Generic[T]):
             largest = q.profile.largest_full(n)
             if largest:
                 n, padded = largest, largest
-        items = self._round_robin(q, n, now_ms, expired)
+        items = self._round_robin(q, n, now_ms if self.expire_deadlines else None, expired)
         if not items:
             return None
         return Batch(q.profile, items, q.profile.padded(len(items)))
 
     @staticmethod
-    def _round_robin(q: _ProfileQueue[T], n: int, now_ms: int, expired: list[T]) -> list[T]:
+    def _round_robin(q: _ProfileQueue[T], n: int, now_ms: int | None, expired: list[T]
+                     ) -> list[T]:
+        """Up to ``n`` jobs across partitions; past-deadline ones go to ``expired`` (none when
+        ``now_ms`` is None)."""
         items: list[T] = []
         while len(items) < n and q.order:
             key = q.order.popleft()
@@ -161,7 +167,7 @@ class DynamicBatcher(Generic[T]):
                 q.order.append(key)
             else:
                 del q.by_partition[key]
-            if item.deadline_ms is not None and now_ms > item.deadline_ms:
+            if now_ms is not None and item.deadline_ms is not None and now_ms > item.deadline_ms:
                 expired.append(item)
             else:
                 items.append(item)

@@ -30,6 +30,7 @@ from worker.multimodal_parts import JobState, Part, PartKind, image_part, plan_m
 from worker.multimodal_run import Engines, Finished, PartRunner, decide
 from worker.policies import Decision
 from worker.policy_settings import PolicySettings
+from worker.serving import make_batcher
 
 
 class ImageScorer(Protocol):
@@ -46,15 +47,14 @@ class MultimodalOutcome:
 
 class MultimodalTask:
     def __init__(self, cfg: WorkerConfig, policies: Mapping[str, PolicySettings],
-                 engines: Engines, image_scorer: ImageScorer | None = None) -> None:
+                 engines: Engines, image_scorer: ImageScorer | None = None, *,
+                 expire_deadlines: bool = True) -> None:
         self.cfg, self.policies, self.engines = cfg, policies, engines
         self._image_scorer = image_scorer
         self._runner = PartRunner(cfg, engines, self._score_images)
         b = cfg.batch
         self._batchers: dict[PartKind, DynamicBatcher[Part]] = {
-            kind: DynamicBatcher(profiles, max_batch_size=b.max_batch_size,
-                                 max_delay_s=b.max_delay_ms / 1e3,
-                                 max_pad_fraction=b.max_pad_fraction)
+            kind: make_batcher(b, profiles, expire_deadlines=expire_deadlines)
             for kind, profiles in engines.profiles().items()}
         if "open_nsfw" in self._batchers and image_scorer is None:
             raise ValueError("a policy runs open_nsfw: pass the image scorer (ModerationTask)")

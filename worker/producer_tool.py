@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,26 +64,40 @@ def produce_folder(
     """Produce ``count`` jobs (default: one per image) and wait until all are acknowledged."""
     files = image_files(folder)
     payloads = {p: p.read_bytes() for p in files}
+    sent = [SentJob(job_id, path) for job_id, path in _jobs(files, count or len(files), prefix)]
+
+    def records() -> Iterator[tuple[str, bytes]]:
+        for job in sent:
+            deadline = None
+            if deadline_in_ms is not None:
+                deadline = int(time.time() * 1e3) + deadline_in_ms
+            yield job.id, encode_job(job.id, payloads[job.path], policy=policy,
+                                     deadline_ms=deadline)
+
+    send_jobs(cfg, topic or cfg.topics.jobs, records(), JOB_SCHEMA)
+    return sent
+
+
+def send_jobs(cfg: WorkerConfig, topic: str, jobs: Iterable[tuple[str, bytes]],
+              schema: str) -> int:
+    """Produce ``jobs`` (key = job id, header ``ktw.schema``) and wait until every one is
+    acknowledged; raise :class:`DeliveryFailed` otherwise."""
     producer = Producer(producer_settings(cfg))
     producer.open()
     failures: list[str] = []
 
-    def on_delivery(err: object, msg: object) -> None:
+    def on_delivery(err: object, _msg: object) -> None:
         if err is not None:
             failures.append(str(err))
 
-    sent = []
-    headers: Headers = [("ktw.schema", JOB_SCHEMA.encode())]
-    for job_id, path in _jobs(files, count or len(files), prefix):
-        deadline = None
-        if deadline_in_ms is not None:
-            deadline = int(time.time() * 1e3) + deadline_in_ms
-        value = encode_job(job_id, payloads[path], policy=policy, deadline_ms=deadline)
-        producer.produce(topic or cfg.topics.jobs, key=job_id.encode(), value=value,
-                         headers=headers, on_delivery=on_delivery)
+    headers: Headers = [("ktw.schema", schema.encode())]
+    n = 0
+    for job_id, payload in jobs:
+        producer.produce(topic, key=job_id.encode(), value=payload, headers=headers,
+                         on_delivery=on_delivery)
         producer.poll(0)
-        sent.append(SentJob(job_id, path))
+        n += 1
     left = producer.close(60.0)
     if left or failures:
         raise DeliveryFailed(f"{left} undelivered, {len(failures)} failed: {failures[:3]}")
-    return sent
+    return n

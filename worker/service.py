@@ -45,9 +45,7 @@ from worker.exceptions import (
     DeliveryFailed,
     JobRejected,
     KafkaIOError,
-    OversizedMessage,
     ProducerFenced,
-    SchemaViolation,
     TransactionError,
 )
 from worker.guarantees import OrderedRelease, Output
@@ -57,11 +55,12 @@ from worker.kafka import (
     Producer,
     member_consumer_settings,
     producer_settings,
+    source_record,
     transactional_id,
     transactional_producer_settings,
 )
 from worker.offsets import OffsetTracker, TopicPartitionKey
-from worker.serving import Answer, ServedTask
+from worker.serving import Answer, ServedTask, record_value
 from worker.stats import Stats
 from worker.transactions import Transactions
 
@@ -236,22 +235,9 @@ class Worker:
             # offsets may already be in the open transaction. Abort and rewind.
             self.request_abort(f"{topic}[{partition}] re-delivered offset {offset}")
         self.stats.consumed += 1
-        value = msg.value()
-        ts_type, ts = msg.timestamp()
-        headers = msg.headers()
-        record = SourceRecord(
-            topic, partition, offset, msg.key(), value,
-            list(headers.items()) if isinstance(headers, dict) else headers,
-            ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else None,
-        )
+        record = source_record(msg, topic, partition, offset)
         try:
-            if value is None:
-                raise SchemaViolation("record has no value (tombstone)")
-            if len(value) > self.cfg.limits.max_message_bytes:
-                raise OversizedMessage(
-                    f"record of {len(value)} bytes exceeds limits.max_message_bytes "
-                    f"{self.cfg.limits.max_message_bytes}"
-                )
+            record_value(record, self.cfg.limits.max_message_bytes)
             self.task.admit(record, self._epochs.get(key, 0), time.monotonic())
         except JobRejected as exc:
             self._dead_letter(record, exc)

@@ -20,9 +20,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from engines.profiles import Profile
 from worker.batcher import Batch, Batchable, DynamicBatcher, NoProfileFits
+from worker.config import BatchSettings
 from worker.dlq import Headers, SourceRecord
-from worker.exceptions import JobRejected, SchemaViolation
+from worker.exceptions import JobRejected, OversizedMessage, SchemaViolation
 from worker.jobs import SourceRef, Status
 from worker.offsets import TopicPartitionKey
 
@@ -202,6 +204,28 @@ class BatchedTask(Generic[P]):
     @staticmethod
     def _rejected(p: Any, rejection: JobRejected) -> Answer:
         return Answer(p.ref, p.record, p.epoch, rejection=rejection)
+
+
+def make_batcher(b: BatchSettings, profiles: tuple[Profile, ...], *,
+                 max_batch_size: int | None = None, expire_deadlines: bool = True
+                 ) -> DynamicBatcher[Any]:
+    """A batcher over ``profiles`` with the ``[batch]`` settings (``max_batch_size`` overrides
+    the jobs per batch, e.g. generation's image budget)."""
+    return DynamicBatcher(profiles, max_batch_size=max_batch_size or b.max_batch_size,
+                          max_delay_s=b.max_delay_ms / 1e3, max_pad_fraction=b.max_pad_fraction,
+                          expire_deadlines=expire_deadlines)
+
+
+def record_value(record: SourceRecord, max_message_bytes: int) -> bytes:
+    """The record checks every task shares, before its own decoding: no tombstone, no record
+    over ``limits.max_message_bytes``."""
+    value = record.value
+    if value is None:
+        raise SchemaViolation("record has no value (tombstone)")
+    if len(value) > max_message_bytes:
+        raise OversizedMessage(f"record of {len(value)} bytes exceeds limits.max_message_bytes "
+                               f"{max_message_bytes}")
+    return value
 
 
 def _partition_key(p: Any) -> TopicPartitionKey:

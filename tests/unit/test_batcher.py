@@ -242,6 +242,13 @@ def test_expired_item_is_returned_as_expired_never_batched() -> None:
     assert len(b) == 0
 
 
+def test_with_expiry_off_a_late_item_is_batched_like_any_other() -> None:
+    b = DynamicBatcher((RANGE,), max_batch_size=4, max_delay_s=0.0, expire_deadlines=False)
+    b.add(Item("late", 10.0, deadline_ms=NOW_MS - 1))
+    out = b.schedule(10.0, NOW_MS, limit=4)
+    assert out.expired == [] and _names(out.batches[0]) == ["late"]
+
+
 def test_item_exactly_at_its_deadline_is_still_batched() -> None:
     b = _batcher(size=1)
     b.add(Item("edge", 10.0, deadline_ms=NOW_MS))

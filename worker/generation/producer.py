@@ -21,11 +21,11 @@ import confluent_kafka as ck
 
 from worker.codec import decode_result
 from worker.config import WorkerConfig
-from worker.dlq import Headers
-from worker.exceptions import ConfigError, DeliveryFailed, JobRejected, KafkaIOError
+from worker.exceptions import ConfigError, JobRejected, KafkaIOError
 from worker.generation.codec import encode_generation_job
 from worker.generation.jobs import JOB_SCHEMA, SEED_MODULUS
-from worker.kafka import Producer, consumer_settings, producer_settings
+from worker.kafka import consumer_settings
+from worker.producer_tool import send_jobs as send_records
 from worker.replay.headers import as_dict
 
 
@@ -80,25 +80,7 @@ def build_jobs(req: GenerateRequest, now_ms: int | None = None) -> list[tuple[st
 
 def send_jobs(cfg: WorkerConfig, topic: str, jobs: Iterable[tuple[str, bytes]]) -> int:
     """Produce ``jobs`` (key = job id) and wait until every one is acknowledged."""
-    producer = Producer(producer_settings(cfg))
-    producer.open()
-    failures: list[str] = []
-
-    def on_delivery(err: object, _msg: object) -> None:
-        if err is not None:
-            failures.append(str(err))
-
-    headers: Headers = [("ktw.schema", JOB_SCHEMA.encode())]
-    n = 0
-    for job_id, payload in jobs:
-        producer.produce(topic, key=job_id.encode(), value=payload, headers=headers,
-                         on_delivery=on_delivery)
-        producer.poll(0)
-        n += 1
-    left = producer.close(60.0)
-    if left or failures:
-        raise DeliveryFailed(f"{left} undelivered, {len(failures)} failed: {failures[:3]}")
-    return n
+    return send_records(cfg, topic, jobs, JOB_SCHEMA)
 
 
 @dataclass(slots=True)

@@ -22,13 +22,22 @@ import confluent_kafka as ck
 import structlog
 
 from worker.config import KafkaSettings, WorkerConfig
-from worker.dlq import Headers
+from worker.dlq import Headers, SourceRecord
 from worker.exceptions import KafkaIOError, ProducerFenced, TransactionError
 
 RebalanceCallback = Callable[[Any, list[ck.TopicPartition]], None]
 DeliveryCallback = Callable[[ck.KafkaError | None, ck.Message], None]
 
 log = structlog.get_logger("worker.kafka")
+
+
+def source_record(msg: ck.Message, topic: str, partition: int, offset: int) -> SourceRecord:
+    """A consumed record as the DLQ keeps it (coordinates already checked by the caller)."""
+    ts_type, ts = msg.timestamp()
+    headers = msg.headers()
+    return SourceRecord(topic, partition, offset, msg.key(), msg.value(),
+                        list(headers.items()) if isinstance(headers, dict) else headers,
+                        ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else None)
 
 
 def _common(k: KafkaSettings) -> dict[str, Any]:
@@ -170,16 +179,16 @@ def txn_error(err: ck.KafkaError, what: str, fatal_reason: str | None = None
     Once the producer is in its fatal state, calls fail with the generic ``_FATAL`` code, and
     the underlying error is only told to the error callback (confluent-kafka has no
     ``rd_kafka_fatal_error()``): ``fatal_reason`` is that report, if one was seen."""
-    fenced = err.fatal() and err.code() in FENCED_CODES
+    msg = f"{what}: {err.name()}: {err.str()}"
     if err.code() == ck.KafkaError._FATAL:
         fenced = bool(fatal_reason and _FENCED_TEXT.search(fatal_reason))
-        reason = f" ({fatal_reason})" if fatal_reason else ""
-        return (ProducerFenced if fenced else TransactionError)(
-            f"{what}: {err.name()}: {err.str()}{reason}", code=err.code(), fatal=True)
-    return (ProducerFenced if fenced else TransactionError)(
-        f"{what}: {err.name()}: {err.str()}", code=err.code(), recoverable=err.retriable(),
-        abortable=err.txn_requires_abort(), fatal=err.fatal(),
-    )
+        msg += f" ({fatal_reason})" if fatal_reason else ""
+        flags = {"fatal": True}
+    else:
+        fenced = err.fatal() and err.code() in FENCED_CODES
+        flags = {"recoverable": err.retriable(), "abortable": err.txn_requires_abort(),
+                 "fatal": err.fatal()}
+    return (ProducerFenced if fenced else TransactionError)(msg, code=err.code(), **flags)
 
 
 def _wrap_txn(exc: ck.KafkaException, what: str, fatal_reason: str | None = None
@@ -287,6 +296,10 @@ class Producer:
                 self._client.poll(0)
         return _wrap_txn(exc, what, self.fatal_reason)
 
+    def _error(self, exc: ck.KafkaException, what: str) -> KafkaIOError:
+        """``exc`` wrapped: a TransactionError for a transactional producer, else KafkaIOError."""
+        return self._txn_error(exc, what) if self.transactional else _wrap(exc, f"{what} failed")
+
     @property
     def client(self) -> ck.Producer:
         if self._client is None:
@@ -351,27 +364,21 @@ class Producer:
             except BufferError:
                 self.poll(0.05)  # serve callbacks to make room (errors wrapped)
             except ck.KafkaException as exc:
-                if self.transactional:
-                    raise self._txn_error(exc, f"produce to {topic}") from exc
-                raise _wrap(exc, f"produce to {topic} failed") from exc
+                raise self._error(exc, f"produce to {topic}") from exc
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery callbacks. A fatal producer error (e.g. fenced) surfaces here too."""
         try:
             return self.client.poll(timeout)
         except ck.KafkaException as exc:
-            if self.transactional:
-                raise self._txn_error(exc, "producer poll") from exc
-            raise _wrap(exc, "producer poll failed") from exc
+            raise self._error(exc, "producer poll") from exc
 
     def flush(self, timeout: float) -> int:
         """Wait for outstanding deliveries; return how many are still undelivered."""
         try:
             return self.client.flush(timeout)
         except ck.KafkaException as exc:
-            if self.transactional:
-                raise self._txn_error(exc, "producer flush") from exc
-            raise _wrap(exc, "producer flush failed") from exc
+            raise self._error(exc, "producer flush") from exc
 
     def abandon(self) -> None:
         """Drop the client without flushing (a fenced transactional producer may deliver

@@ -26,8 +26,8 @@ import structlog
 from engines.backends.base import Runner
 from worker.config import WorkerConfig
 from worker.dlq import SourceRecord, dead_letter
-from worker.exceptions import DeliveryFailed, JobRejected, OversizedMessage, SchemaViolation
-from worker.kafka import Producer
+from worker.exceptions import DeliveryFailed, JobRejected
+from worker.kafka import Producer, source_record
 from worker.replay.exceptions import ReplayError
 from worker.replay.headers import REPLAY_ID, source_headers
 from worker.replay.kafka import Admin, admin_settings, replay_consumer_settings
@@ -38,7 +38,7 @@ from worker.replay.ratelimit import RateLimiter
 from worker.replay.scan import recover_written
 from worker.replay.start import ReplayRequest, bind_engine, load_or_create
 from worker.replay.state import ReplayState, save_state
-from worker.serving import Answer, ServedTask
+from worker.serving import Answer, ServedTask, record_value
 
 log = structlog.get_logger("replay")
 
@@ -213,27 +213,13 @@ class ReplayRunner:
             return 0  # past the range, or answered before an interruption
         ledger.begin(off)
         self._admitted += 1
-        ts_type, ts = msg.timestamp()
-        headers = msg.headers()
-        record = SourceRecord(
-            self.req.topic, p, off, msg.key(), msg.value(),
-            list(headers.items()) if isinstance(headers, dict) else headers,
-            ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else None,
-        )
+        record = source_record(msg, self.req.topic, p, off)
         try:
-            self._check(record.value)
+            record_value(record, self.cfg.limits.max_message_bytes)  # the live worker's order
             self._task.admit(record, 0, time.monotonic())
         except JobRejected as exc:
             self._reject(record, exc, producer)
         return 1
-
-    def _check(self, value: bytes | None) -> None:
-        """The live worker's record checks before its task's own (worker.service, in order)."""
-        if value is None:
-            raise SchemaViolation("record has no value (tombstone)")
-        if len(value) > self.cfg.limits.max_message_bytes:
-            raise OversizedMessage(f"record of {len(value)} bytes exceeds "
-                                   f"limits.max_message_bytes {self.cfg.limits.max_message_bytes}")
 
     def _reject(self, record: SourceRecord, error: JobRejected, producer: Producer) -> None:
         kind = f"rejected:{error.reason}"
