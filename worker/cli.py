@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 import sys
 from pathlib import Path
@@ -41,6 +42,9 @@ def _install_stop_handlers(stop: Any) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr and the worker runs on: the
+    # first thing to look at when a worker stops making progress or does not stop.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 @app.command()

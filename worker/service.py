@@ -67,6 +67,8 @@ from worker.transactions import Transactions
 log = structlog.get_logger("worker")
 
 
+# An async commit unanswered this long is presumed lost: the next interval sends another.
+_ASYNC_COMMIT_STALE_S = 60.0
 _PURGED = frozenset({ck.KafkaError._PURGE_QUEUE, ck.KafkaError._PURGE_INFLIGHT})
 
 
@@ -106,6 +108,7 @@ class Worker:
         self._rewind_needed = False
         self._paused = False
         self._last_commit = time.monotonic()
+        self._commit_sent: float | None = None  # when the unanswered async commit was sent
         self.rewinds = 0
         self.stale_discarded = 0
         self.slow_batches = 0
@@ -138,7 +141,7 @@ class Worker:
             # Fences an earlier incarnation of this instance and aborts its open transaction,
             # so its uncommitted outputs never become visible and its offsets are released.
             self._txn.init()
-        self._consumer.open()
+        self._consumer.open(on_commit=self._committed)
         self._consumer.subscribe(
             [self.topics.jobs], on_assign=self._on_assign, on_revoke=self._on_revoke,
             on_lost=self._on_lost,
@@ -411,18 +414,44 @@ class Worker:
             # One transaction covers every partition: ``only`` cannot narrow it.
             self._commit_transaction()
             return
+        if not force and self._commit_sent is not None \
+                and now - self._commit_sent < _ASYNC_COMMIT_STALE_S:
+            return  # the previous commit is still unanswered: don't queue more behind it
         positions = self._tracker.committable(only)
         if not positions:
             return
         offsets = [ck.TopicPartition(t, p, o) for (t, p), o in positions.items()]
         try:
-            self._consumer.commit(offsets)
+            # The steady loop commits asynchronously: a synchronous commit blocks the loop
+            # (and every batch behind it) until the coordinator answers, up to a minute while
+            # the broker stalls. Revoke and shutdown commit synchronously: the positions must
+            # be stored before the partitions move on.
+            self._consumer.commit(offsets, asynchronous=not force)
         except KafkaIOError as exc:
             # Usually a rebalance in progress; the same positions are retried next interval.
             log.warning("commit_failed", error=str(exc), recoverable=exc.recoverable)
             return
+        if not force:
+            self._commit_sent = now
+            return  # _committed marks them once the coordinator accepted them
         self._tracker.mark_committed(positions)
         log.debug("committed", offsets={f"{t}[{p}]": o for (t, p), o in positions.items()})
+
+    def _committed(self, err: ck.KafkaError | None, partitions: list[ck.TopicPartition]
+                   ) -> None:
+        """librdkafka's commit report (served from consume()): marks accepted positions, so
+        the tracker only offers positions that moved on since (a failure is retried)."""
+        self._commit_sent = None
+        if err is not None:
+            log.warning("commit_failed", error=err.str(), recoverable=err.retriable())
+            return
+        accepted = {(tp.topic, tp.partition): tp.offset for tp in partitions
+                    if tp.error is None and tp.offset >= 0}
+        self._tracker.mark_committed(accepted)
+        if len(accepted) < len(partitions):
+            log.warning("commit_failed", partitions=[f"{tp.topic}[{tp.partition}]: {tp.error}"
+                                                     for tp in partitions if tp.error])
+        log.debug("committed", offsets={f"{t}[{p}]": o for (t, p), o in accepted.items()})
 
     def _backpressure(self) -> None:
         held = self._tracker.pending()

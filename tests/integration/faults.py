@@ -13,6 +13,7 @@ import functools
 import io
 import random
 import struct
+import subprocess
 import threading
 import time
 import uuid
@@ -363,7 +364,14 @@ class Fleet:
         proc = self.procs[instance]
         self.stopped.add(instance)
         proc.terminate()
-        code = proc.wait(timeout)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.dump_stacks()
+            tail = proc.log_tail()
+            proc.kill9()
+            raise AssertionError(f"{instance} did not exit within {timeout:.0f} s of SIGTERM; "
+                                 f"its log ends (stacks at SIGUSR1):\n{tail}") from None
         self.exit_codes.append((instance, code))
         return code
 
@@ -527,7 +535,8 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
         assert fleet.wait_assigned("s0", 90), "worker never got partitions"
         feeder.start()
         watcher.start()
-        deadline = time.monotonic() + 60
+        t_feed = time.monotonic()
+        deadline = t_feed + 60
         while len(watcher.seen()) < 30:
             assert time.monotonic() < deadline, "no steady processing before the stall"
             time.sleep(0.2)
@@ -550,25 +559,37 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
         feeder.stop()
         good, bad = set(feeder.good), set(feeder.bad)
         backlog = {k for k in good if feeder.sent_at[k] < t_resume}
-        watcher.wait_for(backlog, 120, fleet.all_alive)
-        backlog_s = max(watcher.first_seen.get(k, float("inf")) for k in backlog) - t_resume
-        drained = watcher.wait_for(good, 120, fleet.all_alive)
+        t_drain = time.monotonic()
+        drained = watcher.wait_for(good, 150, fleet.all_alive)
+        last_backlog = max(watcher.first_seen.get(k, float("inf")) for k in backlog)
+        backlog_s = None if last_backlog == float("inf") else last_backlog - t_resume
         watcher.stop()
         survived = proc.proc.poll() is None
+        tail = None
+        if not drained:  # keep what the worker was doing for the failure message
+            proc.dump_stacks()
+            tail = proc.log_tail()
+        t_stop = time.monotonic()
         code = fleet.terminate("s0")
         events = log_events(proc.log_text())
+        phases = {"steady": t_pause - t_feed, "stall": t_resume - t_pause,
+                  "feed_after": t_drain - t_resume, "drain_wait": t_stop - t_drain,
+                  "terminate": time.monotonic() - t_stop}
     figures: dict[str, Any] = {
         "mode": mode, "stall_s": stall_s, "rate_per_s": rate_per_s, "partitions": partitions,
         "jobs_good": len(good), "jobs_bad": len(bad),
         "jobs_sent_during_stall": sum(1 for k in good if t_pause <= feeder.sent_at[k] < t_resume),
         "recovery_s": None if recovery_s is None else round(recovery_s, 2),
-        "backlog_drained_s": round(backlog_s, 2), "drained": drained,
-        "worker_survived": survived, "exit_code": code,
+        "backlog_drained_s": None if backlog_s is None else round(backlog_s, 2),
+        "drained": drained, "worker_survived": survived, "exit_code": code,
+        "phases_s": {k: round(v, 1) for k, v in phases.items()},
         "worker_events": {k: events[k] for k in ("partitions_lost", "partitions_revoked",
                                                  "transaction_abort", "rewound", "txn_retry",
                                                  "producer_reset", "commit_failed",
                                                  "consumer_error", "worker_failed")},
     }
+    if tail is not None:
+        figures["worker_log_tail"] = tail
     figures.update(_audit_outputs(bootstrap, topics, good, bad))
     time.sleep(0.5)
     figures["offsets_committed_to_end"] = (

@@ -98,6 +98,18 @@ class WorkerProcess:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def dump_stacks(self) -> None:
+        """Have a live worker print every thread's stack into its log (SIGUSR1)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+
+    def log_tail(self, lines: int = 80, width: int = 400) -> str:
+        """The end of the log for a failure message (per-job lines left out)."""
+        kept = [line[:width] for line in self.log_text().splitlines()
+                if '"job_dead_lettered"' not in line]
+        return "\n".join(kept[-lines:])
+
 
 def produce(bootstrap: str, topic: str,
             records: Iterable[tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]],

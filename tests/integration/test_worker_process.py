@@ -1,4 +1,5 @@
-"""`trt-worker run` as a real process: SIGTERM drains and commits; kill -9 loses no job."""
+"""`trt-worker run` as a real process: SIGTERM drains and commits (SIGUSR1 dumps stacks on the
+way); kill -9 loses no job."""
 
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ def test_sigterm_drains_commits_and_logs_json(kafka_bootstrap: str, tmp_path: Pa
     env = worker_env(cfg, KTW_LOG__LEVEL="DEBUG", KTW_BATCH__MAX_BATCH_SIZE="4")
     proc = WorkerProcess(env, tmp_path / "worker.log")
     read_topic(kafka_bootstrap, topics.results, until=lambda m: len(m) >= 20, timeout=90)
+    # SIGUSR1 prints every thread's stack (the main loop's included) and the worker runs on.
+    proc.dump_stacks()
+    assert proc.proc.poll() is None, proc.log_text()[-3000:]
+    assert "Current thread" in proc.log_text() and "worker/service.py" in proc.log_text()
     proc.terminate()
     assert proc.wait(60) == 0, proc.log_text()[-3000:]
 

@@ -27,6 +27,7 @@ from worker.exceptions import KafkaIOError, ProducerFenced, TransactionError
 
 RebalanceCallback = Callable[[Any, list[ck.TopicPartition]], None]
 DeliveryCallback = Callable[[ck.KafkaError | None, ck.Message], None]
+CommitCallback = Callable[[ck.KafkaError | None, list[ck.TopicPartition]], None]
 
 log = structlog.get_logger("worker.kafka")
 
@@ -210,9 +211,12 @@ class Consumer:
             raise KafkaIOError("consumer used before open()")
         return self._client
 
-    def open(self) -> None:
+    def open(self, on_commit: CommitCallback | None = None) -> None:
         if self._client is None:
-            self._client = ck.Consumer(self._settings)
+            settings = dict(self._settings)
+            if on_commit is not None:
+                settings["on_commit"] = on_commit
+            self._client = ck.Consumer(settings)
 
     def subscribe(
         self,
@@ -231,9 +235,15 @@ class Consumer:
         except ck.KafkaException as exc:
             raise _wrap(exc, "consume failed") from exc
 
-    def commit(self, offsets: list[ck.TopicPartition]) -> None:
+    def commit(self, offsets: list[ck.TopicPartition], *, asynchronous: bool = False) -> None:
+        """Commit these positions. Synchronous: returns once the coordinator answered (or
+        raises). Asynchronous: returns at once; the ``on_commit`` callback given to
+        :meth:`open` reports the outcome from a later ``consume()``."""
         try:
-            self.client.commit(offsets=offsets, asynchronous=False)
+            if asynchronous:
+                self.client.commit(offsets=offsets, asynchronous=True)
+            else:
+                self.client.commit(offsets=offsets, asynchronous=False)
         except ck.KafkaException as exc:
             raise _wrap(exc, "commit failed") from exc
 
