@@ -34,10 +34,12 @@ def _config(config: Path | None, bootstrap: str | None, **extra: Any) -> WorkerC
     return cfg
 
 
-def _install_stop_handlers(stop: Any) -> None:
+def _install_stop_handlers(stop: Any, shutdown_timeout_s: float) -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
         # A second signal falls through to the default action (immediate exit).
         signal.signal(signum, signal.SIG_DFL)
+        # A drain that hangs ends with every thread's stack on stderr and exit code 1.
+        faulthandler.dump_traceback_later(shutdown_timeout_s, exit=True)
         stop()
 
     signal.signal(signal.SIGTERM, handler)
@@ -63,7 +65,7 @@ def run(
         raise WorkerError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass "
                           "--bootstrap-servers (or try `trt-worker demo`)")
     worker = Worker(cfg)
-    _install_stop_handlers(worker.stop)
+    _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)
     worker.run()
 
 

@@ -253,6 +253,17 @@ class EngineSettings(_Part):
 class CommitSettings(_Part):
     interval_ms: float = Field(1_000.0, ge=0)
     drain_timeout_s: float = Field(30.0, gt=0)
+    # After SIGTERM, a worker still running this long prints every thread's stack and exits
+    # non-zero (uncommitted work is redone by the next owner): a hang in shutdown, e.g. a
+    # consumer close that never returns, ends with a diagnosis instead of an orchestrator's
+    # SIGKILL. Keep it below the orchestrator's grace period.
+    shutdown_timeout_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _shutdown_covers_drain(self) -> CommitSettings:
+        if self.shutdown_timeout_s <= self.drain_timeout_s:
+            raise ValueError("shutdown_timeout_s must exceed drain_timeout_s")
+        return self
 
 
 class ProcessingSettings(_Part):

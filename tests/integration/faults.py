@@ -588,8 +588,8 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
                                                  "producer_reset", "commit_failed",
                                                  "consumer_error", "worker_failed")},
     }
-    if tail is not None:
-        figures["worker_log_tail"] = tail
+    if tail is not None or code != 0:
+        figures["worker_log_tail"] = tail or proc.log_tail()
     figures.update(_audit_outputs(bootstrap, topics, good, bad))
     time.sleep(0.5)
     figures["offsets_committed_to_end"] = (

@@ -42,7 +42,9 @@ def worker_config(bootstrap: str, topics: Topics, **overrides: Any) -> WorkerCon
         "kafka": {"bootstrap_servers": bootstrap, "group_id": topics.group,
                   "session_timeout_ms": 6000},
         "topics": {"jobs": topics.jobs, "results": topics.results, "dlq": topics.dlq},
-        "commit": {"interval_ms": 200},
+        # Below the harness's waits for a SIGTERM'd worker (60-90 s): a hang in shutdown
+        # shows up as exit code 1 with the worker's stacks in its log.
+        "commit": {"interval_ms": 200, "shutdown_timeout_s": 50},
     }
     for key, value in overrides.items():
         base[key] = {**base.get(key, {}), **value}
@@ -61,6 +63,7 @@ def worker_env(cfg: WorkerConfig, **extra: str) -> dict[str, str]:
             "KTW_TOPICS__RESULTS": cfg.topics.results,
             "KTW_TOPICS__DLQ": cfg.topics.dlq,
             "KTW_COMMIT__INTERVAL_MS": str(cfg.commit.interval_ms),
+            "KTW_COMMIT__SHUTDOWN_TIMEOUT_S": str(cfg.commit.shutdown_timeout_s),
             "KTW_PROCESSING__GUARANTEE": cfg.processing.guarantee,
             "KTW_KAFKA__TRANSACTION_TIMEOUT_MS": str(cfg.kafka.transaction_timeout_ms),
             "PYTHONUNBUFFERED": "1",

@@ -99,3 +99,33 @@ def test_kill9_mid_stream_then_restart_answers_every_job(
     assert committed(kafka_bootstrap, topics.group, topics.jobs, 3) == end_offsets(
         kafka_bootstrap, topics.jobs, 3
     )
+
+
+def test_a_drain_past_shutdown_timeout_dumps_stacks_and_exits_1(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A shutdown that outlasts ``commit.shutdown_timeout_s`` ends with every thread's stack on
+    stderr and exit code 1, and commits nothing past an unanswered job (here the drain of a
+    large backlog on the CPU is what takes too long; in production, a hang)."""
+    topics = fresh_topics(kafka_bootstrap, partitions=3)
+    cfg = worker_config(kafka_bootstrap, topics)
+    produce_folder(cfg, samples_dir(), count=600, prefix="slow-")
+    env = worker_env(cfg, KTW_BATCH__MAX_BATCH_SIZE="4", KTW_BATCH__HIGH_WATERMARK="1000",
+                     KTW_BATCH__LOW_WATERMARK="500", KTW_COMMIT__DRAIN_TIMEOUT_S="0.5",
+                     KTW_COMMIT__SHUTDOWN_TIMEOUT_S="1.0")
+    proc = WorkerProcess(env, tmp_path / "worker.log")
+    read_topic(kafka_bootstrap, topics.results, until=lambda m: len(m) >= 8, timeout=90)
+    started = time.monotonic()
+    proc.terminate()
+    code = proc.wait(60)
+    took = time.monotonic() - started
+    log = proc.log_text()
+    assert code == 1, (code, log[-3000:])
+    assert "Timeout (0:00:01)!" in log and "most recent call first" in log, log[-3000:]
+    assert '"worker_stopped"' not in log, "the drain should not have finished in 1 s"
+    assert took < 30, took
+
+    results = read_topic(kafka_bootstrap, topics.results, until=lambda m: False, timeout=3)
+    answered = _results_by_partition_offset(results)
+    for partition, offset in committed(kafka_bootstrap, topics.group, topics.jobs, 3).items():
+        assert all((partition, o) in answered for o in range(max(offset, 0)))

@@ -216,6 +216,14 @@ def test_bad_value_names_the_field_and_the_env_var(
     assert env in message
 
 
+def test_shutdown_timeout_must_leave_room_for_the_drain(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KTW_COMMIT__SHUTDOWN_TIMEOUT_S", "30")  # drain_timeout_s is 30
+    with pytest.raises(ConfigError, match="shutdown_timeout_s must exceed drain_timeout_s"):
+        load_config()
+    monkeypatch.setenv("KTW_COMMIT__SHUTDOWN_TIMEOUT_S", "31")
+    assert load_config().commit.shutdown_timeout_s == 31
+
+
 def test_every_bad_value_is_listed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KTW_BATCH__MAX_BATCH_SIZE", "0")
     monkeypatch.setenv("KTW_LOG__LEVEL", "LOUD")
