@@ -10,6 +10,9 @@ Imports torch, diffusers and transformers; only the torch backend and the ONNX e
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -89,3 +92,40 @@ def skeleton(component: str, config: dict[str, Any], device: str = "cpu") -> nn.
     UNet initialises in well under a second on a GPU, ~10 s on a CPU)."""
     with torch.device(device):
         return BUILDERS[component](config).eval()
+
+
+_INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_",
+                   "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
+                   "orthogonal_")
+_skip_lock = threading.Lock()
+
+
+@contextmanager
+def _parameter_init_skipped() -> Iterator[None]:
+    """Modules built inside get allocated but not initialised parameters (``torch.nn.init``
+    and transformers' own init are no-ops). Process-wide, so serialised by a lock."""
+    with _skip_lock:
+        saved = {n: getattr(nn.init, n) for n in _INIT_FUNCTIONS if hasattr(nn.init, n)}
+        try:
+            from transformers.modeling_utils import no_init_weights
+            hf: Any = no_init_weights()
+        except ImportError:
+            hf = nullcontext()
+        try:
+            for name in saved:
+                setattr(nn.init, name, lambda tensor, *a, **k: tensor)
+            with hf:
+                yield
+        finally:
+            for name, fn in saved.items():
+                setattr(nn.init, name, fn)
+
+
+def skeleton_uninitialised(component: str, config: dict[str, Any], device: str = "cpu",
+                           dtype: Any = None) -> nn.Module:
+    """The architecture on ``device`` with parameters allocated but not initialised, for a
+    ``load_state_dict`` that overwrites every one of them (strict loading checks that).
+    Buffers computed in constructors (position ids) are built as usual."""
+    with _parameter_init_skipped(), torch.device(device):
+        net = BUILDERS[component](config).eval()
+    return net if dtype is None else net.to(dtype=dtype)
