@@ -10,6 +10,7 @@ Imports torch, diffusers and transformers; only the torch backend and the ONNX e
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -106,11 +107,14 @@ def _parameter_init_skipped() -> Iterator[None]:
     and transformers' own init are no-ops). Process-wide, so serialised by a lock."""
     with _skip_lock:
         saved = {n: getattr(nn.init, n) for n in _INIT_FUNCTIONS if hasattr(nn.init, n)}
-        try:
-            from transformers.modeling_utils import no_init_weights
-            hf: Any = no_init_weights()
-        except ImportError:
-            hf = nullcontext()
+        hf: Any = nullcontext()
+        # transformers 5 keeps it in .initialization, 4.x in .modeling_utils.
+        for where in ("transformers.initialization", "transformers.modeling_utils"):
+            try:
+                hf = importlib.import_module(where).no_init_weights()
+                break
+            except (ImportError, AttributeError):
+                continue
         try:
             for name in saved:
                 setattr(nn.init, name, lambda tensor, *a, **k: tensor)
