@@ -85,15 +85,18 @@ def torch_net_loader(weights: SdWeights, component: str, precision: str,
     def load(device: str) -> tuple[Any, str]:
         import torch
 
-        from engines.models.sd.nets import skeleton
+        from engines.models.sd.nets import skeleton_uninitialised
 
         if cached is None:
             return (weights.load(component, device),
                     f"torch-{torch.__version__}-{precision}-{weights.identity(component)[:12]}")
         entry = cached()
-        net = skeleton(component, weights.config(component), device)
-        state = torch.load(entry.artifact, map_location=device, weights_only=True)
-        net.load_state_dict(state)
+        # Every parameter is overwritten (strict load), so none is initialised first; the
+        # state dict is memory-mapped and copied once into the parameters. Measured on the
+        # H200 (bench/sd_load_profile.py): 0.5 s instead of 1.3 s for the three SD 1.5 engines.
+        net = skeleton_uninitialised(component, weights.config(component), device)
+        state = torch.load(entry.artifact, map_location="cpu", weights_only=True, mmap=True)
+        net.load_state_dict(state, strict=True)
         return net, f"torch-{entry.key[:12]}"
 
     return load
