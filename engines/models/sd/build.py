@@ -93,7 +93,8 @@ def torch_net_loader(weights: SdWeights, component: str, precision: str,
         entry = cached()
         # Every parameter is overwritten (strict load), so none is initialised first; the
         # state dict is memory-mapped and copied once into the parameters. Measured on the
-        # H200 (bench/sd_load_profile.py): 0.5 s instead of 1.3 s for the three SD 1.5 engines.
+        # H200 (bench/sd_load_profile.py): 0.5 s (one run) instead of 1.35 s (median of two)
+        # for the three SD 1.5 engines.
         net = skeleton_uninitialised(component, weights.config(component), device)
         state = torch.load(entry.artifact, map_location="cpu", weights_only=True, mmap=True)
         net.load_state_dict(state, strict=True)
