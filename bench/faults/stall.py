@@ -1,6 +1,6 @@
 """Freeze the broker (SIGSTOP) under load, repeatedly, and measure recovery.
 
-    python -m bench.faults.stall [--repeats 5] [--stall-s 30] [--modes ...]
+    python -m bench.faults.stall [--repeats 5] [--stall-s 30] [--static-membership] [--modes ...]
 
 Always on a broker of its own (a LocalKafka), since it freezes it. Recovery time: from the
 resume until a result is visible (read_committed) for a job produced after the stall began.
@@ -22,6 +22,8 @@ def main() -> None:
     p.add_argument("--stall-s", type=float, default=30.0)
     p.add_argument("--rate", type=float, default=10.0)
     p.add_argument("--bound-s", type=float, default=10.0, help="recovery bound to check")
+    p.add_argument("--static-membership", action="store_true",
+                   help="workers join with group.instance.id (KIP-345)")
     add_modes(p)
     a = p.parse_args()
     started = time.monotonic()
@@ -31,7 +33,9 @@ def main() -> None:
         for mode in modes(a.modes):
             for i in range(a.repeats):
                 f = run_broker_stall(kafka, log_dir(f"stall-{mode}-{i}"), mode=mode,
-                                     stall_s=a.stall_s, rate_per_s=a.rate)
+                                     stall_s=a.stall_s, rate_per_s=a.rate,
+                                     **({"KTW_KAFKA__STATIC_MEMBERSHIP": "true"}
+                                        if a.static_membership else {}))
                 rec = f["recovery_s"]
                 f["ok"] = (f["worker_survived"] and f["exit_code"] == 0 and f["drained"]
                            and rec is not None and rec <= a.bound_s

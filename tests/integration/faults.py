@@ -513,6 +513,25 @@ def log_events(text: str) -> collections.Counter[str]:
     return out
 
 
+def stall_after(broker: Any, watcher: TopicWatcher, *, results: int, stall_s: float,
+                timeout: float = 60.0, failed: Callable[[], object] = lambda: None
+                ) -> tuple[float, float]:
+    """Once ``results`` results are seen (steady processing), freeze the broker for ``stall_s``
+    and resume it; returns when the pause began and ended (time.monotonic)."""
+    deadline = time.monotonic() + timeout
+    while len(watcher.seen()) < results:
+        assert time.monotonic() < deadline and not failed(), (
+            failed() or "no steady processing before the stall")
+        time.sleep(0.1)
+    t_pause = time.monotonic()
+    broker.pause()
+    try:
+        time.sleep(stall_s)
+    finally:
+        broker.resume()
+    return t_pause, time.monotonic()
+
+
 def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 30.0,
                      rate_per_s: float = 10.0, partitions: int = 3, after_s: float = 10.0,
                      **env: str) -> dict[str, Any]:
@@ -536,17 +555,7 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
         feeder.start()
         watcher.start()
         t_feed = time.monotonic()
-        deadline = t_feed + 60
-        while len(watcher.seen()) < 30:
-            assert time.monotonic() < deadline, "no steady processing before the stall"
-            time.sleep(0.2)
-        t_pause = time.monotonic()
-        broker.pause()
-        try:
-            time.sleep(stall_s)
-        finally:
-            broker.resume()
-        t_resume = time.monotonic()
+        t_pause, t_resume = stall_after(broker, watcher, results=30, stall_s=stall_s)
         recovery_s: float | None = None
         while time.monotonic() < t_resume + 60:
             fresh = [watcher.first_seen[k] for k in list(watcher.first_seen)

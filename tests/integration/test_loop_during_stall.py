@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.integration.faults import Feeder, TopicWatcher
+from tests.integration.faults import Feeder, TopicWatcher, stall_after
 from tests.integration.support import fresh_topics, worker_config
 from worker.local_kafka import LocalKafka
 from worker.service import Worker
@@ -56,17 +56,9 @@ def test_loop_keeps_stepping_while_the_broker_is_frozen(local_kafka: LocalKafka)
     try:
         feeder.start()
         watcher.start()
-        deadline = time.monotonic() + 90
-        while len(watcher.seen()) < 40:  # results delivered: offsets to commit every interval
-            assert time.monotonic() < deadline and not failure, failure or "no results"
-            time.sleep(0.1)
-        t_pause = time.monotonic()
-        local_kafka.pause()
-        try:
-            time.sleep(PAUSE_S)
-        finally:
-            local_kafka.resume()
-        t_resume = time.monotonic()
+        # Results just delivered when the broker freezes: a commit is due within an interval.
+        t_pause, t_resume = stall_after(local_kafka, watcher, results=40, stall_s=PAUSE_S,
+                                        timeout=90, failed=lambda: failure)
         feeder.stop()
         assert watcher.wait_for(set(feeder.good), 90), "jobs left unanswered after the stall"
     finally:
