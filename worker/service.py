@@ -53,6 +53,7 @@ from worker.jobs import SourceRef
 from worker.kafka import (
     Consumer,
     Producer,
+    is_fatal,
     member_consumer_settings,
     producer_settings,
     source_record,
@@ -223,7 +224,9 @@ class Worker:
     def _accept(self, msg: ck.Message) -> None:
         err = msg.error()
         if err is not None:
-            if err.fatal():
+            if is_fatal(err):
+                # The consumer is unusable (e.g. fenced by another static member with this
+                # instance id): stop, so the process is restarted, instead of idling forever.
                 raise KafkaIOError(f"fatal consumer error: {err.str()}")
             log.warning("consumer_error", error=err.str(), code=err.code())
             return

@@ -129,3 +129,44 @@ def test_a_drain_past_shutdown_timeout_dumps_stacks_and_exits_1(
     answered = _results_by_partition_offset(results)
     for partition, offset in committed(kafka_bootstrap, topics.group, topics.jobs, 3).items():
         assert all((partition, o) in answered for o in range(max(offset, 0)))
+
+
+def test_a_consumer_fenced_by_its_instance_id_stops_the_worker(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Another member joins with this worker's ``group.instance.id`` (static membership): the
+    worker's consumer is fenced, a fatal error librdkafka reports with the generic ``_FATAL``
+    code. The worker must exit non-zero (to be restarted) rather than idle on a dead consumer;
+    this happened after a 30 s broker stall, when the worker's own rejoin fenced it."""
+    import confluent_kafka as ck
+
+    topics = fresh_topics(kafka_bootstrap, partitions=3)
+    cfg = worker_config(kafka_bootstrap, topics)
+    env = worker_env(cfg, KTW_KAFKA__STATIC_MEMBERSHIP="true", KTW_KAFKA__INSTANCE_ID="twin")
+    proc = WorkerProcess(env, tmp_path / "worker.log")
+    deadline = time.monotonic() + 90
+    while '"partitions_assigned"' not in proc.log_text():
+        assert time.monotonic() < deadline and proc.proc.poll() is None, proc.log_text()[-3000:]
+        time.sleep(0.2)
+    twin = ck.Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": topics.group,
+                        "group.instance.id": "twin", "session.timeout.ms": 6000,
+                        "partition.assignment.strategy": "cooperative-sticky"})
+    try:
+        twin.subscribe([topics.jobs])
+        deadline = time.monotonic() + 60
+        while proc.proc.poll() is None and time.monotonic() < deadline:
+            twin.poll(0.2)
+    finally:
+        twin.close()
+    if proc.proc.poll() is None:
+        proc.dump_stacks()
+        tail = proc.log_tail()
+        proc.kill9()
+        raise AssertionError(f"the fenced worker kept running:\n{tail}")
+    code = proc.wait(5)
+    log = proc.log_text()
+    assert code not in (0, None), log[-3000:]
+    failed = [json.loads(line) for line in log.splitlines()
+              if line.startswith("{") and '"worker_failed"' in line]
+    assert failed and "fatal consumer error" in failed[0]["error"], log[-3000:]
+    assert "fenced" in failed[0]["error"].lower(), failed[0]

@@ -311,3 +311,13 @@ def test_the_producer_records_the_fatal_report_its_error_callback_gets() -> None
     assert p.fatal_reason is None, "a transient error is not a fatal one"
     p._on_error(ck.KafkaError(ck.KafkaError._FATAL, "Fatal error: Broker: ... fences ..."))
     assert p.fatal_reason is not None and "fences" in p.fatal_reason
+
+
+def test_fatal_error_events_count_as_fatal_whatever_their_flag() -> None:
+    from worker.kafka import is_fatal
+
+    # librdkafka's fatal error event: generic _FATAL code, fatal() False on the event itself.
+    event = ck.KafkaError(ck.KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced")
+    assert not event.fatal() and is_fatal(event)
+    assert is_fatal(ck.KafkaError(ck.KafkaError.FENCED_INSTANCE_ID, "fenced", fatal=True))
+    assert not is_fatal(ck.KafkaError(ck.KafkaError._TRANSPORT, "broker down"))

@@ -200,6 +200,13 @@ def _wrap_txn(exc: ck.KafkaException, what: str, fatal_reason: str | None = None
     return TransactionError(f"{what}: {exc}", fatal=True)
 
 
+def is_fatal(err: ck.KafkaError) -> bool:
+    """The client is unusable from now on. librdkafka reports a fatal error (a static member
+    fenced by another with the same ``group.instance.id``, a fenced producer) as an error event
+    with the generic ``_FATAL`` code, and that event's ``fatal()`` is False: check both."""
+    return bool(err.fatal()) or err.code() == ck.KafkaError._FATAL
+
+
 class Consumer:
     def __init__(self, settings: dict[str, Any]) -> None:
         self._settings = dict(settings)
@@ -291,7 +298,7 @@ class Producer:
 
     def _on_error(self, err: ck.KafkaError) -> None:
         # Served by poll()/flush(). Non-fatal errors are informational: librdkafka recovers.
-        if err.fatal() or err.code() == ck.KafkaError._FATAL:
+        if is_fatal(err):
             self.fatal_reason = err.str()
             log.error("producer_fatal_error", code=err.name(), error=err.str())
         else:  # librdkafka's own log line says the same at its level

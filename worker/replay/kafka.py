@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec  # re-exported untyped by .admin
 
 from worker.config import WorkerConfig
-from worker.kafka import consumer_settings, producer_settings
+from worker.kafka import consumer_settings, is_fatal, producer_settings
 from worker.replay.exceptions import ReplayError, UnknownTopic
 
 # Keys of consumer_settings() that an AdminClient would warn about and ignore.
@@ -146,7 +146,7 @@ def read_to_end(
             for msg in consumer.consume(500, timeout=0.2):
                 err = msg.error()
                 if err is not None:
-                    if err.fatal():
+                    if is_fatal(err):
                         raise ReplayError(f"reading {topic} failed: {err.str()}")
                     continue
                 p, off = msg.partition(), msg.offset()

@@ -27,7 +27,7 @@ from engines.backends.base import Runner
 from worker.config import WorkerConfig
 from worker.dlq import SourceRecord, dead_letter
 from worker.exceptions import DeliveryFailed, JobRejected
-from worker.kafka import Producer, source_record
+from worker.kafka import Producer, is_fatal, source_record
 from worker.replay.exceptions import ReplayError
 from worker.replay.headers import REPLAY_ID, source_headers
 from worker.replay.kafka import Admin, admin_settings, replay_consumer_settings
@@ -201,7 +201,7 @@ class ReplayRunner:
     def _accept(self, msg: ck.Message, producer: Producer) -> int:
         err = msg.error()
         if err is not None:
-            if err.fatal():
+            if is_fatal(err):
                 raise ReplayError(f"fatal consumer error: {err.str()}")
             log.warning("replay_consumer_error", error=err.str())
             return 0
