@@ -283,6 +283,31 @@ class TopicWatcher(threading.Thread):
         self.stop()
 
 
+class OutputWatch:
+    """Watches a scenario's results and DLQ topics: it has drained only when every good job
+    has a result *and* every bad one its DLQ record (the last job fed may well be a bad one)."""
+
+    def __init__(self, bootstrap: str, topics: Any) -> None:
+        self.results = TopicWatcher(bootstrap, topics.results)
+        self.dlq = TopicWatcher(bootstrap, topics.dlq)
+
+    def start(self) -> None:
+        self.results.start()
+        self.dlq.start()
+
+    def stop(self) -> None:
+        self.results.stop()
+        self.dlq.stop()
+
+    halt = stop
+
+    def wait_for(self, good: set[str], bad: set[str], timeout: float,
+                 alive: Callable[[], bool] | None = None) -> bool:
+        deadline = time.monotonic() + timeout
+        return (self.results.wait_for(good, timeout, alive)
+                and self.dlq.wait_for(bad, max(0.0, deadline - time.monotonic()), alive))
+
+
 def read_all(bootstrap: str, topic: str, *, isolation: str = "read_committed",
              idle_s: float = 3.0, timeout: float = 120.0) -> list[ck.Message]:
     """Every record of a topic, read from the beginning until ``idle_s`` pass with nothing new."""
@@ -453,20 +478,20 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode})
     feeder = Feeder(bootstrap, topics.jobs, rate_per_s=rate_per_s, prefix="k-",
                     bad_every=bad_every, burst=backlog)
-    watcher = TopicWatcher(bootstrap, topics.results)
+    outputs = OutputWatch(bootstrap, topics)
     names = [f"w{i}" for i in range(instances)]
     delays: list[float] = []
     started = time.monotonic()
     with Fleet(cfg, log_dir, KTW_KAFKA__STATIC_MEMBERSHIP="true",
                KTW_BATCH__MAX_BATCH_SIZE="8", KTW_BATCH__MAX_DELAY_MS=str(batch_delay_ms)
                ) as fleet:
-        fleet.own(feeder, watcher)
+        fleet.own(feeder, outputs)
         for name in names:
             fleet.start(name)
         for name in names:
             assert fleet.wait_assigned(name, 90), f"{name} never got partitions"
         feeder.start()
-        watcher.start()
+        outputs.start()
         for k in range(kills):
             target = names[k % instances]
             assert fleet.wait_assigned(target, 90), f"{target} never got partitions back"
@@ -478,9 +503,9 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
         kill_phase_s = time.monotonic() - started
         feeder.stop()
         good, bad = set(feeder.good), set(feeder.bad)
-        drained = watcher.wait_for(good, drain_timeout_s, fleet.all_alive)
+        drained = outputs.wait_for(good, bad, drain_timeout_s, fleet.all_alive)
         drain_s = time.monotonic() - started - kill_phase_s
-        watcher.stop()
+        outputs.stop()
         codes = [fleet.terminate(name) for name in names]
     figures: dict[str, Any] = {
         "mode": mode, "kills": kills, "instances": instances, "partitions": partitions,
@@ -547,13 +572,14 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
     topics = fresh_topics(bootstrap, partitions)
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode})
     feeder = Feeder(bootstrap, topics.jobs, rate_per_s=rate_per_s, prefix="st-", bad_every=20)
-    watcher = TopicWatcher(bootstrap, topics.results)
+    outputs = OutputWatch(bootstrap, topics)
+    watcher = outputs.results
     with Fleet(cfg, log_dir, **{"KTW_BATCH__MAX_BATCH_SIZE": "8", **env}) as fleet:
-        fleet.own(feeder, watcher)
+        fleet.own(feeder, outputs)
         proc = fleet.start("s0")
         assert fleet.wait_assigned("s0", 90), "worker never got partitions"
         feeder.start()
-        watcher.start()
+        outputs.start()
         t_feed = time.monotonic()
         t_pause, t_resume = stall_after(broker, watcher, results=30, stall_s=stall_s)
         recovery_s: float | None = None
@@ -569,10 +595,10 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
         good, bad = set(feeder.good), set(feeder.bad)
         backlog = {k for k in good if feeder.sent_at[k] < t_resume}
         t_drain = time.monotonic()
-        drained = watcher.wait_for(good, 150, fleet.all_alive)
+        drained = outputs.wait_for(good, bad, 150, fleet.all_alive)
         last_backlog = max(watcher.first_seen.get(k, float("inf")) for k in backlog)
         backlog_s = None if last_backlog == float("inf") else last_backlog - t_resume
-        watcher.stop()
+        outputs.stop()
         survived = proc.proc.poll() is None
         tail = None
         if not drained:  # keep what the worker was doing for the failure message
@@ -630,15 +656,16 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode})
     feeder = Feeder(bootstrap, topics.jobs, rate_per_s=rate_per_s, prefix="sc-", bad_every=7,
                     burst=backlog)
-    watcher = TopicWatcher(bootstrap, topics.results)
+    outputs = OutputWatch(bootstrap, topics)
+    watcher = outputs.results
     marks: dict[str, float] = {}
     with Fleet(cfg, log_dir, KTW_BATCH__MAX_BATCH_SIZE="8") as fleet:
-        fleet.own(feeder, watcher)
+        fleet.own(feeder, outputs)
         t0 = time.monotonic()
         fleet.start("a0")
         assert fleet.wait_assigned("a0", 90)
         feeder.start()
-        watcher.start()
+        outputs.start()
         deadline = time.monotonic() + 60
         while len(watcher.seen()) < 30:
             assert time.monotonic() < deadline, "no processing with one worker"
@@ -653,9 +680,9 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
         time.sleep(phase_s / 2)
         feeder.stop()
         good, bad = set(feeder.good), set(feeder.bad)
-        drained = watcher.wait_for(good, 120, fleet.all_alive)
+        drained = outputs.wait_for(good, bad, 120, fleet.all_alive)
         marks["drained"] = time.monotonic() - t0
-        watcher.stop()
+        outputs.stop()
         codes["a0"] = fleet.terminate("a0")
         per_worker = {name: stopped_totals(p.log_text()) for name, p in fleet.procs.items()}
         revokes = {name: log_events(p.log_text())["partitions_revoked"]
