@@ -108,9 +108,7 @@ def child(args: argparse.Namespace) -> None:
             net = net.to(device=args.device, dtype=dtype).eval()
             t("to_dtype")
             return net
-        from engines.models.sd.nets import skeleton_uninitialised
-
-        net = skeleton_uninitialised(c, weights.config(c), args.device, dtype)
+        net = skeleton(c, weights.config(c), args.device, initialised=False).to(dtype=dtype)
         t("skeleton")
         mmap = v.endswith("_mmap")
         state = torch.load(entries[c].artifact, map_location="cpu" if mmap else args.device,

@@ -429,14 +429,15 @@ class Worker:
             # (and every batch behind it) until the coordinator answers, up to a minute while
             # the broker stalls. Revoke and shutdown commit synchronously: the positions must
             # be stored before the partitions move on.
-            self._consumer.commit(offsets, asynchronous=not force)
+            if not force:
+                self._consumer.commit_async(offsets)
+                self._commit_sent = now  # _committed marks them once accepted
+                return
+            self._consumer.commit(offsets)
         except KafkaIOError as exc:
             # Usually a rebalance in progress; the same positions are retried next interval.
             log.warning("commit_failed", error=str(exc), recoverable=exc.recoverable)
             return
-        if not force:
-            self._commit_sent = now
-            return  # _committed marks them once the coordinator accepted them
         self._tracker.mark_committed(positions)
         log.debug("committed", offsets={f"{t}[{p}]": o for (t, p), o in positions.items()})
 

@@ -735,15 +735,12 @@ def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
     with Fleet(cfg, log_dir, KTW_BATCH__MAX_BATCH_SIZE="16", **env) as fleet:
         t0 = time.monotonic()
         proc = fleet.start("f0")
-        dlq_w, res_w = TopicWatcher(bootstrap, topics.dlq), TopicWatcher(bootstrap, topics.results)
-        fleet.own(dlq_w, res_w)
-        dlq_w.start()
-        res_w.start()
-        drained = (res_w.wait_for(set(good), 300, fleet.all_alive)
-                   and dlq_w.wait_for(set(by_key), 300, fleet.all_alive))
+        outputs = OutputWatch(bootstrap, topics)
+        fleet.own(outputs)
+        outputs.start()
+        drained = outputs.wait_for(set(good), set(by_key), 600, fleet.all_alive)
         elapsed = time.monotonic() - t0
-        dlq_w.stop()
-        res_w.stop()
+        outputs.stop()
         survived = proc.proc.poll() is None
         code = fleet.terminate("f0")
         events = log_events(proc.log_text())

@@ -9,15 +9,13 @@ later through ``on_commit``. Revoke and shutdown still commit synchronously.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
 from tests.integration.faults import Feeder, TopicWatcher, stall_after
-from tests.integration.support import fresh_topics, worker_config
+from tests.integration.support import ThreadedWorker, fresh_topics, worker_config
 from worker.local_kafka import LocalKafka
-from worker.service import Worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PAUSE_S = 4.0  # below the 6 s session timeout: the member stays in the group
@@ -29,7 +27,8 @@ def test_loop_keeps_stepping_while_the_broker_is_frozen(local_kafka: LocalKafka)
     topics = fresh_topics(bootstrap, 3)
     cfg = worker_config(bootstrap, topics, commit={"interval_ms": 300},
                         batch={"max_batch_size": 4})
-    worker = Worker(cfg)
+    running = ThreadedWorker(cfg)
+    worker = running.worker
     steps: list[tuple[float, float]] = []  # (start, end) of every loop step
     real_step = worker.step
 
@@ -41,34 +40,21 @@ def test_loop_keeps_stepping_while_the_broker_is_frozen(local_kafka: LocalKafka)
             steps.append((t0, time.monotonic()))
 
     worker.step = timed_step  # type: ignore[method-assign]
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below in the test thread
-            failure.append(exc)
-
     feeder = Feeder(bootstrap, topics.jobs, rate_per_s=20.0, prefix="ls-")
     watcher = TopicWatcher(bootstrap, topics.results)
-    thread = threading.Thread(target=run, name="worker", daemon=True)
-    thread.start()
     try:
-        feeder.start()
-        watcher.start()
-        # Results just delivered when the broker freezes: a commit is due within an interval.
-        t_pause, t_resume = stall_after(local_kafka, watcher, results=40, stall_s=PAUSE_S,
-                                        timeout=90, failed=lambda: failure)
-        feeder.stop()
-        assert watcher.wait_for(set(feeder.good), 90), "jobs left unanswered after the stall"
+        with running:  # on the way out: drains, checks the thread ended, re-raises its failure
+            feeder.start()
+            watcher.start()
+            # Results just delivered when the broker freezes: a commit is due within an
+            # interval.
+            t_pause, t_resume = stall_after(local_kafka, watcher, results=40, stall_s=PAUSE_S,
+                                            timeout=90, failed=lambda: running.error)
+            feeder.stop()
+            assert watcher.wait_for(set(feeder.good), 90), "jobs left unanswered after the stall"
     finally:
         feeder.halt()
         watcher.stop()
-        worker.stop()
-        thread.join(60)
-    assert not thread.is_alive(), "worker did not stop"
-    if failure:
-        raise failure[0]
     # A commit was due within one interval of the freeze (results had just been delivered); a
     # synchronous one would have held a single step across the rest of the pause.
     window = (t_pause + 1.0, t_resume - 0.2)

@@ -242,15 +242,18 @@ class Consumer:
         except ck.KafkaException as exc:
             raise _wrap(exc, "consume failed") from exc
 
-    def commit(self, offsets: list[ck.TopicPartition], *, asynchronous: bool = False) -> None:
-        """Commit these positions. Synchronous: returns once the coordinator answered (or
-        raises). Asynchronous: returns at once; the ``on_commit`` callback given to
-        :meth:`open` reports the outcome from a later ``consume()``."""
+    def commit(self, offsets: list[ck.TopicPartition]) -> None:
+        """Commit these positions; returns once the coordinator answered (or raises)."""
         try:
-            if asynchronous:
-                self.client.commit(offsets=offsets, asynchronous=True)
-            else:
-                self.client.commit(offsets=offsets, asynchronous=False)
+            self.client.commit(offsets=offsets, asynchronous=False)
+        except ck.KafkaException as exc:
+            raise _wrap(exc, "commit failed") from exc
+
+    def commit_async(self, offsets: list[ck.TopicPartition]) -> None:
+        """Send a commit and return at once; the ``on_commit`` callback given to :meth:`open`
+        reports the outcome from a later ``consume()``."""
+        try:
+            self.client.commit(offsets=offsets, asynchronous=True)
         except ck.KafkaException as exc:
             raise _wrap(exc, "commit failed") from exc
 

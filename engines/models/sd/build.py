@@ -85,7 +85,7 @@ def torch_net_loader(weights: SdWeights, component: str, precision: str,
     def load(device: str) -> tuple[Any, str]:
         import torch
 
-        from engines.models.sd.nets import skeleton_uninitialised
+        from engines.models.sd.nets import skeleton
 
         if cached is None:
             return (weights.load(component, device),
@@ -95,7 +95,7 @@ def torch_net_loader(weights: SdWeights, component: str, precision: str,
         # state dict is memory-mapped and copied once into the parameters. Measured on the
         # H200 (bench/sd_load_profile.py): 0.5 s (one run) instead of 1.35 s (median of two)
         # for the three SD 1.5 engines.
-        net = skeleton_uninitialised(component, weights.config(component), device)
+        net = skeleton(component, weights.config(component), device, initialised=False)
         state = torch.load(entry.artifact, map_location="cpu", weights_only=True, mmap=True)
         net.load_state_dict(state, strict=True)
         return net, f"torch-{entry.key[:12]}"

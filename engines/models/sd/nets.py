@@ -88,10 +88,14 @@ def vae_decoder(config: dict[str, Any]) -> VaeDecoderNet:
 BUILDERS = {"text_encoder": text_encoder, "unet": unet, "vae": vae_decoder}
 
 
-def skeleton(component: str, config: dict[str, Any], device: str = "cpu") -> nn.Module:
-    """The architecture with freshly initialised weights, built directly on ``device`` (a full
-    UNet initialises in well under a second on a GPU, ~10 s on a CPU)."""
-    with torch.device(device):
+def skeleton(component: str, config: dict[str, Any], device: str = "cpu", *,
+             initialised: bool = True) -> nn.Module:
+    """The architecture built directly on ``device``: with freshly initialised weights (a full
+    UNet initialises in well under a second on a GPU, ~10 s on a CPU), or, ``initialised=False``,
+    with parameters allocated but not initialised, for a ``load_state_dict`` that overwrites
+    every one of them (strict loading checks that). Buffers computed in constructors (position
+    ids) are built either way."""
+    with _parameter_init_skipped() if not initialised else nullcontext(), torch.device(device):
         return BUILDERS[component](config).eval()
 
 
@@ -124,12 +128,3 @@ def _parameter_init_skipped() -> Iterator[None]:
             for name, fn in saved.items():
                 setattr(nn.init, name, fn)
 
-
-def skeleton_uninitialised(component: str, config: dict[str, Any], device: str = "cpu",
-                           dtype: Any = None) -> nn.Module:
-    """The architecture on ``device`` with parameters allocated but not initialised, for a
-    ``load_state_dict`` that overwrites every one of them (strict loading checks that).
-    Buffers computed in constructors (position ids) are built as usual."""
-    with _parameter_init_skipped(), torch.device(device):
-        net = BUILDERS[component](config).eval()
-    return net if dtype is None else net.to(dtype=dtype)

@@ -14,12 +14,12 @@ def test_uninitialised_skeleton_loads_to_the_same_module(component: str) -> None
     import torch
 
     from engines.models.sd.arch import ARCHES
-    from engines.models.sd.nets import skeleton_uninitialised
+    from engines.models.sd.nets import skeleton
     from engines.models.sd.weights import RandomSdWeights
 
     weights = RandomSdWeights(ARCHES["tiny"], 0)
     reference = weights.load(component, "cpu")
-    net = skeleton_uninitialised(component, weights.config(component), "cpu")
+    net = skeleton(component, weights.config(component), "cpu", initialised=False)
     net.load_state_dict(reference.state_dict(), strict=True)
     for name, value in reference.state_dict().items():
         assert torch.equal(net.state_dict()[name], value), name
