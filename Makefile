@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 jars: $(STAMP)  ## resolve the Kafka broker jars from Maven Central (cached)
-	$(BIN)/python -m worker.local_kafka fetch
+	$(BIN)/python -m worker.devkit.local_kafka fetch
 
 demo: $(STAMP) jars  ## local Kafka + real open_nsfw on CPU + sample images
 	$(BIN)/trt-worker demo

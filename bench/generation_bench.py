@@ -72,9 +72,9 @@ def build(args: argparse.Namespace, builds: list[str]) -> Any:
 
 def task_for(engines: Any, blob_dir: Path, in_flight: int = 2,
              warm_up: str = "all_shapes") -> Any:
-    from worker.generation.blobs import LocalBlobStore
-    from worker.generation.settings import GenerationSettings
-    from worker.generation.task import GenerationTask
+    from worker.config.generation import GenerationSettings
+    from worker.tasks.generation.blobs import LocalBlobStore
+    from worker.tasks.generation.task import GenerationTask
 
     res = RES[engines.weights.arch.name]
     g = GenerationSettings(random_weights=engines.weights.arch.name,
@@ -90,8 +90,8 @@ def task_for(engines: Any, blob_dir: Path, in_flight: int = 2,
 def submit(task: Any, jobs: list[dict[str, Any]]) -> Any:
     import msgpack
 
-    from worker.batcher import Batch
-    from worker.jobs import SourceRef
+    from worker.tasks.batcher import Batch
+    from worker.wire.records import SourceRef
 
     res = RES[task.engines.weights.arch.name]
     base = {"v": 1, "prompt": "a bottle of olive oil on a wooden table, product photo",
@@ -277,7 +277,7 @@ def e2e_config(args: argparse.Namespace, bootstrap: str, tag: str, blob_dir: Pat
 
 
 def e2e_jobs(args: argparse.Namespace, prefix: str, n: int) -> list[tuple[str, bytes]]:
-    from worker.generation.codec import encode_generation_job
+    from worker.wire.generation_codec import encode_generation_job
 
     res = RES[args.arch]
     return [(f"{prefix}-{i:04d}", encode_generation_job(
@@ -290,8 +290,8 @@ def ceiling(task: Any, jobs: list[tuple[str, bytes]], per_batch: int, in_flight:
     """Images/s of the same jobs through the task in-process (no Kafka), same batches."""
     from concurrent.futures import Future
 
-    from worker.batcher import Batch
-    from worker.jobs import SourceRef
+    from worker.tasks.batcher import Batch
+    from worker.wire.records import SourceRef
 
     items = [task.pending(payload, SourceRef("bench", 0, i)) for i, (_, payload) in
              enumerate(jobs)]
@@ -319,7 +319,7 @@ def start_broker(args: argparse.Namespace, stack: Any) -> tuple[str, str]:
     if kind == "env":
         return os.environ["KAFKA_BOOTSTRAP_SERVERS"].strip(), "env"
     if kind == "local":
-        from worker.local_kafka import LocalKafka
+        from worker.devkit.local_kafka import LocalKafka
 
         broker = LocalKafka()
         stack.callback(broker.stop)
@@ -339,10 +339,10 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
     import threading
     import uuid
 
-    from worker.generation.producer import AnswerReader, send_jobs
-    from worker.local_kafka.admin import create_topics
-    from worker.service import Worker
-    from worker.serving_setup import make_served_task
+    from worker.devkit.local_kafka.admin import create_topics
+    from worker.loop.worker import Worker
+    from worker.tasks.registry import make_served_task
+    from worker.tools.generate import AnswerReader, send_jobs
 
     tag = uuid.uuid4().hex[:8]
     per_batch = max(1, 8 // args.e2e_images)

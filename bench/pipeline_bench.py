@@ -56,7 +56,7 @@ def engine_ceiling(sizes: list[int], iters: int) -> list[dict[str, float]]:
     pipe = TorchPipeline(runner, tuple(sizes), slots=1, pixels=True)
     pipe.activate()
     photos = jpeg_photos(64, seed=1)
-    from worker.images import crop_pixels, decode_image
+    from worker.tasks.moderation.images import crop_pixels, decode_image
 
     pixels = np.stack([crop_pixels(decode_image(b), jpeg_roundtrip=False) for b in photos])
     rows = []
@@ -81,8 +81,8 @@ def engine_ceiling(sizes: list[int], iters: int) -> list[dict[str, float]]:
 def preprocess_ceilings(photos: list[bytes]) -> dict[str, float]:
     import torch
 
-    from worker.gpu_preprocess import prepare_batch
-    from worker.images import crop_pixels, decode_image
+    from worker.tasks.moderation.gpu_preprocess import prepare_batch
+    from worker.tasks.moderation.images import crop_pixels, decode_image
 
     def cpu_one(b: bytes) -> np.ndarray:
         return crop_pixels(decode_image(b), jpeg_roundtrip=False)
@@ -193,7 +193,7 @@ def produce_jobs(bootstrap: str, topic: str, photos: list[bytes], n: int, prefix
                  rate: float | None = None, sent: dict[str, float] | None = None) -> float:
     import confluent_kafka as ck
 
-    from worker.producer_tool import encode_job
+    from worker.tools.produce import encode_job
 
     p = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1 << 20,
                      "queue.buffering.max.kbytes": 1 << 21, "compression.type": "none"})
@@ -269,7 +269,7 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
                  stop: Any) -> None:
     """One worker process: the Python loop is per process, so K processes share one GPU."""
     from worker.logs import configure_logging
-    from worker.service import Worker
+    from worker.loop.worker import Worker
 
     configure_logging("WARNING")
     worker = Worker(worker_cfg(bootstrap, tag, preprocess))
@@ -289,7 +289,7 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
                rate: float | None, procs: int = 1) -> dict[str, float]:
     import multiprocessing as mp
 
-    from worker.local_kafka.admin import create_topics
+    from worker.devkit.local_kafka.admin import create_topics
 
     tag = uuid.uuid4().hex[:8]
     cfg = worker_cfg(bootstrap, tag, preprocess)
@@ -356,8 +356,8 @@ def naive(bootstrap: str, photos: list[bytes], n: int) -> dict[str, float]:
 
     from engines.models.open_nsfw import open_nsfw_spec
     from engines.models.open_nsfw_torch import build_module
-    from worker.images import decode_image, preprocess_open_nsfw
-    from worker.local_kafka.admin import create_topics
+    from worker.devkit.local_kafka.admin import create_topics
+    from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
 
     tag = uuid.uuid4().hex[:8]
     create_topics(bootstrap, [f"naive-{tag}", f"naive-out-{tag}"], partitions=1)

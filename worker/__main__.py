@@ -1,5 +1,5 @@
 """`python -m worker` is the `trt-worker` command."""
 
-from worker.cli import main
+from worker.tools.cli import main
 
 main()

@@ -98,7 +98,7 @@ def _build_trt(cfg: WorkerConfig, plan: EnginePlan, recipe: BuildRecipe, out: Pa
             entropy_calibrator,
             samples_from_folder,
         )
-        from worker.images import decode_image, preprocess_open_nsfw
+        from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
 
         assert cfg.engines.calibration_dir is not None
         samples = samples_from_folder(cfg.engines.calibration_dir,

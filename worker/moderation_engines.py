@@ -21,7 +21,7 @@ from engines.profiles import Profile, RangeProfile, StaticProfile
 from engines.spec import EngineSpec
 from engines.tokens import TextTokenizer
 from worker.config import WorkerConfig
-from worker.text_scoring import embed_texts
+from worker.tasks.moderation.text_scoring import embed_texts
 
 
 def engine_backend(cfg: WorkerConfig, explicit: str | None) -> str:

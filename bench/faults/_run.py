@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import environment, write
-from worker.local_kafka import LocalKafka
+from worker.devkit.local_kafka import LocalKafka
 
 
 @contextlib.contextmanager

@@ -52,9 +52,9 @@ def gpu(cache: Any) -> Iterator[Any]:
 
 
 def _task(engines: Any, tmp_path: Path, in_flight: int = 2) -> Any:
-    from worker.generation.blobs import LocalBlobStore
-    from worker.generation.settings import GenerationSettings
-    from worker.generation.task import GenerationTask
+    from worker.config.generation import GenerationSettings
+    from worker.tasks.generation.blobs import LocalBlobStore
+    from worker.tasks.generation.task import GenerationTask
 
     g = GenerationSettings(random_weights="tiny", sizes=[{"width": w, "height": h}
                                                           for w, h in SIZES],
@@ -70,8 +70,8 @@ def _job(**kw: Any) -> bytes:
 
 
 def _run(task: Any, *payloads: bytes) -> Any:
-    from worker.batcher import Batch
-    from worker.jobs import SourceRef
+    from worker.tasks.batcher import Batch
+    from worker.wire.records import SourceRef
 
     items = [task.pending(p, SourceRef("t", 0, i)) for i, p in enumerate(payloads)]
     return task.submit(Batch(task.batcher_profiles()[0], items, len(items)))

@@ -107,14 +107,14 @@ def _rss_kb() -> int:
 def test_gpu_task_scores_match_the_cpu_reference(preprocess: str) -> None:
     from engines.backends.onnxruntime import OrtRunner
     from tests.conformance_inputs import synthetic_images
-    from worker.batcher import Batch
     from worker.config import load_config
-    from worker.dlq import SourceRecord
     from worker.engine_setup import engine_plan, make_runner
-    from worker.images import decode_image, preprocess_open_nsfw
-    from worker.jobs import ModerationJob, SourceRef
-    from worker.moderation import Pending
-    from worker.moderation_gpu import GpuModerationTask
+    from worker.tasks.batcher import Batch
+    from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
+    from worker.tasks.moderation.open_nsfw import Pending
+    from worker.tasks.moderation.open_nsfw_gpu import GpuModerationTask
+    from worker.wire.moderation_jobs import ModerationJob
+    from worker.wire.records import SourceRecord, SourceRef
 
     cfg = load_config(model={"backend": "torch", "preprocess": preprocess,
                              "jpeg_roundtrip": False}, engines={"use_cache": False})

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker.local_kafka import LocalKafka, kafka_from_env_or_local
+from worker.devkit.local_kafka import LocalKafka, kafka_from_env_or_local
 
 
 @pytest.fixture(scope="session")

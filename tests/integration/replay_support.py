@@ -15,11 +15,11 @@ from typing import Any
 import confluent_kafka as ck
 import pytest
 
-from tests.integration.support import REPO
 from worker.config import WorkerConfig, load_config
-from worker.demo import samples_dir
-from worker.local_kafka.admin import create_topics
-from worker.producer_tool import encode_job
+from worker.devkit.local_kafka.admin import create_topics
+from worker.devkit.workers import REPO
+from worker.tools.demo import samples_dir
+from worker.tools.produce import encode_job
 
 BASE_TS = 1_700_000_000_000  # 2023-11-14T22:13:20Z: explicit, far from "now"
 

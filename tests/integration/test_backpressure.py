@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.support import (
+from worker.devkit.workers import (
     WorkerProcess,
     fresh_topics,
     keys_of,
@@ -18,8 +18,8 @@ from tests.integration.support import (
     worker_config,
     worker_env,
 )
-from worker.demo import samples_dir
-from worker.producer_tool import produce_folder
+from worker.tools.demo import samples_dir
+from worker.tools.produce import produce_folder
 
 pytestmark = pytest.mark.integration
 JOBS = 800

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.faults import (
+from worker.devkit.faults import (
     Audit,
     Fleet,
     TopicWatcher,
@@ -27,7 +27,7 @@ from tests.integration.faults import (
     key_counts,
     read_all,
 )
-from tests.integration.support import (
+from worker.devkit.workers import (
     ThreadedWorker,
     committed,
     end_offsets,

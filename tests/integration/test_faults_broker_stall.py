@@ -9,7 +9,7 @@ Exactly-once once failed here intermittently (about every other run): after the 
 transactional producer's librdkafka client had dropped every broker (the single node answered
 metadata with no brokers while its own controller briefly fenced it) and never reconnected, so
 each transaction timed out and the worker exited after its retries. The worker now treats a
-transaction that timed out as a stuck client and resets it (worker.transactions); the
+transaction that timed out as a stuck client and resets it (worker.loop.commit.transactions); the
 re-bootstrap trigger (worker.kafka.clients) shortens the same situation for every client.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.faults import run_broker_stall
-from worker.local_kafka import LocalKafka
+from worker.devkit.faults import run_broker_stall
+from worker.devkit.local_kafka import LocalKafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STALL_S = 30.0

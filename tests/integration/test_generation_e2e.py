@@ -27,8 +27,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.integration.faults import key_counts, read_all
-from tests.integration.support import (
+from worker.config import WorkerConfig
+from worker.devkit.faults import key_counts, read_all
+from worker.devkit.workers import (
     ThreadedWorker,
     Topics,
     committed,
@@ -39,9 +40,8 @@ from tests.integration.support import (
     read_topic,
     worker_config,
 )
-from worker.codec import decode_result
-from worker.config import WorkerConfig
-from worker.generation.codec import default_seed, encode_generation_job
+from worker.wire.generation_codec import default_seed, encode_generation_job
+from worker.wire.moderation_codec import decode_result
 
 MISSING = [m for m in ("torch", "diffusers", "transformers") if importlib.util.find_spec(m) is None]
 pytestmark = [
@@ -279,7 +279,7 @@ def test_trt_worker_generate_sends_a_job_and_saves_its_images(
 ) -> None:
     from typer.testing import CliRunner
 
-    from worker.cli import app
+    from worker.tools.cli import app
 
     out = tmp_path / "out"
     env = {"KTW_GENERATION__TOPICS__JOBS": topics.jobs,

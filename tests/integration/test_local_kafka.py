@@ -1,4 +1,4 @@
-"""Integration tests for worker.local_kafka against a real broker (no mocks)."""
+"""Integration tests for worker.devkit.local_kafka against a real broker (no mocks)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
-from worker.local_kafka import LocalKafka, LocalKafkaError, ensure_jars
-from worker.local_kafka.admin import create_topics
-from worker.local_kafka.jars import MARKER
+from worker.devkit.local_kafka import LocalKafka, LocalKafkaError, ensure_jars
+from worker.devkit.local_kafka.admin import create_topics
+from worker.devkit.local_kafka.jars import MARKER
 
 pytestmark = pytest.mark.integration
 

@@ -14,16 +14,16 @@ from typing import Any
 import msgpack
 import pytest
 
-from tests.integration.support import (
+from tests.unit.tasks.moderation.clip.conftest import tiny_clip  # noqa: F401 - a fixture, used by name
+from worker.devkit.workers import (
     ThreadedWorker,
     fresh_topics,
     produce,
     read_topic,
     worker_config,
 )
-from tests.unit.clip.conftest import tiny_clip  # noqa: F401 - a fixture, used by name
-from worker.codec import decode_result
-from worker.demo import samples_dir
+from worker.tools.demo import samples_dir
+from worker.wire.moderation_codec import decode_result
 
 pytestmark = pytest.mark.integration
 

@@ -28,14 +28,14 @@ from tests.integration.replay_support import (  # noqa: F401 - shared_runner is 
     shared_runner,
     sources,
 )
-from tests.integration.support import ThreadedWorker, committed, produce, worker_config
-from tests.integration.support import Topics as LiveTopics
-from worker.codec import decode_result
-from worker.producer_tool import encode_job
-from worker.replay import BadRange, UnknownPartition, UnknownTopic
-from worker.replay.ranges import parse_bound
-from worker.replay.runner import ReplayRunner, ReplaySummary
-from worker.replay.start import ReplayRequest
+from worker.devkit.workers import ThreadedWorker, committed, produce, worker_config
+from worker.devkit.workers import Topics as LiveTopics
+from worker.tools.produce import encode_job
+from worker.tools.replay import BadRange, UnknownPartition, UnknownTopic
+from worker.tools.replay.ranges import parse_bound
+from worker.tools.replay.runner import ReplayRunner, ReplaySummary
+from worker.tools.replay.start import ReplayRequest
+from worker.wire.moderation_codec import decode_result
 
 pytestmark = pytest.mark.integration
 

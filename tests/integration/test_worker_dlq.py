@@ -8,7 +8,7 @@ import zlib
 import msgpack
 import pytest
 
-from tests.integration.support import (
+from worker.devkit.workers import (
     ThreadedWorker,
     committed,
     end_offsets,
@@ -18,9 +18,9 @@ from tests.integration.support import (
     read_topic,
     worker_config,
 )
-from worker.codec import decode_result
-from worker.demo import samples_dir
-from worker.producer_tool import encode_job
+from worker.tools.demo import samples_dir
+from worker.tools.produce import encode_job
+from worker.wire.moderation_codec import decode_result
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from engines.models.open_nsfw import bundled_onnx_path
-from tests.integration.support import (
+from worker.devkit.workers import (
     ThreadedWorker,
     committed,
     end_offsets,
@@ -16,10 +16,10 @@ from tests.integration.support import (
     read_topic,
     worker_config,
 )
-from worker.codec import decode_result
-from worker.demo import samples_dir
-from worker.images import decode_image, preprocess_open_nsfw
-from worker.producer_tool import produce_folder
+from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
+from worker.tools.demo import samples_dir
+from worker.tools.produce import produce_folder
+from worker.wire.moderation_codec import decode_result
 
 pytestmark = pytest.mark.integration
 N = 60

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.support import (
+from worker.devkit.workers import (
     WorkerProcess,
     committed,
     end_offsets,
@@ -19,14 +19,14 @@ from tests.integration.support import (
     worker_config,
     worker_env,
 )
-from worker.demo import samples_dir
-from worker.producer_tool import produce_folder
+from worker.tools.demo import samples_dir
+from worker.tools.produce import produce_folder
 
 pytestmark = pytest.mark.integration
 
 
 def _results_by_partition_offset(msgs: list) -> set[tuple[int, int]]:
-    from worker.codec import decode_result
+    from worker.wire.moderation_codec import decode_result
 
     out = set()
     for m in msgs:

@@ -1,8 +1,8 @@
 """A thin typed layer over confluent-kafka: config builders and client wrappers.
 
 No network in any constructor: clients connect in ``open()``. The worker's own consumer logic
-(decode, backpressure, offsets, transactions) lives above this, in :mod:`worker.service` and
-:mod:`worker.transactions`.
+(decode, backpressure, offsets, transactions) lives above this, in :mod:`worker.loop.worker` and
+:mod:`worker.loop.commit.transactions`.
 """
 
 from worker.kafka.clients import (

@@ -22,8 +22,8 @@ import confluent_kafka as ck
 import structlog
 
 from worker.config import KafkaSettings, WorkerConfig
-from worker.dlq import Headers, SourceRecord
 from worker.exceptions import KafkaIOError, ProducerFenced, TransactionError
+from worker.wire.records import Headers, SourceRecord
 
 RebalanceCallback = Callable[[Any, list[ck.TopicPartition]], None]
 DeliveryCallback = Callable[[ck.KafkaError | None, ck.Message], None]

@@ -1,0 +1,260 @@
+"""worker.tasks.moderation.multimodal.MultimodalTask: parts batched per engine, results that wait
+for every part."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from worker.config import WorkerConfig
+from worker.exceptions import ImageRejected, UnknownPolicy
+from worker.tasks.batcher import Batch
+from worker.tasks.moderation.multimodal import (
+    MultimodalOutcome,
+    MultimodalTask,
+    NothingToScore,
+    TextTooLong,
+)
+from worker.tasks.moderation.open_nsfw import Outcome, Pending
+from worker.tasks.moderation.part_runner import Engines
+from worker.tasks.moderation.served_policies import effective_policies
+from worker.wire.moderation_codec import result_to_dict
+from worker.wire.moderation_jobs import ModerationJob, Status, Verdict
+from worker.wire.records import SourceRecord, SourceRef
+
+VIOLENT = "He stabbed his neighbour repeatedly with a kitchen knife."
+CALM = "Our bakery has fresh croissants every morning."
+
+
+@pytest.fixture(scope="module")
+def photo() -> bytes:
+    import importlib.resources
+
+    return importlib.resources.files("worker").joinpath("samples", "coffee.png").read_bytes()
+
+
+@pytest.fixture
+def task(mm_cfg: WorkerConfig, engines: Engines, image_side: tuple[Any, Any]
+         ) -> Iterator[MultimodalTask]:
+    t = MultimodalTask(mm_cfg, effective_policies(mm_cfg), engines, image_side[0])
+    yield t
+    t.close()
+
+
+def _pending(job_id: str, offset: int = 0, **job: Any) -> Pending:
+    record = SourceRecord("moderation.jobs", 0, offset, job_id.encode(), b"<msgpack>", None, None)
+    return Pending(SourceRef("moderation.jobs", 0, offset),
+                   ModerationJob(id=job_id, image=job.pop("image", None), **job),
+                   time.monotonic(), record)
+
+
+def _drain(task: MultimodalTask, *jobs: Pending) -> dict[str, MultimodalOutcome]:
+    for p in jobs:
+        task.check(p.job)
+        task.add(p)
+    out: list[MultimodalOutcome] = []
+    deadline = time.monotonic() + 120
+    while len(task) and time.monotonic() < deadline:
+        out += task.step(time.monotonic(), int(time.time() * 1e3), force=True)
+        out += task.collect(block=True)
+    assert len(task) == 0, "jobs left unanswered"
+    assert len(out) == len(jobs), "every job answered exactly once"
+    return {o.pending.job.id: o for o in out}
+
+
+def test_image_and_text_job_gets_scores_from_every_path(task: MultimodalTask, photo: bytes
+                                                        ) -> None:
+    o = _drain(task, _pending("both", image=photo, text=CALM, policy="ads"))["both"]
+    assert o.result is not None and o.decision is not None and o.rejection is None
+    r = o.result
+    assert r.status is Status.OK and r.verdict is Verdict.ALLOW and o.decision.rule == "allow"
+    assert o.decision.models_run == ("open_nsfw", "text", "clip")
+    assert set(r.scores) == {"open_nsfw.sfw", "open_nsfw.nsfw", "text.violence", "text.scam",
+                             "clip.violence", "clip.scam", "clip.neutral", "clip.consistency"}
+    assert r.scores["open_nsfw.nsfw"] < 0.2 and r.scores["text.violence"] < 0.5
+    assert r.model_id == "open_nsfw+minilm_l6_v2+clip"
+    assert r.rule == "allow" and r.models == ("open_nsfw", "text", "clip")
+    assert r.engine_hash.count("+") == 2 and r.engine_hash.startswith("onnxruntime-")
+    assert set(r.timings_ms) == {"queue", "infer", "total"}
+
+
+def test_text_only_and_image_only_jobs_run_what_they_can(task: MultimodalTask, photo: bytes
+                                                         ) -> None:
+    out = _drain(task, _pending("text", 1, text=VIOLENT, policy="ads"),
+                 _pending("image", 2, image=photo, policy="ads"),
+                 _pending("legacy", 3, image=photo))
+    text, image, legacy = (out[k].decision for k in ("text", "image", "legacy"))
+    assert text is not None and image is not None and legacy is not None
+    assert text.models_run == ("text",)
+    assert text.verdict is Verdict.BLOCK and text.rule == "block:text.violence"
+    assert image.models_run == ("open_nsfw", "clip") and "clip.consistency" not in (
+        image.label_scores)
+    assert legacy.models_run == ("open_nsfw",) and legacy.rule == "allow"
+
+
+def test_text_only_job_result_names_its_rule_and_the_text_model(task: MultimodalTask) -> None:
+    o = _drain(task, _pending("text", text=VIOLENT, policy="ads"))["text"]
+    r = o.result
+    assert r is not None and o.rejection is None and r.status is Status.OK
+    assert r.models == ("text",)
+    assert r.rule == "block:text.violence" and r.verdict is Verdict.BLOCK
+    assert r.model_id == "minilm_l6_v2"
+    assert set(r.scores) == {"text.violence", "text.scam"}
+    doc = result_to_dict(r)
+    assert doc["rule"] == "block:text.violence" and doc["models"] == ["text"]
+
+
+def test_image_only_job_result_lists_the_image_models(task: MultimodalTask, photo: bytes
+                                                      ) -> None:
+    r = _drain(task, _pending("image", image=photo, policy="ads"))["image"].result
+    assert r is not None and r.status is Status.OK
+    assert r.models == ("open_nsfw", "clip") and r.rule == "allow"
+
+
+def test_expired_job_carries_no_rule_or_models(task: MultimodalTask, photo: bytes) -> None:
+    late = _drain(task, _pending("late", image=photo, text=CALM, policy="ads",
+                                 deadline_ms=1))["late"].result
+    assert late is not None and late.status is Status.EXPIRED
+    assert late.rule is None and late.models == ()
+
+
+def test_rejections_are_the_shared_exception_classes() -> None:
+    from worker import exceptions
+    from worker.tasks.moderation import multimodal
+
+    assert multimodal.NothingToScore is exceptions.NothingToScore
+    assert multimodal.TextTooLong is exceptions.TextTooLong
+
+
+def test_long_text_is_chunked_and_its_worst_sentence_decides(task: MultimodalTask) -> None:
+    text = " ".join([CALM] * 30 + [VIOLENT] + [CALM] * 30)
+    o = _drain(task, _pending("long", text=text, policy="captions"))["long"]
+    assert o.decision is not None and o.decision.rule == "block:text.violence"
+
+
+class _HeldImages:
+    """An image scorer whose batches finish only when the test says so."""
+
+    def __init__(self) -> None:
+        self.futures: list[tuple[Batch[Pending], Future[list[Outcome]]]] = []
+
+    def submit(self, batch: Batch[Pending]) -> Future[list[Outcome]]:
+        fut: Future[list[Outcome]] = Future()
+        self.futures.append((batch, fut))
+        return fut
+
+    def release(self, nsfw: float) -> None:
+        from worker.wire.moderation_jobs import ModerationResult
+
+        for batch, fut in self.futures:
+            fut.set_result([Outcome(p, result=ModerationResult(
+                p.job.id, Status.OK, p.job.policy, "open_nsfw", "fake",
+                scores={"sfw": 1 - nsfw, "nsfw": nsfw})) for p in batch.items])
+
+
+def test_result_waits_for_both_halves(mm_cfg: WorkerConfig, engines: Engines, photo: bytes
+                                      ) -> None:
+    held = _HeldImages()
+    task = MultimodalTask(mm_cfg, effective_policies(mm_cfg), engines, held)
+    try:
+        p = _pending("held", image=photo, text=CALM, policy="ads")
+        task.check(p.job)
+        task.add(p)
+        task.step(time.monotonic(), int(time.time() * 1e3), force=True)
+        for _ in range(50):  # the text and CLIP halves finish; the image half is held
+            assert task.collect(block=False) == []
+            time.sleep(0.02)
+        assert len(task) == 1 and len(held.futures) == 1
+        assert held.futures[0][0].items[0].job.policy == "default"  # the existing task's copy
+        held.release(nsfw=0.95)
+        out = task.collect(block=True)
+        assert [o.pending for o in out] == [p]
+        assert out[0].decision is not None and out[0].decision.rule == "block:open_nsfw.nsfw"
+    finally:
+        task.close()
+
+
+def test_text_and_image_batches_form_independently(mm_cfg: WorkerConfig, engines: Engines,
+                                                   photo: bytes) -> None:
+    held = _HeldImages()
+    task = MultimodalTask(mm_cfg, effective_policies(mm_cfg), engines, held)
+    try:
+        jobs = [_pending(f"j{i}", i, image=photo, text=CALM, policy="ads") for i in range(3)]
+        jobs.append(_pending("t", 9, text=VIOLENT, policy="captions"))
+        for p in jobs:
+            task.add(p)
+        task.step(time.monotonic(), int(time.time() * 1e3), force=True)
+        # one batch each: open_nsfw (3 images), text (4 one-sentence texts in bucket 16),
+        # CLIP images (3), CLIP captions (3)
+        assert task.in_flight == 4
+        assert [len(b.items) for b, _ in held.futures] == [3]
+        done: list[MultimodalOutcome] = []
+        for _ in range(500):  # the text-only job needs no image: it finishes on its own
+            done += task.collect(block=False)
+            if done:
+                break
+            time.sleep(0.02)
+        assert [o.pending.job.id for o in done] == ["t"]
+        assert len(task) == 3
+        held.release(nsfw=0.01)
+        assert sorted(o.pending.job.id for o in task.collect(block=True)) == ["j0", "j1", "j2"]
+    finally:
+        task.close()
+
+
+@pytest.mark.parametrize(("job", "error", "reason"), [
+    ({"text": CALM, "policy": "nope"}, UnknownPolicy, "unknown_policy"),
+    ({"text": CALM, "policy": "default"}, NothingToScore, "nothing_to_score"),
+    ({"text": "   ", "policy": "captions"}, NothingToScore, "nothing_to_score"),
+    ({"policy": "ads"}, NothingToScore, "nothing_to_score"),
+    ({"image": b"\xff\xd8", "policy": "captions"}, NothingToScore, "nothing_to_score"),
+])
+def test_jobs_that_cannot_be_scored_go_to_the_dlq(task: MultimodalTask, job: dict[str, Any],
+                                                  error: type[Exception], reason: str) -> None:
+    with pytest.raises(error) as info:
+        task.check(_pending("x", **job).job)
+    assert getattr(info.value, "reason", None) == reason
+
+
+def test_too_many_chunks_is_refused(mm_cfg: WorkerConfig, engines: Engines,
+                                   image_side: tuple[Any, Any]) -> None:
+    small = mm_cfg.model_copy(update={"moderation": mm_cfg.moderation.model_copy(update={
+        "text": mm_cfg.moderation.text.model_copy(update={"max_chunks": 2})})})
+    task = MultimodalTask(small, effective_policies(small), engines, image_side[0])
+    try:
+        with pytest.raises(TextTooLong, match="3 chunks"):
+            task.check(_pending("x", text="One. Two. Three.", policy="captions").job)
+    finally:
+        task.close()
+
+
+def test_corrupt_image_dead_letters_the_whole_job_once(task: MultimodalTask) -> None:
+    o = _drain(task, _pending("bad", image=b"\xff\xd8\xff not a jpeg", text=CALM,
+                              policy="ads"))["bad"]
+    assert o.result is None and isinstance(o.rejection, ImageRejected)
+
+
+def test_expired_job_is_answered_once_and_forgotten(task: MultimodalTask, photo: bytes
+                                                    ) -> None:
+    p = _pending("late", image=photo, text=CALM, policy="ads", deadline_ms=1)
+    o = _drain(task, p)["late"]
+    assert o.result is not None and o.result.status is Status.EXPIRED and o.decision is None
+
+
+def test_open_nsfw_policies_need_the_image_scorer(mm_cfg: WorkerConfig, engines: Engines
+                                                  ) -> None:
+    with pytest.raises(ValueError, match="image scorer"):
+        MultimodalTask(mm_cfg, effective_policies(mm_cfg), engines)
+
+
+def test_remove_drops_queued_jobs(task: MultimodalTask, photo: bytes) -> None:
+    p = _pending("gone", image=photo, text=CALM, policy="ads")
+    task.add(p)
+    assert task.remove(lambda q: q.ref.partition == 0) == [p]
+    assert len(task) == 0
+    assert task.step(time.monotonic(), int(time.time() * 1e3), force=True) == []
+    assert task.in_flight == 0

@@ -1,0 +1,38 @@
+"""GPU preprocessing code, run on the CPU device: same geometry as the Pillow path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from worker.exceptions import ImageRejected
+from worker.tasks.moderation.images import ImageLimits, crop_pixels, decode_image
+from worker.tools.demo import samples_dir
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
+pytest.importorskip("torchvision", reason="torchvision is not installed")
+
+
+def test_matches_pillow_within_one_level_and_rejects_bad_rows() -> None:
+    from worker.tasks.moderation.gpu_preprocess import prepare_batch
+
+    files = sorted(p for p in samples_dir().iterdir() if p.suffix != ".md")
+    datas = [p.read_bytes() for p in files] + [b"\xff\xd8\xff\xe0 truncated", b""]
+    out = torch.full((len(datas), 224, 224, 3), 7, dtype=torch.uint8)
+    rejects = prepare_batch(datas, out)
+    assert [r is None for r in rejects] == [True] * len(files) + [False, False]
+    assert all(isinstance(r, ImageRejected) for r in rejects[len(files):])
+    assert bool((out[len(files):] == 7).all()), "rows of rejected images stay untouched"
+    for i, path in enumerate(files):
+        ref = crop_pixels(decode_image(path.read_bytes()), jpeg_roundtrip=False).astype(int)
+        diff = np.abs(out[i].numpy().astype(int) - ref)
+        assert diff.max() <= 1 and diff.mean() < 0.25, path.name
+
+
+def test_header_limits_apply_before_decoding() -> None:
+    from worker.tasks.moderation.gpu_preprocess import prepare_batch
+
+    data = (samples_dir() / "astronaut.jpg").read_bytes()
+    out = torch.zeros((1, 224, 224, 3), dtype=torch.uint8)
+    (rej,) = prepare_batch([data], out, ImageLimits(max_pixels=1000))
+    assert isinstance(rej, ImageRejected) and "budget" in str(rej)

@@ -1,0 +1,339 @@
+"""worker.tasks.moderation.open_nsfw.ModerationTask with the real open_nsfw OrtRunner on the CPU."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engines.backends.base import FutureHandle, InferHandle, Runner
+from engines.backends.onnxruntime import OrtRunner
+from engines.exceptions import InferenceFailed
+from engines.profiles import StaticProfile
+from worker.config import WorkerConfig, load_config
+from worker.engine_setup import EnginePlan, engine_plan
+from worker.exceptions import ImageRejected, JobRejected, NothingToScore, UnknownPolicy
+from worker.tasks.batcher import Batch, DynamicBatcher
+from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.open_nsfw import ModerationTask, Outcome, Pending
+from worker.wire.moderation_codec import result_to_dict
+from worker.wire.moderation_jobs import ModerationJob, Status, Verdict
+from worker.wire.records import SourceRecord, SourceRef
+
+CORRUPT = b"\xff\xd8\xff\xe0 this is not really a jpeg"
+TIMING_KEYS = {"queue", "decode", "infer", "total"}
+
+
+@pytest.fixture(scope="module")
+def cfg() -> WorkerConfig:
+    return load_config(model={"policies": {"strict": {"review": 0.0, "block": 0.9}}})
+
+
+@pytest.fixture(scope="module")
+def plan(cfg: WorkerConfig) -> EnginePlan:
+    return engine_plan(cfg)
+
+
+@pytest.fixture(scope="module")
+def runner(plan: EnginePlan) -> Iterator[OrtRunner]:
+    with OrtRunner(plan.spec, intra_op_threads=2) as r:
+        yield r
+
+
+@pytest.fixture
+def task(cfg: WorkerConfig, runner: OrtRunner, plan: EnginePlan) -> Iterator[ModerationTask]:
+    t = ModerationTask(cfg, runner, plan.spec)
+    yield t
+    t.close()
+
+
+def _pending(job_id: str, image: bytes | None, offset: int = 0, **job: Any) -> Pending:
+    record = SourceRecord(topic="moderation.jobs", partition=1, offset=offset,
+                          key=job_id.encode(), value=b"<msgpack>", headers=None,
+                          timestamp_ms=1_796_000_000_000)
+    return Pending(ref=SourceRef("moderation.jobs", 1, offset),
+                   job=ModerationJob(id=job_id, image=image, **job),
+                   consumed_at=time.monotonic(), record=record)
+
+
+def _batch(plan: EnginePlan, items: list[Pending]) -> Batch[Pending]:
+    profile = plan.profiles[0]
+    return Batch(profile, items, profile.padded(len(items)))
+
+
+def _run(task: ModerationTask, batch: Batch[Pending]) -> list[Outcome]:
+    return task.submit(batch).result(timeout=120)
+
+
+def _by_id(outcomes: list[Outcome]) -> dict[str, Outcome]:
+    return {o.pending.job.id: o for o in outcomes}
+
+
+@pytest.fixture(scope="module")
+def mixed(sample_paths: list[Path]) -> list[Pending]:
+    items = [_pending(p.name, p.read_bytes(), offset=k) for k, p in enumerate(sample_paths)]
+    items.insert(3, _pending("corrupt", CORRUPT, offset=99))
+    return items
+
+
+@pytest.fixture(scope="module")
+def expected_nsfw(
+    runner: OrtRunner, cfg: WorkerConfig, sample_paths: list[Path]
+) -> dict[str, float]:
+    """Each sample scored alone, straight through the runner."""
+    out = {}
+    for p in sample_paths:
+        x = preprocess_open_nsfw(decode_image(p.read_bytes()),
+                                 jpeg_roundtrip=cfg.model.jpeg_roundtrip)
+        out[p.name] = float(runner.infer({"input:0": x[None]}).result()["outputs"][0, 1])
+    return out
+
+
+# --- a mixed batch ------------------------------------------------------------------------------
+
+
+def test_mixed_batch_gives_one_outcome_per_job(
+    task: ModerationTask, plan: EnginePlan, mixed: list[Pending]
+) -> None:
+    outcomes = _run(task, _batch(plan, mixed))
+    assert len(outcomes) == len(mixed)
+    assert sorted(id(o.pending) for o in outcomes) == sorted(id(p) for p in mixed)
+
+
+def test_corrupt_image_becomes_a_rejection_not_a_result(
+    task: ModerationTask, plan: EnginePlan, mixed: list[Pending]
+) -> None:
+    bad = _by_id(_run(task, _batch(plan, mixed)))["corrupt"]
+    assert bad.result is None
+    assert isinstance(bad.rejection, ImageRejected)
+    assert bad.rejection.reason == "bad_image"
+    assert bad.pending.record.offset == 99  # the original record travels to the DLQ
+
+
+def test_good_images_get_ok_results_with_scores_and_timings(
+    task: ModerationTask, plan: EnginePlan, mixed: list[Pending], runner: OrtRunner
+) -> None:
+    outcomes = _by_id(_run(task, _batch(plan, mixed)))
+    good = [p for p in mixed if p.job.id != "corrupt"]
+    assert len(good) >= 8
+    for p in good:
+        o = outcomes[p.job.id]
+        assert o.rejection is None and o.result is not None
+        r = o.result
+        assert r.status is Status.OK
+        assert r.verdict is Verdict.ALLOW
+        assert set(r.scores) == {"sfw", "nsfw"}
+        assert r.scores["sfw"] + r.scores["nsfw"] == pytest.approx(1.0, abs=1e-4)
+        assert set(r.timings_ms) == TIMING_KEYS
+        assert all(v >= 0 for v in r.timings_ms.values())
+        assert r.timings_ms["total"] >= r.timings_ms["infer"]
+        assert r.timings_ms["total"] >= r.timings_ms["queue"]
+        assert (r.id, r.policy, r.model_id) == (p.job.id, "default", "open_nsfw")
+        assert r.engine_hash == runner.engine_hash != ""
+        assert r.source == p.ref
+        assert r.error is None
+
+
+def test_each_score_belongs_to_its_own_image(
+    task: ModerationTask, plan: EnginePlan, mixed: list[Pending],
+    expected_nsfw: dict[str, float],
+) -> None:
+    """The corrupt job in the middle must not shift the rows of the jobs after it."""
+    assert len({round(v, 6) for v in expected_nsfw.values()}) == len(expected_nsfw)
+    outcomes = _by_id(_run(task, _batch(plan, mixed)))
+    for name, nsfw in expected_nsfw.items():
+        result = outcomes[name].result
+        assert result is not None
+        assert result.scores["nsfw"] == pytest.approx(nsfw, rel=1e-4, abs=1e-6), name
+
+
+def test_results_satisfy_the_wire_contract(
+    task: ModerationTask, plan: EnginePlan, mixed: list[Pending], contract: Any
+) -> None:
+    for o in _run(task, _batch(plan, mixed)):
+        if o.result is not None:
+            assert contract.errors("moderation-result", result_to_dict(o.result)) == []
+
+
+def test_batch_of_only_corrupt_images_gives_only_rejections(
+    task: ModerationTask, plan: EnginePlan
+) -> None:
+    items = [_pending(f"bad{k}", CORRUPT[: 10 + k]) for k in range(3)]
+    outcomes = _run(task, _batch(plan, items))
+    assert len(outcomes) == 3
+    assert all(isinstance(o.rejection, ImageRejected) and o.result is None for o in outcomes)
+
+
+def test_static_profile_padding_does_not_change_the_scores(
+    cfg: WorkerConfig, runner: OrtRunner, plan: EnginePlan, mixed: list[Pending],
+    expected_nsfw: dict[str, float],
+) -> None:
+    items = mixed[:5]  # 4 good + the corrupt one: 4 rows padded to 8
+    static = StaticProfile("gpu", plan.spec.inputs[0].shape[1:], (1, 8))
+    task = ModerationTask(cfg, runner, plan.spec)
+    try:
+        outcomes = task.submit(Batch(static, items, 8)).result(timeout=120)
+    finally:
+        task.close()
+    assert len(outcomes) == 5
+    for o in outcomes:
+        if o.result is not None:
+            name = o.pending.job.id
+            assert o.result.scores["nsfw"] == pytest.approx(expected_nsfw[name], rel=1e-4,
+                                                            abs=1e-6)
+
+
+# --- policies -----------------------------------------------------------------------------------
+
+
+def test_each_job_is_judged_under_its_own_policy(
+    task: ModerationTask, plan: EnginePlan, sample_paths: list[Path]
+) -> None:
+    image = sample_paths[0].read_bytes()
+    items = [_pending("lenient", image), _pending("strict", image, policy="strict")]
+    outcomes = _by_id(_run(task, _batch(plan, items)))
+    lenient, strict = outcomes["lenient"].result, outcomes["strict"].result
+    assert lenient is not None and strict is not None
+    assert lenient.verdict is Verdict.ALLOW
+    assert strict.verdict is Verdict.REVIEW  # review threshold 0.0
+    assert strict.policy == "strict"
+    assert lenient.scores == pytest.approx(strict.scores)
+
+
+def test_check_policy_refuses_an_unknown_policy(task: ModerationTask) -> None:
+    with pytest.raises(UnknownPolicy, match="'nope'") as info:
+        task.check_policy(ModerationJob(id="j", image=b"x", policy="nope"))
+    assert "default, strict" in str(info.value)
+    assert info.value.reason == "unknown_policy"
+
+
+@pytest.mark.parametrize("policy", ["default", "strict"])
+def test_check_policy_accepts_configured_policies(task: ModerationTask, policy: str) -> None:
+    task.check_policy(ModerationJob(id="j", image=b"x", policy=policy))
+
+
+@pytest.mark.parametrize("policy", ["default", "strict"])
+def test_check_policy_refuses_a_job_without_an_image(task: ModerationTask, policy: str) -> None:
+    with pytest.raises(NothingToScore) as info:
+        task.check_policy(ModerationJob(id="j", image=None, text="a caption", policy=policy))
+    assert info.value.reason == "nothing_to_score"
+    assert isinstance(info.value, JobRejected) and "no image" in str(info.value)
+
+
+def test_check_policy_names_an_unknown_policy_before_a_missing_image(
+    task: ModerationTask,
+) -> None:
+    with pytest.raises(UnknownPolicy):
+        task.check_policy(ModerationJob(id="j", image=None, text="a caption", policy="nope"))
+
+
+def test_an_image_less_job_in_a_batch_is_rejected_and_the_others_scored(
+    task: ModerationTask, plan: EnginePlan, sample_paths: list[Path]
+) -> None:
+    """check_policy keeps these out; should one get in, it is dead-lettered, not a crash."""
+    items = [_pending("text-only", None, 0, text="a caption"),
+             _pending("photo", sample_paths[0].read_bytes(), 1)]
+    outcomes = _by_id(_run(task, _batch(plan, items)))
+    rejected, photo = outcomes["text-only"], outcomes["photo"]
+    assert isinstance(rejected.rejection, NothingToScore) and rejected.result is None
+    assert photo.result is not None and photo.result.status is Status.OK
+    # open_nsfw-only results carry no rule or model list: they keep the v1 shape
+    assert photo.result.rule is None and photo.result.models == ()
+    assert not {"rule", "models"} & set(result_to_dict(photo.result))
+
+
+# --- deadlines ----------------------------------------------------------------------------------
+
+
+def test_expired_result_for_a_past_deadline(
+    task: ModerationTask, contract: Any, runner: OrtRunner
+) -> None:
+    now_ms = 1_796_000_000_250
+    p = _pending("late", b"unused", deadline_ms=1_796_000_000_000)
+    result = task.expired_result(p, now_ms)
+    assert result.status is Status.EXPIRED
+    assert result.verdict is None and result.scores == {}
+    assert result.error is not None and "deadline 1796000000000" in result.error
+    assert "250 ms" in result.error
+    assert set(result.timings_ms) == {"queue", "total"}
+    assert all(v >= 0 for v in result.timings_ms.values())
+    assert result.source == p.ref and result.engine_hash == runner.engine_hash
+    assert contract.errors("moderation-result", result_to_dict(result)) == []
+
+
+def test_batcher_and_task_expire_only_past_deadlines(
+    task: ModerationTask, plan: EnginePlan, sample_paths: list[Path]
+) -> None:
+    """The batcher decides expiry (the task answers for it); a future deadline is scored."""
+    image = sample_paths[0].read_bytes()
+    now_ms = int(time.time() * 1e3)
+    batcher: DynamicBatcher[Pending] = DynamicBatcher(plan.profiles, max_batch_size=8,
+                                                      max_delay_s=0.0)
+    late = _pending("late", image, deadline_ms=now_ms - 1)
+    fresh = _pending("fresh", image, deadline_ms=now_ms + 60_000)
+    none = _pending("none", image)
+    for p in (late, fresh, none):
+        batcher.add(p)
+    due = batcher.schedule(time.monotonic(), now_ms, limit=4)
+    assert due.expired == [late]
+    assert task.expired_result(late, now_ms).status is Status.EXPIRED
+    outcomes = [o for b in due.batches for o in _run(task, b)]
+    assert {o.pending.job.id: o.result.status for o in outcomes if o.result} == {
+        "fresh": Status.OK, "none": Status.OK}
+
+
+def test_pending_exposes_what_the_batcher_needs(plan: EnginePlan) -> None:
+    p = _pending("j", b"x", offset=5, deadline_ms=123)
+    assert p.deadline_ms == 123
+    assert p.partition_key == ("moderation.jobs", 1)
+    assert p.item_shape == tuple(plan.spec.inputs[0].shape[1:]) == (224, 224, 3)
+
+
+# --- engine failure -----------------------------------------------------------------------------
+
+
+class _FailingRunner(Runner):
+    """Every batch fails inside the runtime, as a bad engine would."""
+
+    backend = "failing"
+
+    @property
+    def engine_hash(self) -> str:
+        return "failing-0"
+
+    def _activate(self) -> None:
+        pass
+
+    def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle:
+        fut: Future[dict[str, np.ndarray]] = Future()
+        fut.set_exception(InferenceFailed("device lost"))
+        return FutureHandle(fut)
+
+    def _deactivate(self) -> None:
+        pass
+
+
+def test_inference_failure_answers_every_good_job_with_status_error(
+    cfg: WorkerConfig, plan: EnginePlan, mixed: list[Pending], contract: Any
+) -> None:
+    with _FailingRunner() as failing:
+        task = ModerationTask(cfg, failing, plan.spec)
+        try:
+            outcomes = task.submit(_batch(plan, mixed)).result(timeout=120)
+        finally:
+            task.close()
+    assert len(outcomes) == len(mixed)
+    for o in outcomes:
+        if o.pending.job.id == "corrupt":
+            assert isinstance(o.rejection, ImageRejected)
+            continue
+        assert o.result is not None and o.rejection is None
+        assert o.result.status is Status.ERROR
+        assert o.result.verdict is None
+        assert o.result.error is not None and "device lost" in o.result.error
+        assert contract.errors("moderation-result", result_to_dict(o.result)) == []

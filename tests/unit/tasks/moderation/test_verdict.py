@@ -1,0 +1,54 @@
+"""worker.tasks.moderation.verdict: nsfw score -> allow / review / block, thresholds inclusive."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from worker.config import Thresholds
+from worker.tasks.moderation.verdict import verdict_for
+from worker.wire.moderation_jobs import Verdict
+
+DEFAULT = Thresholds()  # review 0.2, block 0.8
+
+
+@pytest.mark.parametrize(
+    ("nsfw", "expected"),
+    [
+        (0.0, Verdict.ALLOW),
+        (0.19999, Verdict.ALLOW),
+        (0.2, Verdict.REVIEW),  # == review -> review
+        (0.5, Verdict.REVIEW),
+        (0.79999, Verdict.REVIEW),
+        (0.8, Verdict.BLOCK),  # == block -> block
+        (1.0, Verdict.BLOCK),
+    ],
+)
+def test_default_thresholds(nsfw: float, expected: Verdict) -> None:
+    assert (DEFAULT.review, DEFAULT.block) == (0.2, 0.8)
+    assert verdict_for(nsfw, DEFAULT) is expected
+
+
+@pytest.mark.parametrize(
+    ("nsfw", "expected"),
+    [(0.49, Verdict.ALLOW), (0.5, Verdict.BLOCK), (0.51, Verdict.BLOCK)],
+)
+def test_equal_review_and_block_thresholds_skip_review(nsfw: float, expected: Verdict) -> None:
+    assert verdict_for(nsfw, Thresholds(review=0.5, block=0.5)) is expected
+
+
+def test_zero_review_threshold_reviews_everything_below_block() -> None:
+    t = Thresholds(review=0.0, block=0.9)
+    assert verdict_for(0.0, t) is Verdict.REVIEW
+    assert verdict_for(0.9, t) is Verdict.BLOCK
+
+
+def test_block_threshold_of_one_blocks_only_certainty() -> None:
+    t = Thresholds(review=0.3, block=1.0)
+    assert verdict_for(0.999999, t) is Verdict.REVIEW
+    assert verdict_for(1.0, t) is Verdict.BLOCK
+
+
+def test_numpy_float32_scores_compare_like_floats() -> None:
+    assert verdict_for(np.float32(0.8), DEFAULT) is Verdict.BLOCK
+    assert verdict_for(np.float32(0.1), DEFAULT) is Verdict.ALLOW

@@ -1,0 +1,140 @@
+"""worker.wire.dlq.dead_letter: original key/value/headers untouched, then ktw.dlq.* headers."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.exceptions import (
+    ImageRejected,
+    JobRejected,
+    MalformedPayload,
+    NothingToScore,
+    OversizedMessage,
+    SchemaViolation,
+    TextTooLong,
+    UnknownPolicy,
+    UnsupportedVersion,
+)
+from worker.wire.dlq import HEADER_PREFIX, MAX_MESSAGE_CHARS, dead_letter
+from worker.wire.records import SourceRecord
+
+ORIGINAL_HEADERS = [
+    ("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    ("z-last-alphabetically", b"\x00\xff binary"),
+    ("a-first-alphabetically", None),
+    ("traceparent", b"duplicate names are kept too"),
+]
+
+
+def _record(**kw: object) -> SourceRecord:
+    base: dict[str, object] = dict(
+        topic="moderation.jobs", partition=3, offset=1042, key=b"job-0002",
+        value=b"\x82\xa1v\x01\xa2id\xa8job-0002", headers=list(ORIGINAL_HEADERS),
+        timestamp_ms=1_796_000_000_000,
+    )
+    return SourceRecord(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def _ours(headers: list[tuple[str, bytes | None]]) -> dict[str, str]:
+    out = {}
+    for name, value in headers:
+        if name.startswith(HEADER_PREFIX):
+            assert name not in out, f"duplicate {name}"
+            assert value is not None
+            out[name.removeprefix(HEADER_PREFIX)] = value.decode("utf-8")
+    return out
+
+
+def test_key_and_value_are_the_original_bytes() -> None:
+    rec = _record()
+    dl = dead_letter(rec, SchemaViolation("x"), "w")
+    assert dl.key is rec.key and dl.value is rec.value
+
+
+def test_original_headers_come_first_untouched_and_in_order() -> None:
+    dl = dead_letter(_record(), SchemaViolation("x"), "w")
+    assert dl.headers[: len(ORIGINAL_HEADERS)] == ORIGINAL_HEADERS
+    assert all(n.startswith(HEADER_PREFIX) for n, _ in dl.headers[len(ORIGINAL_HEADERS):])
+
+
+def test_the_source_records_header_list_is_not_mutated() -> None:
+    rec = _record()
+    dead_letter(rec, SchemaViolation("x"), "w")
+    assert rec.headers == ORIGINAL_HEADERS
+
+
+def test_appended_headers_name_error_and_source() -> None:
+    dl = dead_letter(_record(), SchemaViolation("missing required field 'image'"), "worker-7")
+    assert _ours(dl.headers) == {
+        "error.class": "SchemaViolation",
+        "error.reason": "schema",
+        "error.message": "missing required field 'image'",
+        "source.topic": "moderation.jobs",
+        "source.partition": "3",
+        "source.offset": "1042",
+        "source.timestamp": "1796000000000",
+        "worker": "worker-7",
+    }
+
+
+def test_timestamp_header_is_absent_when_the_record_has_none() -> None:
+    dl = dead_letter(_record(timestamp_ms=None), SchemaViolation("x"), "w")
+    assert "source.timestamp" not in _ours(dl.headers)
+    assert "source.offset" in _ours(dl.headers)
+
+
+def test_timestamp_zero_is_still_written() -> None:
+    dl = dead_letter(_record(timestamp_ms=0), SchemaViolation("x"), "w")
+    assert _ours(dl.headers)["source.timestamp"] == "0"
+
+
+def test_record_without_headers_gets_only_ours() -> None:
+    dl = dead_letter(_record(headers=None, key=None), SchemaViolation("x"), "w")
+    assert all(n.startswith(HEADER_PREFIX) for n, _ in dl.headers)
+    assert dl.key is None
+
+
+@pytest.mark.parametrize(
+    ("error", "cls", "reason"),
+    [
+        (MalformedPayload("m"), "MalformedPayload", "not_msgpack"),
+        (SchemaViolation("m"), "SchemaViolation", "schema"),
+        (UnsupportedVersion("m"), "UnsupportedVersion", "unsupported_version"),
+        (UnknownPolicy("m"), "UnknownPolicy", "unknown_policy"),
+        (NothingToScore("m"), "NothingToScore", "nothing_to_score"),
+        (TextTooLong("m"), "TextTooLong", "text_too_long"),
+        (ImageRejected("m"), "ImageRejected", "bad_image"),
+        (OversizedMessage("m"), "OversizedMessage", "oversized"),
+        (JobRejected("m", reason="custom"), "JobRejected", "custom"),
+    ],
+)
+def test_class_and_reason_follow_the_error(error: JobRejected, cls: str, reason: str) -> None:
+    ours = _ours(dead_letter(_record(), error, "w").headers)
+    assert (ours["error.class"], ours["error.reason"]) == (cls, reason)
+
+
+def test_message_of_exactly_the_limit_is_kept_whole() -> None:
+    msg = "m" * MAX_MESSAGE_CHARS
+    assert _ours(dead_letter(_record(), SchemaViolation(msg), "w").headers)["error.message"] == msg
+
+
+@pytest.mark.parametrize("length", [MAX_MESSAGE_CHARS + 1, 5_000, 100_000])
+def test_long_message_is_truncated_to_1000_chars_with_an_ellipsis(length: int) -> None:
+    msg = "".join(chr(ord("a") + i % 26) for i in range(length))
+    out = _ours(dead_letter(_record(), SchemaViolation(msg), "w").headers)["error.message"]
+    assert MAX_MESSAGE_CHARS == 1000
+    assert len(out) == 1000
+    assert out == msg[:997] + "..."
+
+
+def test_non_ascii_message_is_utf8_encoded() -> None:
+    dl = dead_letter(_record(), SchemaViolation("politique « stricte » inconnue ✗"), "w")
+    raw = dict(dl.headers)["ktw.dlq.error.message"]
+    assert raw == "politique « stricte » inconnue ✗".encode()
+
+
+def test_unencodable_characters_do_not_crash_the_dead_letter() -> None:
+    dl = dead_letter(_record(), SchemaViolation("lone surrogate \udc80 here"), "w")
+    raw = dict(dl.headers)["ktw.dlq.error.message"]
+    assert raw is not None
+    assert raw.startswith(b"lone surrogate ")

@@ -1,0 +1,528 @@
+"""worker.wire.moderation_codec: msgpack payloads -> ModerationJob, with every bad input a
+JobRejected."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.exceptions import (
+    JobRejected,
+    MalformedPayload,
+    SchemaViolation,
+    UnsupportedVersion,
+)
+from worker.tools.produce import encode_job
+from worker.wire import moderation_codec as codec
+from worker.wire.moderation_codec import (
+    DecodeLimits,
+    decode_moderation_job,
+    decode_result,
+    encode_result,
+    result_to_dict,
+)
+from worker.wire.moderation_jobs import ModerationJob, ModerationResult, Status, Verdict
+from worker.wire.records import SourceRef
+
+IMAGE = b"\xff\xd8\xff\xe0fake-jpeg"
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _job(**fields: Any) -> dict[str, Any]:
+    return {"v": 1, "id": "job-1", "image": IMAGE, **fields}
+
+
+def _reject(payload: bytes, limits: DecodeLimits | None = None) -> JobRejected:
+    with pytest.raises(JobRejected) as info:
+        decode_moderation_job(payload, limits)
+    return info.value
+
+
+# --- not msgpack at all -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"", b"\xc1", b"\xc1\x00\x00", b"\xdf\xff\xff\xff\xff", b"\xc6\xff\xff\xff\xff"],
+    ids=["empty", "never-used-byte", "never-used-byte-then-data", "huge-map-header",
+         "huge-bin-header"],
+)
+def test_non_msgpack_bytes_are_malformed_payload(payload: bytes) -> None:
+    assert type(_reject(payload)) is MalformedPayload
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_bytes_are_rejected_not_crashed(seed: int) -> None:
+    payload = random.Random(seed).randbytes(64)
+    assert isinstance(_reject(payload), JobRejected)
+
+
+def test_every_truncation_of_a_valid_job_is_malformed_payload() -> None:
+    payload = _pack(_job(text="caption", policy="default", deadline_ms=123))
+    decode_moderation_job(payload)  # the whole payload is fine
+    for cut in range(len(payload)):
+        err = _reject(payload[:cut])
+        assert type(err) is MalformedPayload, f"cut at {cut}: {err!r}"
+
+
+def test_trailing_garbage_after_the_map_is_malformed_payload() -> None:
+    err = _reject(_pack(_job()) + b"\x00")
+    assert type(err) is MalformedPayload
+    assert "extra data" in str(err)
+
+
+def test_two_concatenated_jobs_are_malformed_payload() -> None:
+    assert type(_reject(_pack(_job()) * 2)) is MalformedPayload
+
+
+@pytest.mark.parametrize("doc", [[1, 2, 3], "job", 1, None, b"bytes", True],
+                         ids=["list", "str", "int", "nil", "bin", "bool"])
+def test_top_level_other_than_a_map_is_malformed_payload(doc: Any) -> None:
+    err = _reject(_pack(doc))
+    assert type(err) is MalformedPayload
+    assert "map" in str(err)
+
+
+@pytest.mark.parametrize("where", ["value", "key"])
+def test_invalid_utf8_in_a_str_is_malformed_payload(where: str) -> None:
+    if where == "value":
+        payload = _pack(_job(id="XX")).replace(b"\xa2XX", b"\xa2\xff\xfe")
+    else:
+        payload = _pack({**_job(), "XX": 1}).replace(b"\xa2XX", b"\xa2\xff\xfe")
+    assert b"\xff\xfe" in payload
+    err = _reject(payload)
+    assert type(err) is MalformedPayload
+    assert "UTF-8" in str(err)
+
+
+def test_utf8_encoded_surrogate_is_malformed_payload() -> None:
+    payload = _pack(_job(id="XXX")).replace(b"\xa3XXX", b"\xa3\xed\xa0\x80")
+    assert type(_reject(payload)) is MalformedPayload
+
+
+def test_non_string_map_key_is_malformed_payload() -> None:
+    assert type(_reject(_pack({**_job(), 7: "x"}))) is MalformedPayload
+
+
+def test_bin_map_key_is_an_unknown_field() -> None:
+    err = _reject(_pack({**_job(), b"zz": 1}))
+    assert type(err) is SchemaViolation
+    assert "unknown field" in str(err)
+
+
+# --- msgpack features the contract does not have ------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["text", "policy", "deadline_ms", "image", "id"])
+def test_ext_type_in_a_field_is_schema_violation(field: str) -> None:
+    err = _reject(_pack(_job(**{field: msgpack.ExtType(5, b"\x00\x01")})))
+    assert type(err) is SchemaViolation
+    assert "extension type 5" in str(err)
+
+
+def test_ext_type_at_top_level_is_rejected() -> None:
+    assert isinstance(_reject(_pack(msgpack.ExtType(1, b""))), JobRejected)
+
+
+@pytest.mark.parametrize("field", ["text", "deadline_ms", "v"])
+def test_msgpack_timestamp_is_not_accepted_for_any_field(field: str) -> None:
+    # Timestamps (ext -1) are decoded by msgpack itself, bypassing ext_hook.
+    err = _reject(_pack(_job(**{field: msgpack.Timestamp(1_700_000_000, 0)})))
+    assert type(err) is SchemaViolation
+    assert f"'{field}'" in str(err)
+
+
+def test_malformed_timestamp_ext_is_malformed_payload() -> None:
+    payload = _pack(_job(text="XY")).replace(b"\xa2XY", b"\xd4\xff\x00")  # fixext1, type -1
+    assert type(_reject(payload)) is MalformedPayload
+
+
+def test_deeply_nested_document_is_malformed_payload() -> None:
+    assert type(_reject(b"\x91" * 100_000 + b"\xc0")) is MalformedPayload
+
+
+def test_deeply_nested_field_value_is_malformed_payload() -> None:
+    head = _pack(_job(text="XY"))
+    payload = head.replace(b"\xa2XY", b"\x91" * 5_000 + b"\xc0")
+    assert type(_reject(payload)) is MalformedPayload
+
+
+def test_shallow_nested_field_value_is_schema_violation_naming_the_field() -> None:
+    nested: Any = "x"
+    for _ in range(50):
+        nested = [nested]
+    err = _reject(_pack(_job(text=nested)))
+    assert type(err) is SchemaViolation
+    assert "'text'" in str(err)
+
+
+# --- the version field --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("v", [True, False], ids=["true", "false"])
+def test_bool_is_not_accepted_as_version(v: bool) -> None:
+    err = _reject(_pack(_job(v=v)))
+    assert type(err) is SchemaViolation
+    assert "'v'" in str(err)
+
+
+@pytest.mark.parametrize("v", [1.0, "1", None, b"\x01", [1]], ids=["float", "str", "nil",
+                                                                    "bin", "list"])
+def test_non_integer_version_is_schema_violation(v: Any) -> None:
+    err = _reject(_pack(_job(v=v)))
+    assert type(err) is SchemaViolation
+    assert "'v'" in str(err)
+
+
+@pytest.mark.parametrize("v", [0, 2, -1, 2**64 - 1, -(2**63)])
+def test_other_integer_version_is_unsupported_version(v: int) -> None:
+    err = _reject(_pack(_job(v=v)))
+    assert type(err) is UnsupportedVersion
+    assert f"v={v}" in str(err)
+
+
+def test_unsupported_version_wins_over_unknown_fields() -> None:
+    """A v2 job may carry v2 fields; say 'unsupported version', not 'unknown field'."""
+    assert type(_reject(_pack(_job(v=2, priority=1)))) is UnsupportedVersion
+
+
+def test_missing_version_is_schema_violation() -> None:
+    doc = _job()
+    del doc["v"]
+    err = _reject(_pack(doc))
+    assert type(err) is SchemaViolation
+    assert "'v'" in str(err)
+
+
+# --- field rules and messages -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"id": 5}, "id"),
+        ({"id": ""}, "id"),
+        ({"id": "x" * 257}, "id"),
+        ({"id": b"job"}, "id"),
+        ({"image": "not-bytes"}, "image"),
+        ({"image": b""}, "image"),
+        ({"image": b"", "text": "a caption"}, "image"),  # a caption does not excuse it
+        ({"image": "not-bytes", "text": "a caption"}, "image"),
+        ({"text": b"bytes"}, "text"),
+        ({"text": 5}, "text"),
+        ({"text": "t" * 20_001}, "text"),
+        ({"policy": "Bad Policy!"}, "policy"),
+        ({"policy": ""}, "policy"),
+        ({"policy": "-leading-dash"}, "policy"),
+        ({"policy": "p" * 65}, "policy"),
+        ({"policy": 3}, "policy"),
+        ({"deadline_ms": -1}, "deadline_ms"),
+        ({"deadline_ms": "soon"}, "deadline_ms"),
+        ({"deadline_ms": 1.5}, "deadline_ms"),
+        ({"deadline_ms": True}, "deadline_ms"),
+        ({"deadline_ms": 2**63}, "deadline_ms"),
+        ({"priority": 1}, "priority"),
+    ],
+    ids=lambda x: repr(x)[:40] if isinstance(x, dict) else None,
+)
+def test_schema_violation_message_names_the_field(fields: dict[str, Any], named: str) -> None:
+    err = _reject(_pack(_job(**fields)))
+    assert type(err) is SchemaViolation
+    assert named in str(err)
+
+
+def test_missing_id_is_named() -> None:
+    doc = _job()
+    del doc["id"]
+    err = _reject(_pack(doc))
+    assert type(err) is SchemaViolation
+    assert "missing required field 'id'" in str(err)
+
+
+# --- image, text or both ------------------------------------------------------------------------
+
+
+def _without_image(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in _job(**fields).items() if k != "image"}
+
+
+@pytest.mark.parametrize("doc", [_without_image(text="a caption"),
+                                 _job(image=None, text="a caption")],
+                         ids=["image-absent", "image-nil"])
+def test_text_only_job_is_accepted_with_image_none(doc: dict[str, Any]) -> None:
+    job = decode_moderation_job(_pack(doc))
+    assert job == ModerationJob(id="job-1", image=None, text="a caption")
+
+
+@pytest.mark.parametrize("doc", [_job(), _job(text=None), _job(text=""), _job(text=" \n")],
+                         ids=["text-absent", "text-nil", "text-empty", "text-blank"])
+def test_image_only_job_is_accepted(doc: dict[str, Any]) -> None:
+    job = decode_moderation_job(_pack(doc))
+    assert job.image == IMAGE and job.text == doc.get("text")
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [_without_image(), _job(image=None), _without_image(text=None), _job(image=None, text=None),
+     _without_image(text=""), _without_image(text="  \t\n"), _without_image(text="\u3000\u00a0")],
+    ids=["neither", "image-nil", "text-nil", "both-nil", "text-empty", "text-blank",
+         "text-unicode-blank"],
+)
+def test_job_with_neither_image_nor_text_is_schema_violation(doc: dict[str, Any]) -> None:
+    err = _reject(_pack(doc))
+    assert type(err) is SchemaViolation
+    assert "job has neither image nor text" in str(err)
+
+
+def test_zero_byte_image_is_schema_violation_even_with_text() -> None:
+    for doc in (_job(image=b""), _job(image=b"", text="a caption")):
+        err = _reject(_pack(doc))
+        assert type(err) is SchemaViolation
+        assert "field 'image': empty" in str(err)
+
+
+def test_text_only_job_still_obeys_the_text_limit() -> None:
+    limits = DecodeLimits(max_image_bytes=1024, max_text_chars=10)
+    assert decode_moderation_job(_pack(_without_image(text="t" * 10)), limits).text == "t" * 10
+    err = _reject(_pack(_without_image(text="t" * 11)), limits)
+    assert type(err) is SchemaViolation
+    assert "'text'" in str(err)
+
+
+def test_absent_optional_fields_take_their_defaults() -> None:
+    job = decode_moderation_job(_pack(_job()))
+    assert job == ModerationJob(id="job-1", image=IMAGE, text=None, policy="default",
+                                deadline_ms=None)
+
+
+def test_explicit_nulls_for_optional_fields_take_their_defaults() -> None:
+    job = decode_moderation_job(_pack(_job(text=None, policy=None, deadline_ms=None)))
+    assert (job.text, job.policy, job.deadline_ms) == (None, "default", None)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"id": "x" * 256},
+        {"id": "é" * 256},  # the limit counts characters, not UTF-8 bytes
+        {"text": ""},
+        {"policy": "a"},
+        {"policy": "a" * 64},
+        {"policy": "v2.strict_mode-1"},
+        {"deadline_ms": 0},
+        {"deadline_ms": codec.INT64_MAX},
+    ],
+    ids=lambda f: f"{next(iter(f))}={next(iter(f.values()))!r:.20}",
+)
+def test_boundary_values_inside_the_contract_are_accepted(fields: dict[str, Any]) -> None:
+    job = decode_moderation_job(_pack(_job(**fields)))
+    key, value = next(iter(fields.items()))
+    assert getattr(job, key) == value
+
+
+def test_policy_name_with_trailing_newline_is_schema_violation() -> None:
+    assert type(_reject(_pack(_job(policy="default\n")))) is SchemaViolation
+
+
+# --- operational limits -------------------------------------------------------------------------
+
+
+def test_image_at_the_configured_limit_is_accepted_one_byte_more_is_not() -> None:
+    limits = DecodeLimits(max_image_bytes=1024, max_text_chars=100)
+    assert decode_moderation_job(_pack(_job(image=b"i" * 1024)), limits).image == b"i" * 1024
+    err = _reject(_pack(_job(image=b"i" * 1025)), limits)
+    assert type(err) is SchemaViolation
+    assert "'image'" in str(err) and "1025" in str(err) and "1024" in str(err)
+
+
+def test_text_at_the_configured_limit_is_accepted_one_char_more_is_not() -> None:
+    limits = DecodeLimits(max_image_bytes=1024, max_text_chars=10)
+    assert decode_moderation_job(_pack(_job(text="t" * 10)), limits).text == "t" * 10
+    err = _reject(_pack(_job(text="t" * 11)), limits)
+    assert type(err) is SchemaViolation
+    assert "'text'" in str(err)
+
+
+def test_default_limits_are_the_documented_defaults() -> None:
+    assert DecodeLimits() == DecodeLimits(max_image_bytes=20 * 1024 * 1024,
+                                          max_text_chars=20_000)
+    err = _reject(_pack(_job(text="t" * 20_001)))
+    assert "'text'" in str(err)
+
+
+def test_a_configured_text_limit_cannot_loosen_the_contract() -> None:
+    limits = DecodeLimits(max_text_chars=10**6)
+    decode_moderation_job(_pack(_job(text="t" * codec.MAX_TEXT_CHARS)), limits)
+    err = _reject(_pack(_job(text="t" * (codec.MAX_TEXT_CHARS + 1))), limits)
+    assert "'text'" in str(err)
+
+
+def test_a_configured_image_limit_cannot_loosen_the_contract() -> None:
+    limits = DecodeLimits(max_image_bytes=2 * codec.MAX_IMAGE_BYTES)
+    err = _reject(_pack(_job(image=bytes(codec.MAX_IMAGE_BYTES + 1))), limits)
+    assert type(err) is SchemaViolation
+    assert str(codec.MAX_IMAGE_BYTES) in str(err)
+
+
+# --- round trips --------------------------------------------------------------------------------
+
+
+def test_producer_tool_encode_job_round_trips() -> None:
+    payload = encode_job("frame-1", IMAGE, text="hello ✓", policy="strict",
+                         deadline_ms=1_796_000_000_000)
+    assert decode_moderation_job(payload) == ModerationJob(
+        id="frame-1", image=IMAGE, text="hello ✓", policy="strict",
+        deadline_ms=1_796_000_000_000,
+    )
+
+
+def test_producer_tool_omits_absent_optional_fields() -> None:
+    doc = msgpack.unpackb(encode_job("j", IMAGE), raw=False)
+    assert doc == {"v": 1, "id": "j", "image": IMAGE}
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    job_id=st.text(min_size=1, max_size=256),
+    image=st.binary(min_size=1, max_size=256),
+    text=st.none() | st.text(max_size=200),
+    policy=st.none() | st.from_regex(r"[a-z0-9][a-z0-9_.-]{0,63}", fullmatch=True),
+    deadline=st.none() | st.integers(min_value=0, max_value=codec.INT64_MAX),
+)
+def test_encode_job_then_decode_gives_the_same_fields(
+    job_id: str, image: bytes, text: str | None, policy: str | None, deadline: int | None
+) -> None:
+    job = decode_moderation_job(
+        encode_job(job_id, image, text=text, policy=policy, deadline_ms=deadline)
+    )
+    assert job == ModerationJob(id=job_id, image=image, text=text, policy=policy or "default",
+                                deadline_ms=deadline)
+
+
+def _result(**kw: Any) -> ModerationResult:
+    base: dict[str, Any] = dict(id="j", status=Status.OK, policy="default",
+                                model_id="open_nsfw", engine_hash="e", verdict=Verdict.ALLOW)
+    return ModerationResult(**{**base, **kw})
+
+
+def test_result_round_trips_through_msgpack() -> None:
+    result = _result(scores={"sfw": 0.9, "nsfw": 0.1}, timings_ms={"infer": 3.0},
+                     source=SourceRef("moderation.jobs", 1, 2))
+    assert decode_result(encode_result(result)) == result_to_dict(result)
+
+
+def test_result_to_dict_omits_absent_optional_fields() -> None:
+    doc = result_to_dict(_result(status=Status.ERROR, verdict=None))
+    assert not {"verdict", "error", "source", "rule", "models"} & set(doc)
+    assert doc["status"] == "error" and doc["v"] == 1
+
+
+def test_result_to_dict_writes_rule_and_models_when_set() -> None:
+    doc = result_to_dict(_result(rule="block:text.violence", models=("open_nsfw", "text")))
+    assert doc["rule"] == "block:text.violence"
+    assert doc["models"] == ["open_nsfw", "text"]
+
+
+@pytest.mark.parametrize("kw", [{"rule": "allow"}, {"models": ("text",)}], ids=repr)
+def test_result_to_dict_writes_each_of_rule_and_models_on_its_own(kw: dict[str, Any]) -> None:
+    doc = result_to_dict(_result(**kw))
+    (key, value), = kw.items()
+    assert doc[key] == (list(value) if isinstance(value, tuple) else value)
+    assert not ({"rule", "models"} - {key}) & set(doc)
+
+
+def test_result_with_rule_and_models_round_trips_through_msgpack() -> None:
+    result = _result(scores={"text.violence": 0.95}, rule="block:text.violence",
+                     models=("text",))
+    decoded = decode_result(encode_result(result))
+    assert decoded == result_to_dict(result)
+    assert decoded["models"] == ["text"] and decoded["rule"] == "block:text.violence"
+
+
+def test_open_nsfw_result_payload_is_byte_identical_to_v1() -> None:
+    """Results without rule/models are exactly the v1 payload: same keys, same order."""
+    result = _result(scores={"sfw": 0.9, "nsfw": 0.1}, timings_ms={"infer": 3.0},
+                     source=SourceRef("moderation.jobs", 1, 2))
+    v1 = {"v": 1, "id": "j", "status": "ok", "policy": "default", "model_id": "open_nsfw",
+          "engine_hash": "e", "scores": {"sfw": 0.9, "nsfw": 0.1}, "timings_ms": {"infer": 3.0},
+          "verdict": "allow", "source": {"topic": "moderation.jobs", "partition": 1,
+                                         "offset": 2}}
+    assert encode_result(result) == _pack(v1)
+
+
+def test_result_to_dict_rounds_timings_to_microseconds() -> None:
+    doc = result_to_dict(_result(timings_ms={"total": 1.23456789}))
+    assert doc["timings_ms"] == {"total": 1.235}
+
+
+def test_result_to_dict_writes_plain_strings_for_enums() -> None:
+    doc = result_to_dict(_result())
+    assert type(doc["status"]) is str and type(doc["verdict"]) is str
+    assert msgpack.unpackb(_pack(doc), raw=False)["verdict"] == "allow"
+
+
+def test_decode_result_refuses_non_msgpack() -> None:
+    with pytest.raises(MalformedPayload):
+        decode_result(b"\xc1")
+
+
+# --- properties: never anything but a job or a JobRejected --------------------------------------
+
+
+def _assert_job_or_rejected(payload: bytes) -> None:
+    try:
+        job = decode_moderation_job(payload)
+    except JobRejected:
+        return
+    assert isinstance(job, ModerationJob)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(payload=st.binary(max_size=512))
+def test_arbitrary_bytes_give_a_job_or_job_rejected(payload: bytes) -> None:
+    _assert_job_or_rejected(payload)
+
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=30),
+    st.binary(max_size=30),
+)
+_KEYS = st.one_of(st.sampled_from(sorted(codec.JOB_FIELDS)), st.text(max_size=8),
+                  st.binary(max_size=4))
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(doc=st.dictionaries(_KEYS, _VALUES, max_size=8), with_base=st.booleans())
+def test_arbitrary_msgpack_maps_give_a_job_or_job_rejected(
+    doc: dict[Any, Any], with_base: bool
+) -> None:
+    if with_base:  # start from a valid job so later fields get checked too
+        doc = {**_job(), **doc}
+    _assert_job_or_rejected(_pack(doc))
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(doc=st.dictionaries(_KEYS, _VALUES, max_size=8), cut=st.integers(min_value=0))
+def test_truncated_arbitrary_maps_give_a_job_or_job_rejected(
+    doc: dict[Any, Any], cut: int
+) -> None:
+    payload = _pack({**_job(), **doc})
+    _assert_job_or_rejected(payload[: cut % (len(payload) + 1)])

@@ -1,0 +1,83 @@
+"""The ``[moderation]`` config section: the text and CLIP engines and the policies by name.
+
+Cross-section rules live here, checked at start-up: a policy that runs CLIP needs
+``moderation.clip.weights_dir`` (no CLIP weights ship with the worker). Whether the text model's
+package is installed is checked where the engines are made
+(:mod:`worker.tasks.moderation.policies`), so this
+validation never depends on what is installed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from worker.config.policies import PolicySettings, SettingsPart
+from worker.wire.moderation_codec import POLICY_NAME
+
+
+class TextSettings(SettingsPart):
+    """The MiniLM text engine (weights from the `text` extra's package unless model_dir)."""
+
+    backend: Literal["onnxruntime", "torch"] | None = None  # None: follow model.backend
+    precision: Literal["fp32", "fp16"] | None = None  # None: fp32 on CPU, fp16 on torch
+    model_dir: Path | None = None  # another Hugging Face BERT sentence encoder folder
+    token_buckets: list[int] = Field(default_factory=lambda: [16, 32, 64, 128])
+    overlap_tokens: int = Field(32, ge=0)
+    max_chunks: int = Field(1024, ge=1)  # a text with more is rejected, never truncated
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32, 128])
+
+    @model_validator(mode="after")
+    def _sizes(self) -> TextSettings:
+        _increasing("token_buckets", self.token_buckets, hi=512)
+        _increasing("batch_sizes", self.batch_sizes, hi=4096)
+        if self.overlap_tokens >= self.token_buckets[-1] // 2:
+            raise ValueError("overlap_tokens must be under half the largest token bucket")
+        return self
+
+
+class ClipSettings(SettingsPart):
+    """CLIP image and text towers, from a local Hugging Face folder (nothing is downloaded)."""
+
+    weights_dir: Path | None = None
+    backend: Literal["onnxruntime", "torch"] | None = None
+    precision: Literal["fp32", "fp16"] | None = None
+    token_buckets: list[int] = Field(default_factory=lambda: [16, 32, 77])
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32])
+    # Prompts for "none of the labels": without them the softmax over the labels alone would
+    # hand a harmless image's probability mass to some label.
+    neutral_prompts: list[str] = Field(default_factory=lambda: [
+        "a photo", "an ordinary everyday photo", "a photo of people, objects or scenery"])
+
+    @model_validator(mode="after")
+    def _sizes(self) -> ClipSettings:
+        _increasing("token_buckets", self.token_buckets, hi=77)
+        _increasing("batch_sizes", self.batch_sizes, hi=4096)
+        if not self.neutral_prompts:
+            raise ValueError("neutral_prompts must not be empty")
+        return self
+
+
+def _increasing(name: str, values: list[int], *, hi: int) -> None:
+    if not values or values != sorted(set(values)) or values[0] < 1 or values[-1] > hi:
+        raise ValueError(f"{name} must be strictly increasing, within 1..{hi}")
+
+
+class ModerationSettings(SettingsPart):
+    text: TextSettings = Field(default_factory=TextSettings)
+    clip: ClipSettings = Field(default_factory=ClipSettings)
+    # Image-and-text policies by name; a name here replaces the same name in model.policies.
+    policies: dict[str, PolicySettings] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _resolvable(self) -> ModerationSettings:
+        for name, policy in self.policies.items():
+            if not POLICY_NAME.fullmatch(name):
+                raise ValueError(f"policy name {name!r} can never be named by a job "
+                                 f"(pattern {POLICY_NAME.pattern})")
+            if "clip" in policy.models and self.clip.weights_dir is None:
+                raise ValueError(f"policy {name!r} uses clip but moderation.clip.weights_dir "
+                                 "is not set (no CLIP weights ship with the worker)")
+        return self

@@ -1,0 +1,76 @@
+"""CLI: `python -m worker.devkit.local_kafka fetch|run`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from .broker import LocalKafka
+from .errors import LocalKafkaError
+from .jars import DEFAULT_VERSION, ensure_jars
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m worker.devkit.local_kafka")
+    sub = parser.add_subparsers(dest="command", required=True)
+    fetch = sub.add_parser("fetch", help="resolve broker jars into the cache (CI pre-warm)")
+    run = sub.add_parser("run", help="run a broker in the foreground until Ctrl-C/SIGTERM")
+    for p in (fetch, run):
+        p.add_argument("--version", default=DEFAULT_VERSION, help="Kafka version (%(default)s)")
+        p.add_argument("--cache-dir", type=Path, default=None, help="jar cache root")
+    run.add_argument("--workdir", type=Path, default=None, help="keep data/logs here")
+    run.add_argument("--partitions", type=int, default=1, help="default partitions per topic")
+    run.add_argument("--topic", action="append", default=[], help="topic to create (repeatable)")
+    run.add_argument("--timeout", type=float, default=90.0, help="start timeout in seconds")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # SIGTERM must unwind through stop() just like Ctrl-C so the JVM is not orphaned.
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    broker = LocalKafka(version=args.version, workdir=args.workdir, cache_dir=args.cache_dir,
+                        num_partitions=args.partitions)
+    started = time.monotonic()
+    try:
+        broker.start(timeout=args.timeout)
+        if args.topic:
+            broker.create_topics(args.topic, partitions=args.partitions)
+        print(broker.bootstrap_servers, flush=True)
+        print(f"# ready in {time.monotonic() - started:.1f}s; log: {broker.log_path}; "
+              "Ctrl-C to stop", file=sys.stderr, flush=True)
+        while not stop.wait(1.0):
+            if not broker.is_running():
+                print(f"broker exited unexpectedly; see {broker.log_path}", file=sys.stderr)
+                return 1
+    finally:
+        broker.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "fetch":
+            print(ensure_jars(args.version, args.cache_dir))
+            return 0
+        return _run(args)
+    except LocalKafkaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Per-partition offset tracking for out-of-order completion.
+
+Records are consumed in offset order per partition but finish in any order (different batch
+times, DLQ vs results). The offset to commit for a partition is the lowest offset still
+unfinished, or one past the highest finished when none is: never the last offset seen.
+
+Under exactly-once the loop finishes a record when its output enters the open transaction,
+always in offset order (see worker.loop.commit.ordered.OrderedRelease), and after an aborted
+transaction
+:meth:`OffsetTracker.rewind` gives the position to seek back to: the last committed one, or the
+first offset consumed when nothing was committed yet.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+TopicPartitionKey = tuple[str, int]
+
+
+class _PartitionOffsets:
+    __slots__ = ("base", "committed", "next_offset", "open", "order")
+
+    def __init__(self) -> None:
+        self.order: deque[int] = deque()  # begun, ascending; head may already be finished
+        self.open: set[int] = set()  # begun and not yet finished
+        self.next_offset: int | None = None  # one past the highest offset finished in order
+        self.committed: int | None = None
+        self.base: int | None = None  # first offset ever begun (the group's start position)
+
+    def begin(self, offset: int) -> bool:
+        if self.base is None:
+            self.base = offset
+        rewound = bool(self.order) and offset <= self.order[-1]
+        if rewound:
+            # A rewind (seek, or re-delivery after an error): older bookkeeping is void.
+            self.order.clear()
+            self.open.clear()
+        self.order.append(offset)
+        self.open.add(offset)
+        return rewound
+
+    def rewind(self) -> int | None:
+        target = self.committed if self.committed is not None else self.base
+        self.order.clear()
+        self.open.clear()
+        self.next_offset = target
+        return target
+
+    def finish(self, offset: int) -> bool:
+        if offset not in self.open:
+            return False
+        self.open.remove(offset)
+        while self.order and self.order[0] not in self.open:
+            self.next_offset = self.order.popleft() + 1
+        return True
+
+    def position(self) -> int | None:
+        """Offset a commit should carry now: the lowest unfinished, else one past the last."""
+        return self.order[0] if self.order else self.next_offset
+
+
+class OffsetTracker:
+    """Bookkeeping only: the consumer layer decides when to commit what it returns."""
+
+    def __init__(self) -> None:
+        self._parts: dict[TopicPartitionKey, _PartitionOffsets] = {}
+
+    def begin(self, topic: str, partition: int, offset: int) -> bool:
+        """Track a consumed record; True if it went backwards (an unexpected re-delivery)."""
+        return self._parts.setdefault((topic, partition), _PartitionOffsets()).begin(offset)
+
+    def partitions(self) -> list[TopicPartitionKey]:
+        return list(self._parts)
+
+    def position(self, key: TopicPartitionKey) -> int | None:
+        """The lowest unfinished offset of a partition (or one past the last finished)."""
+        part = self._parts.get(key)
+        return part.position() if part is not None else None
+
+    def is_open(self, key: TopicPartitionKey, offset: int) -> bool:
+        part = self._parts.get(key)
+        return part is not None and offset in part.open
+
+    def rewind(self, key: TopicPartitionKey) -> int | None:
+        """Forget every begun record of a partition and return the offset to seek to: the last
+        committed position, else the first offset consumed (None if the partition is unknown).
+        """
+        part = self._parts.get(key)
+        return part.rewind() if part is not None else None
+
+    def finish(self, topic: str, partition: int, offset: int) -> bool:
+        """Mark one record finished; False if its partition is no longer tracked (revoked)."""
+        part = self._parts.get((topic, partition))
+        return part is not None and part.finish(offset)
+
+    def pending(self, partitions: Iterable[TopicPartitionKey] | None = None) -> int:
+        keys = self._parts.keys() if partitions is None else partitions
+        return sum(len(self._parts[k].open) for k in keys if k in self._parts)
+
+    def committable(
+        self, partitions: Iterable[TopicPartitionKey] | None = None
+    ) -> dict[TopicPartitionKey, int]:
+        """Positions that advanced since the last :meth:`mark_committed`."""
+        keys = list(self._parts.keys() if partitions is None else partitions)
+        out: dict[TopicPartitionKey, int] = {}
+        for key in keys:
+            part = self._parts.get(key)
+            if part is None:
+                continue
+            pos = part.position()
+            if pos is not None and pos != part.committed:
+                out[key] = pos
+        return out
+
+    def mark_committed(self, positions: dict[TopicPartitionKey, int]) -> None:
+        for key, pos in positions.items():
+            part = self._parts.get(key)
+            if part is not None:
+                part.committed = pos
+
+    def drop(self, partitions: Iterable[TopicPartitionKey]) -> None:
+        """Forget partitions (revoked or lost); late completions for them are ignored."""
+        for key in partitions:
+            self._parts.pop(key, None)

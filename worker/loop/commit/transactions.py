@@ -1,0 +1,213 @@
+"""The worker's transactional producer: one open transaction at a time, errors classified.
+
+Exactly-once commit protocol (driven by :mod:`worker.loop.worker`):
+
+1. A transaction begins lazily, with the first output released into it.
+2. Outputs (results and DLQ records) are produced into it in offset order per partition
+   (:class:`worker.loop.commit.ordered.OrderedRelease`); a record is finished once its output is in.
+3. Every ``commit.interval_ms`` (and on revoke and at shutdown) the loop sends the tracker's
+   positions (the lowest unfinished offset per partition) with the consumer's group metadata
+   (``send_offsets_to_transaction``) and commits. Outputs and offsets become visible together.
+4. On an abortable error, a failed delivery, lost partitions or an explicit request the
+   transaction is aborted; the loop then seeks every partition back to its last committed
+   position and drops its queued and in-flight work, so the aborted outputs are produced again,
+   once, in a later transaction.
+
+Error classes (librdkafka's, see :func:`worker.kafka.txn_error`):
+
+- retriable: the same call is repeated (with a short back-off) until it succeeds, for at most
+  a budget: 10 s for a commit, 5 s for an abort (both shrink with a transaction timeout under
+  40 s). A commit still timing out after its budget, or a record whose delivery timed out, is
+  treated as abortable *and* makes the client suspect: after a long broker stall librdkafka can
+  be left without any broker in its metadata and never reconnect (observed with a single-node
+  Kafka 4.1 frozen for 30 s: every later request sat in the queue until it timed out). So that
+  abort is done by a *reset*: the client is dropped and a new one with the same
+  transactional.id runs ``init_transactions``, which fences the old one and has the coordinator
+  abort its open transaction (the same path as a restart after kill -9). An abort that itself
+  times out for its budget is also done by a reset. If the new client's ``init_transactions``
+  fails for ``kafka.transaction_timeout_ms``, the error is fatal;
+- abortable (``txn_requires_abort``): :class:`TransactionError` with ``abortable`` set reaches
+  the loop, which aborts and rewinds;
+- fatal (fenced by a newer instance with the same transactional.id, or anything unclassified):
+  :class:`TransactionError` with ``fatal`` set (:class:`ProducerFenced` when fenced) stops the
+  worker without committing again; the process exits non-zero for the orchestrator to restart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import confluent_kafka as ck
+import structlog
+
+from worker.exceptions import ProducerFenced, TransactionError
+from worker.kafka import Producer
+from worker.kafka.clients import FENCED_CODES, DeliveryCallback
+from worker.loop.commit.ordered import Output
+
+log = structlog.get_logger("worker.loop.commit.transactions")
+
+
+class _Stuck(Exception):
+    """A call kept timing out for its whole budget: the client needs a reset."""
+
+def _as_fatal(exc: TransactionError, what: str) -> TransactionError:
+    cls = ProducerFenced if exc.code in FENCED_CODES else TransactionError
+    return cls(f"{what}: {exc}", code=exc.code, fatal=True)
+
+
+class Transactions:
+    """Transaction state around a transactional :class:`Producer` (no threads of its own)."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        *,
+        timeout_ms: int,
+        op_timeout_s: float = 10.0,
+        backoff_s: float = 0.2,
+        commit_budget_s: float | None = None,
+        abort_budget_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._producer = producer
+        self._retry_for_s = timeout_ms / 1e3
+        self._commit_budget_s = (commit_budget_s if commit_budget_s is not None
+                                 else min(10.0, self._retry_for_s / 4))
+        self._abort_budget_s = (abort_budget_s if abort_budget_s is not None
+                                else min(5.0, self._retry_for_s / 8))
+        self._op_timeout_s = op_timeout_s
+        self._backoff_s = backoff_s
+        self._clock = clock
+        self._sleep = sleep
+        self.open = False
+        self.opened_at: float | None = None
+        self.records = 0  # produced into the open transaction
+        self.failed: str | None = None  # set when the open transaction can only be aborted
+        self._suspect = False  # the failure was a timeout: the client may be stuck
+        # Bumped at every commit and abort: a delivery report carries the sequence of its
+        # transaction, so reports of an aborted one (purged messages) are told apart.
+        self.sequence = 0
+        self.commits = 0
+        self.aborts = 0
+        self.retries = 0
+        self.resets = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def init(self) -> None:
+        """Register the transactional.id; fences and aborts a previous incarnation's work."""
+        self._retrying("init_transactions", self._producer.init_transactions,
+                       budget_s=self._retry_for_s, on_deadline="fatal")
+
+    def produce(self, out: Output, on_delivery: DeliveryCallback) -> None:
+        if not self.open:
+            try:
+                self._producer.begin_transaction()
+            except TransactionError as exc:
+                # begin_transaction fails only on a state error or a fatal one.
+                raise _as_fatal(exc, "begin_transaction") from exc
+            self.open = True
+            self.opened_at = self._clock()
+            self.records = 0
+        try:
+            self._producer.produce(out.topic, key=out.key, value=out.value, headers=out.headers,
+                                   on_delivery=on_delivery)
+        except TransactionError as exc:
+            if exc.fatal:
+                raise _as_fatal(exc, "produce") from exc
+            self.fail(str(exc))
+            raise
+        self.records += 1
+
+    def fail(self, reason: str, *, timed_out: bool = False) -> None:
+        """The open transaction can no longer commit (e.g. a delivery failed): abort it.
+        ``timed_out``: the failure was a timeout, so the abort resets the client."""
+        if self.failed is None:
+            self.failed = reason
+        self._suspect = self._suspect or timed_out
+
+    @property
+    def age_s(self) -> float:
+        return self._clock() - self.opened_at if self.open and self.opened_at else 0.0
+
+    def commit(self, offsets: list[ck.TopicPartition], group_metadata: object) -> None:
+        """Send the offsets and commit. Raises an abortable :class:`TransactionError` when the
+        transaction must be aborted instead, a fatal one when the worker must stop."""
+        if self.failed is not None:
+            raise TransactionError(f"transaction failed: {self.failed}", abortable=True)
+        if not self.open:
+            return
+        if offsets:
+            self._retrying(
+                "send_offsets_to_transaction",
+                lambda t: self._producer.send_offsets_to_transaction(offsets, group_metadata, t),
+                budget_s=self._commit_budget_s, on_deadline="abort",
+            )
+        self._retrying("commit_transaction", self._producer.commit_transaction,
+                       budget_s=self._commit_budget_s, on_deadline="abort")
+        self._closed()
+        self.commits += 1
+
+    def abort(self) -> bool:
+        """Abort the open transaction (if any); True if one was aborted."""
+        if not self.open and self.failed is None:
+            return False
+        if self._suspect:
+            self.reset(f"aborting after a timeout ({self.failed})")
+        else:
+            try:
+                self._retrying("abort_transaction", self._producer.abort_transaction,
+                               budget_s=self._abort_budget_s, on_deadline="reset",
+                               abortable_is_fatal=True)
+            except _Stuck as exc:
+                self.reset(str(exc))
+        self._closed()
+        self.aborts += 1
+        return True
+
+    def reset(self, reason: str) -> None:
+        """Replace a stuck client: a new one with the same transactional.id fences the old one
+        and makes the coordinator abort its open transaction."""
+        log.warning("producer_reset", reason=reason[:300])
+        self._producer.abandon()
+        self._producer.open()
+        self.init()
+        self.resets += 1
+
+    def _closed(self) -> None:
+        self.open = False
+        self.opened_at = None
+        self.failed = None
+        self._suspect = False
+        self.sequence += 1
+
+    # -- retries -----------------------------------------------------------------------------
+    def _retrying(self, what: str, call: Callable[[float], None], *, budget_s: float,
+                  on_deadline: str, abortable_is_fatal: bool = False) -> None:
+        deadline = self._clock() + budget_s
+        attempt = 0
+        while True:
+            attempt += 1
+            left = deadline - self._clock()
+            try:
+                call(max(0.1, min(self._op_timeout_s, left)))
+                return
+            except TransactionError as exc:
+                if exc.fatal or (exc.abortable and abortable_is_fatal):
+                    raise _as_fatal(exc, what) from exc
+                if exc.abortable:
+                    self.fail(str(exc))
+                    raise
+                if self._clock() >= deadline:
+                    msg = f"{what} still failing after {budget_s:.0f} s: {exc}"
+                    if on_deadline == "fatal":
+                        raise TransactionError(msg, code=exc.code, fatal=True) from exc
+                    if on_deadline == "reset":
+                        raise _Stuck(msg) from exc
+                    self.fail(msg, timed_out=True)
+                    raise TransactionError(msg, code=exc.code, abortable=True) from exc
+                self.retries += 1
+                log.warning("txn_retry", call=what, attempt=attempt, error=str(exc))
+                self._sleep(self._backoff_s)

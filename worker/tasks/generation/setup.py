@@ -1,0 +1,75 @@
+"""From the config to a ready GenerationTask: weights, engines (cached), blob store.
+
+Refuses to start without weights: a local SD folder (``generation.weights_dir``) or an explicit
+``generation.random_weights`` architecture; random weights are announced in the log at start
+and in every result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+
+from engines.cache import BuildRecipe, EngineCache
+from engines.models.sd.arch import ARCHES
+from engines.models.sd.engines import SdEngineOptions, SdEngines, make_sd_engines
+from engines.models.sd.specs import Resolution
+from engines.models.sd.weights import LocalSdWeights, RandomSdWeights, SdWeights
+from worker.config import WorkerConfig
+from worker.config.generation import GenerationSettings
+from worker.exceptions import ConfigError
+from worker.tasks.generation.blobs import make_blob_store
+from worker.tasks.generation.task import GenerationTask
+
+log = structlog.get_logger("worker.tasks.generation")
+
+
+def weights_from(g: GenerationSettings) -> SdWeights:
+    if g.weights_dir is not None:
+        return LocalSdWeights(g.weights_dir)
+    if g.random_weights is not None:
+        log.warning("generation_random_weights", arch=g.random_weights, seed=g.random_seed,
+                    note="RANDOM weights: images are noise; for tests, demos and benchmarks")
+        return RandomSdWeights(ARCHES[g.random_weights], g.random_seed)
+    raise ConfigError(
+        "generation needs weights: set generation.weights_dir to a local Stable Diffusion 1.5 "
+        "folder (diffusers layout: text_encoder/, tokenizer/, unet/, vae/; nothing is "
+        "downloaded), or generation.random_weights = 'sd15' | 'tiny' for tests and benchmarks")
+
+
+def engine_options(g: GenerationSettings, intra_op_threads: int | None = None
+                   ) -> SdEngineOptions:
+    return SdEngineOptions(
+        backend=g.backend, precision=g.effective_precision,
+        device=g.device if g.backend == "torch" else "cpu", cuda_graphs=g.cuda_graphs,
+        compile=g.compile, intra_op_threads=intra_op_threads,
+        text_sizes=tuple(g.text_batch_sizes), unet_sizes=tuple(g.unet_batch_sizes),
+        vae_sizes=tuple(g.vae_batch_sizes))
+
+
+def make_engines(cfg: WorkerConfig, on_build: Callable[[BuildRecipe], None] | None = None
+                 ) -> SdEngines:
+    g = cfg.generation
+    cache = EngineCache(cfg.engines.cache_dir) if cfg.engines.use_cache else None
+    resolutions = tuple(Resolution(s.width, s.height) for s in g.sizes)
+    try:
+        return make_sd_engines(weights_from(g), resolutions,
+                               engine_options(g, cfg.model.intra_op_threads), cache, on_build)
+    except ValueError as exc:  # a configured size the architecture cannot produce
+        raise ConfigError(f"generation: {exc}") from exc
+
+
+def jobs_per_batch(cfg: WorkerConfig) -> int:
+    """Jobs per batch: as many worst-case jobs as ``generation.max_images_per_batch`` holds."""
+    g = cfg.generation
+    return max(1, min(cfg.batch.max_batch_size, g.max_images_per_batch // g.max_images_per_job))
+
+
+def make_generation_task(cfg: WorkerConfig,
+                         on_build: Callable[[BuildRecipe], None] | None = None
+                         ) -> GenerationTask:
+    return GenerationTask(cfg.generation, make_engines(cfg, on_build),
+                          make_blob_store(cfg.generation.blob),
+                          max_in_flight_batches=cfg.batch.max_in_flight_batches,
+                          max_jobs_per_batch=jobs_per_batch(cfg))

@@ -1,0 +1,93 @@
+"""open_nsfw preprocessing on the GPU: nvJPEG decode, resize, crop, written into a device batch.
+
+JPEGs are decoded in one batched nvJPEG call (torchvision.io.decode_jpeg on CUDA); PNG and WebP
+are decoded by Pillow on the CPU and uploaded. Images of one size are resized together
+(bilinear with antialiasing, PIL's BILINEAR semantics), centre-cropped to 224 and written as
+uint8 RGB rows into the pipeline slot's device input; normalisation happens inside the engine's
+graph. Headers are checked on the CPU first, so bombs never reach the decoder. Reference's JPEG
+re-encode step is not reproduced on this path (config refuses gpu + jpeg_roundtrip).
+torch/torchvision are imported lazily; everything runs on whatever device ``out`` lives on, so
+the same code is tested on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from worker.exceptions import ImageRejected, JobRejected
+from worker.tasks.moderation.images import (
+    CROP,
+    RESIZE,
+    ImageLimits,
+    check_dimensions,
+    decode_image,
+    jpeg_dimensions,
+    open_checked,
+)
+
+
+def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
+                ) -> list[Any | JobRejected]:
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    out: list[Any | JobRejected] = [None] * len(datas)
+    jpeg_idx: list[int] = []
+    for i, data in enumerate(datas):
+        try:
+            dims = jpeg_dimensions(data)
+            if dims is not None:
+                check_dimensions(*dims, limits)
+                jpeg_idx.append(i)
+                continue
+            open_checked(data, limits)  # not a clean JPEG header: let Pillow judge it
+        except JobRejected as exc:
+            out[i] = exc
+            continue
+        else:
+            try:
+                rgb = np.array(decode_image(data, limits))  # writable copy for torch
+            except JobRejected as exc:
+                out[i] = exc
+                continue
+            out[i] = torch.from_numpy(rgb).permute(2, 0, 1).to(device, non_blocking=True)
+    if jpeg_idx:
+        raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg_idx]
+        try:
+            decoded = decode_jpeg(raw, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:
+            decoded = []
+            for t in raw:  # one bad file fails the whole batch call: find it
+                try:
+                    decoded.append(decode_jpeg(t, mode=ImageReadMode.RGB, device=device))
+                except RuntimeError as exc:
+                    decoded.append(ImageRejected(f"corrupt image data: {exc}"))
+        for i, img in zip(jpeg_idx, decoded, strict=True):
+            out[i] = img
+    return out
+
+
+def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = None
+                  ) -> list[JobRejected | None]:
+    """Decode ``datas`` and write row i of ``out`` (uint8 [N, 224, 224, 3]) for each good
+    image. Returns, per input, None or the rejection; bad rows are left untouched."""
+    import torch
+    import torch.nn.functional as F
+
+    limits = limits or ImageLimits()
+    images: list[Any] = _decode_all(datas, out.device, limits)
+    by_size: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, img in enumerate(images):
+        if not isinstance(img, JobRejected):
+            by_size[(int(img.shape[1]), int(img.shape[2]))].append(i)
+    off = (RESIZE - CROP) // 2
+    for idx in by_size.values():
+        x = torch.stack([images[i] for i in idx]).float()
+        x = F.interpolate(x, size=(RESIZE, RESIZE), mode="bilinear", antialias=True,
+                          align_corners=False)
+        x = x[:, :, off:off + CROP, off:off + CROP].round_().clamp_(0, 255)
+        out[idx] = x.to(torch.uint8).permute(0, 2, 3, 1)
+    return [img if isinstance(img, JobRejected) else None for img in images]

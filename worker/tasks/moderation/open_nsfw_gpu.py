@@ -1,0 +1,149 @@
+"""Moderation on the GPU pipeline: decoded pixels go into pipeline slots, not Python arrays.
+
+CPU preprocessing decodes straight into the slot's pinned host rows (one pool task per image);
+GPU preprocessing decodes with nvJPEG into the slot's device rows on a per-thread stream. Either
+way the slot then runs H2D (CPU path only), the captured graph and D2H on the pipeline's
+streams, while other batch threads prepare the next slots. Bad images are answered as
+rejections; their rows are left as they were and their outputs ignored.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from engines.backends.torch_pipeline import TorchPipeline
+from engines.backends.torch_runner import TorchRunner
+from engines.cudart import Event
+from engines.models.open_nsfw import LABELS
+from engines.profiles import Profile, StaticProfile
+from engines.spec import EngineSpec
+from worker.config import WorkerConfig
+from worker.exceptions import ConfigError, JobRejected
+from worker.tasks.batcher import Batch
+from worker.tasks.moderation.images import crop_pixels, decode_image
+from worker.tasks.moderation.open_nsfw import ModerationTask, Outcome, Pending, no_image
+from worker.tasks.moderation.verdict import verdict_for
+from worker.wire.moderation_jobs import Status
+
+
+class GpuModerationTask(ModerationTask):
+    def __init__(self, cfg: WorkerConfig, runner: TorchRunner, spec: EngineSpec,
+                 profiles: tuple[Profile, ...]) -> None:
+        super().__init__(cfg, runner, spec)
+        sizes = sorted({b for p in profiles if isinstance(p, StaticProfile)
+                        for b in p.batch_sizes})
+        if not sizes:
+            raise ConfigError("the GPU pipeline needs static profiles (batch sizes)")
+        self.pipeline = TorchPipeline(runner, tuple(sizes),
+                                      slots=cfg.batch.max_in_flight_batches + 1,
+                                      pixels=True, overlap=cfg.model.pipeline_overlap)
+        self._gpu_decode = cfg.model.preprocess == "gpu"
+        self._local = threading.local()
+        self._warm = False
+
+    def warm_up(self, profiles: tuple[Profile, ...]) -> None:
+        self.pipeline.activate()
+        super().warm_up(profiles)  # the plain runner path: cuDNN and allocator warm
+        sample = (self._sample_bytes(),)
+        for size in self.pipeline.sizes:
+            if size <= self.cfg.batch.max_batch_size or size == self.pipeline.sizes[0]:
+                self._infer_rows(list(sample * size))
+        self._warm = True
+
+    def pipeline_ready(self) -> bool:
+        return self.pipeline.compute is not None and self._warm
+
+    def _sample_bytes(self) -> bytes:
+        import importlib.resources
+
+        return importlib.resources.files("worker").joinpath("samples", "astronaut.jpg"
+                                                              ).read_bytes()
+
+    def close(self) -> None:
+        super().close()
+        self.pipeline.deactivate()
+
+    def _prep_stream(self) -> Any:
+        import torch
+
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = torch.cuda.Stream()
+            self._local.ready = Event()
+        return stream
+
+    def _infer_rows(self, images: list[bytes]) -> tuple[np.ndarray | None,
+                                                         list[JobRejected | None], float]:
+        """Preprocess ``images`` into a slot and run it; (scores, rejections, prep seconds)."""
+        n = len(images)
+        slot = self.pipeline.acquire(n)
+        t0 = time.monotonic()
+        if self._gpu_decode:
+            import torch
+
+            from worker.tasks.moderation.gpu_preprocess import prepare_batch
+
+            stream = self._prep_stream()
+            with torch.cuda.stream(stream):
+                rejects = prepare_batch(images, slot.dev_in[:n], self._limits)
+            event: Event = self._local.ready
+            event.record_on(stream.cuda_stream)
+            ready: Event | None = event
+        else:
+            rows = slot.host_in.array
+            jpeg_roundtrip = self.cfg.model.jpeg_roundtrip
+
+            def fill(i: int) -> JobRejected | None:
+                try:
+                    rows[i] = crop_pixels(decode_image(images[i], self._limits),
+                                          jpeg_roundtrip=jpeg_roundtrip)
+                except JobRejected as exc:
+                    return exc
+                return None
+
+            rejects = list(self._decode_pool.map(fill, range(n)))
+            ready = None
+        prep = time.monotonic() - t0
+        if all(r is not None for r in rejects):
+            if ready is not None:
+                ready.synchronize()
+            self.pipeline.release(slot)
+            return None, rejects, prep
+        handle = self.pipeline.launch(slot, n, input_ready=ready)
+        return handle.result(), rejects, prep
+
+    def _run(self, batch: Batch[Pending]) -> list[Outcome]:
+        started = time.monotonic()
+        # check_policy refuses image-less jobs at intake; never crash on one that got here.
+        outcomes = [Outcome(p, rejection=no_image(p.job)) for p in batch.items
+                    if p.job.image is None]
+        imaged = [(p, p.job.image) for p in batch.items if p.job.image is not None]
+        if not imaged:
+            return outcomes
+        scores, rejects, prep = self._infer_rows([image for _, image in imaged])
+        done = time.monotonic()
+        for i, ((p, _), rej) in enumerate(zip(imaged, rejects, strict=True)):
+            if rej is not None or scores is None:
+                outcomes.append(Outcome(p, rejection=rej))
+                continue
+            named = {label: float(v) for label, v in zip(LABELS, scores[i], strict=True)}
+            thresholds = self.cfg.model.policies[p.job.policy]
+            timings = {"queue": (started - p.consumed_at) * 1e3, "decode": prep * 1e3,
+                       "infer": (done - started - prep) * 1e3,
+                       "total": (done - p.consumed_at) * 1e3}
+            outcomes.append(Outcome(p, result=self._result(
+                p, Status.OK, scores=named, timings=timings,
+                verdict=verdict_for(named["nsfw"], thresholds))))
+        return outcomes
+
+
+def make_task(cfg: WorkerConfig, runner: Any, spec: EngineSpec,
+              profiles: tuple[Profile, ...]) -> ModerationTask:
+    """The GPU pipeline task for the torch backend, the plain task otherwise."""
+    if isinstance(runner, TorchRunner):
+        return GpuModerationTask(cfg, runner, spec, profiles)
+    return ModerationTask(cfg, runner, spec)

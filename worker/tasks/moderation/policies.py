@@ -1,0 +1,98 @@
+"""Scores -> allow / review / block under an image-and-text policy, and which rule decided.
+
+Rules, in order; the first that matches decides:
+1. ``block:<model>.<label>``: some model's score of a label is at or above that label's block
+   threshold for that model. With several, the one furthest above its threshold is named.
+2. ``review:<model>.<label>``: likewise for review thresholds.
+3. ``review:clip.consistency``: the policy sets ``min_consistency``, CLIP compared the image
+   with its caption, and the consistency is below it (an image that does not show what its text
+   says is worth a human look).
+4. ``allow``: nothing above reached a threshold.
+Every score the models produced is in ``label_scores`` as ``<model>.<label>``, including the
+informational ones (open_nsfw's sfw, CLIP's neutral mass and consistency).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from worker.config.policies import INFO_LABELS, ModelName, PolicySettings
+from worker.wire.moderation_jobs import Verdict
+
+ScoresByModel = Mapping[ModelName, Mapping[str, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: Verdict
+    rule: str  # machine-readable: "block:text.violence", "allow", ...
+    reason: str  # for people: "text.violence 0.931 >= block 0.900"
+    label_scores: dict[str, float]
+    models_run: tuple[ModelName, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Hit:
+    key: str
+    score: float
+    threshold: float
+
+    @property
+    def margin(self) -> float:
+        return self.score - self.threshold
+
+
+def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel) -> Decision:
+    """Apply the rules above. ``scores_by_model`` holds only the models that ran."""
+    if not scores_by_model:
+        raise ValueError("no model produced scores: nothing to decide on")
+    models_run = tuple(m for m in policy.models if m in scores_by_model)
+    stray = set(scores_by_model) - set(policy.models)
+    if stray:
+        raise ValueError(f"scores from models {sorted(stray)} that the policy does not run")
+    flat: dict[str, float] = {}
+    blocks: list[_Hit] = []
+    reviews: list[_Hit] = []
+    for model in models_run:
+        scores = scores_by_model[model]
+        for label, score in scores.items():
+            _check_score(model, label, score, policy)
+            key = f"{model}.{label}"
+            flat[key] = float(score)
+            if label in INFO_LABELS[model]:
+                continue
+            t = policy.labels[label].thresholds(model)
+            if score >= t.block:
+                blocks.append(_Hit(key, score, t.block))
+            elif score >= t.review:
+                reviews.append(_Hit(key, score, t.review))
+    if blocks:
+        return _decide(Verdict.BLOCK, "block", blocks, flat, models_run)
+    if reviews:
+        return _decide(Verdict.REVIEW, "review", reviews, flat, models_run)
+    consistency = flat.get("clip.consistency")
+    if (policy.min_consistency is not None and consistency is not None
+            and consistency < policy.min_consistency):
+        return Decision(Verdict.REVIEW, "review:clip.consistency",
+                        f"clip.consistency {consistency:.3f} < min_consistency "
+                        f"{policy.min_consistency:.3f}", flat, models_run)
+    return Decision(Verdict.ALLOW, "allow", "no score reached its review threshold", flat,
+                    models_run)
+
+
+def _decide(verdict: Verdict, kind: str, hits: list[_Hit], flat: dict[str, float],
+            models_run: tuple[ModelName, ...]) -> Decision:
+    top = max(hits, key=lambda h: h.margin)  # max() keeps the first of equal margins
+    reason = f"{top.key} {top.score:.3f} >= {kind} {top.threshold:.3f}"
+    return Decision(verdict, f"{kind}:{top.key}", reason, flat, models_run)
+
+
+def _check_score(model: ModelName, label: str, score: float, policy: PolicySettings) -> None:
+    # A bad score here is a bug in a scorer, never a property of the job: fail loudly.
+    if label not in INFO_LABELS[model] and (
+            label not in policy.labels or model not in policy.scorers(label)):
+        raise ValueError(f"{model} scored {label!r}, which the policy does not ask it to score")
+    if not (math.isfinite(score) and 0.0 <= score <= 1.0):
+        raise ValueError(f"{model}.{label} = {score!r} is not a score in [0, 1]")

@@ -1,0 +1,181 @@
+"""The `trt-worker` command line."""
+
+from __future__ import annotations
+
+import faulthandler
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+
+from worker.config import WorkerConfig, load_config
+from worker.exceptions import WorkerError
+from worker.logs import configure_logging
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Kafka worker for batched GPU/CPU inference (moderation and generation "
+                       "jobs).")
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")]
+BootstrapOpt = Annotated[
+    str | None, typer.Option("--bootstrap-servers", "-b", help="Kafka brokers host:port,...")
+]
+
+
+def _config(config: Path | None, bootstrap: str | None, **extra: Any) -> WorkerConfig:
+    overrides: dict[str, Any] = dict(extra)
+    if bootstrap:
+        overrides["kafka"] = {"bootstrap_servers": bootstrap}
+    cfg = load_config(config, **overrides)
+    configure_logging(cfg.log.level, cfg.log.format)
+    return cfg
+
+
+def _install_stop_handlers(stop: Any, shutdown_timeout_s: float) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        # A second signal falls through to the default action (immediate exit).
+        signal.signal(signum, signal.SIG_DFL)
+        # A drain that hangs ends with every thread's stack on stderr and exit code 1.
+        faulthandler.dump_traceback_later(shutdown_timeout_s, exit=True)
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr and the worker runs on: the
+    # first thing to look at when a worker stops making progress or does not stop.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+@app.command()
+def run(
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    task: Annotated[str | None, typer.Option(
+        help="What to serve: moderation or generation (default: processing.task).")] = None,
+) -> None:
+    """Run the worker against the configured brokers until SIGTERM/SIGINT."""
+    from worker.loop.worker import Worker
+
+    cfg = _config(config, bootstrap_servers,
+                  **({"processing": {"task": task}} if task is not None else {}))
+    if not cfg.kafka.bootstrap_servers:
+        raise WorkerError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass "
+                          "--bootstrap-servers (or try `trt-worker demo`)")
+    worker = Worker(cfg)
+    _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)
+    worker.run()
+
+
+@app.command()
+def produce(
+    folder: Annotated[Path, typer.Argument(help="Folder of .jpg/.png/.webp images.")],
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    topic: Annotated[str | None, typer.Option(help="Jobs topic (default: config).")] = None,
+    count: Annotated[int | None, typer.Option(min=1, help="Jobs to send (cycles).")] = None,
+    prefix: Annotated[str, typer.Option(help="Job id prefix.")] = "job-",
+    policy: Annotated[str | None, typer.Option(help="Policy name for every job.")] = None,
+    deadline_ms: Annotated[
+        int | None, typer.Option(min=0, help="Deadline, milliseconds from now.")
+    ] = None,
+) -> None:
+    """Send the images of a folder as moderation jobs."""
+    from worker.tools.produce import produce_folder
+
+    cfg = _config(config, bootstrap_servers)
+    sent = produce_folder(cfg, folder, topic=topic, count=count, prefix=prefix, policy=policy,
+                          deadline_in_ms=deadline_ms)
+    typer.echo(f"produced {len(sent)} jobs to {topic or cfg.topics.jobs}")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="What to draw.")],
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    n: Annotated[int | None, typer.Option("--n", "-n", min=1,
+                                          help="Images per job (default 1).")] = None,
+    width: Annotated[int | None, typer.Option(help="Width in pixels (default 512).")] = None,
+    height: Annotated[int | None, typer.Option(help="Height in pixels (default 512).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Denoising steps (default 30).")] = None,
+    scheduler: Annotated[str | None, typer.Option(
+        help="ddim, euler or euler_a (default ddim).")] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="Seed of image 0; image i uses seed + i (default: derived from the job id).")
+    ] = None,
+    guidance: Annotated[float | None, typer.Option(
+        help="Classifier-free guidance scale (default 7.5).")] = None,
+    negative: Annotated[str | None, typer.Option(help="Negative prompt.")] = None,
+    count: Annotated[int, typer.Option(min=1, help="Jobs to send (each with --n images).")] = 1,
+    job_id: Annotated[str | None, typer.Option(
+        "--id", help="Job id (several jobs: their id prefix). Default: random.")] = None,
+    topic: Annotated[str | None, typer.Option(
+        help="Jobs topic (default: generation.topics.jobs).")] = None,
+    deadline_ms: Annotated[
+        int | None, typer.Option(min=0, help="Deadline, milliseconds from now.")
+    ] = None,
+    wait: Annotated[bool, typer.Option(
+        help="Wait for the results (or DLQ records) and print them.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        help="Wait and write the images here as <id>-<index>-<seed>.png.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for answers.")] = 600.0,
+) -> None:
+    """Send text-to-image jobs to a generation worker (`trt-worker run --task generation`)."""
+    from worker.tools.generate import GenerateRequest, run_generate
+
+    cfg = _config(config, bootstrap_servers)
+    if not cfg.kafka.bootstrap_servers:
+        raise WorkerError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass "
+                          "--bootstrap-servers")
+    req = GenerateRequest(prompt, num_images=n, negative_prompt=negative, width=width,
+                          height=height, steps=steps, guidance_scale=guidance,
+                          scheduler=scheduler, seed=seed, jobs=count, job_id=job_id,
+                          deadline_in_ms=deadline_ms)
+    ok = run_generate(cfg, req, topic=topic, wait=wait or out is not None, out_dir=out,
+                      timeout_s=timeout, echo=typer.echo)
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command()
+def demo(
+    config: ConfigOpt = None,
+    images: Annotated[
+        Path | None, typer.Option(help="Folder of images (default: bundled samples).")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for every answer.")] = 180.0,
+) -> None:
+    """Start a local Kafka (unless one is configured), moderate sample images, print verdicts."""
+    from worker.tools.demo import run_demo
+
+    cfg = _config(config, None, log={"level": "WARNING", "format": "console"})
+    ok = run_demo(cfg, images=images, timeout_s=timeout)
+    raise typer.Exit(0 if ok else 1)
+
+
+def _register_subcommands() -> None:
+    from worker.tools.engines_cli import app as engines_app
+
+    app.add_typer(engines_app, name="engines")
+
+
+_register_subcommands()
+
+
+def _register_replay() -> None:
+    from worker.tools.replay.cli import replay  # issue 5; options and logic live there
+
+    app.command(name="replay")(replay)
+
+
+_register_replay()
+
+
+def main() -> None:
+    try:
+        app()
+    except WorkerError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)

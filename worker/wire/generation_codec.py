@@ -1,0 +1,167 @@
+"""msgpack <-> generation jobs and results, validated by hand like worker.wire.moderation_codec.
+
+Contract-level checks live here (types, ranges, the scheduler names); checks against this
+worker's configuration (sizes it has engines for, its step range, images per job) are in
+:mod:`worker.tasks.generation.intake`. ``tests/unit/generation/test_generation_schemas.py`` keeps
+this
+module and ``schemas/generation-*.schema.json`` in agreement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgpack
+
+from worker.exceptions import SchemaViolation, UnsupportedVersion
+from worker.tasks.generation.schedulers import SCHEDULERS
+from worker.wire.generation_jobs import SEED_MODULUS, GenerationJob, GenerationResult
+
+# The msgpack framing rules (no ext types, UTF-8 strings, a map at the top) are the same for
+# every payload of the contract, so they are shared rather than restated.
+from worker.wire.moderation_codec import INT64_MAX, MAX_ID_CHARS, _require_str, _type_name, _unpack
+from worker.wire.moderation_jobs import SCHEMA_VERSION
+
+MAX_PROMPT_CHARS = 2000
+MIN_SIDE, MAX_SIDE, SIDE_MULTIPLE = 64, 2048, 8
+MAX_STEPS = 150
+MAX_GUIDANCE = 30.0
+MAX_IMAGES = 64
+MAX_SEED = SEED_MODULUS - 1
+JOB_FIELDS = frozenset({"v", "id", "prompt", "negative_prompt", "width", "height", "steps",
+                        "guidance_scale", "scheduler", "seed", "num_images", "deadline_ms"})
+
+
+_DEFAULTS = GenerationJob(id="", prompt="")  # the defaults live on the dataclass, in one place
+
+
+def default_seed(job_id: str) -> int:
+    """A job without a seed gets one derived from its id: a redelivered or replayed job
+    produces the same images, which a random seed would not."""
+    return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "big")
+
+
+def _int(obj: dict[Any, Any], key: str, lo: int, hi: int, multiple: int = 1) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if type(value) is not int:
+        raise SchemaViolation(f"field '{key}': expected integer, got {_type_name(value)}")
+    if not lo <= value <= hi or value % multiple:
+        extra = f" and a multiple of {multiple}" if multiple > 1 else ""
+        raise SchemaViolation(f"field '{key}': {value} must be in [{lo}, {hi}]{extra}")
+    return value
+
+
+def _guidance(obj: dict[Any, Any]) -> float | None:
+    value = obj.get("guidance_scale")
+    if value is None:
+        return None
+    if type(value) not in (int, float):
+        raise SchemaViolation(f"field 'guidance_scale': expected number, got {_type_name(value)}")
+    if not 0.0 <= value <= MAX_GUIDANCE:  # also false for NaN
+        raise SchemaViolation(f"field 'guidance_scale': {value} must be in [0, {MAX_GUIDANCE}]")
+    return float(value)
+
+
+def _header(obj: dict[Any, Any]) -> None:
+    if "v" not in obj:
+        raise SchemaViolation("missing required field 'v'")
+    version = obj["v"]
+    if type(version) is not int:
+        raise SchemaViolation(f"field 'v': expected integer, got {_type_name(version)}")
+    if version != SCHEMA_VERSION:
+        raise UnsupportedVersion(f"schema version v={version} is not supported (this worker: 1)")
+    unknown = set(obj) - JOB_FIELDS
+    if unknown:
+        raise SchemaViolation(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}")
+    for key in ("id", "prompt"):
+        if key not in obj:
+            raise SchemaViolation(f"missing required field '{key}'")
+
+
+def decode_generation_job(payload: bytes) -> GenerationJob:
+    """Decode and validate one generation job; raise a :class:`JobRejected` subclass if bad."""
+    obj = _unpack(payload)
+    _header(obj)
+    job_id = _require_str(obj, "id", max_chars=MAX_ID_CHARS)
+    prompt = _require_str(obj, "prompt", max_chars=MAX_PROMPT_CHARS)
+    if not prompt.strip():
+        raise SchemaViolation("field 'prompt': empty (only whitespace)")
+    negative = ""
+    if obj.get("negative_prompt") is not None:
+        negative = _require_str(obj, "negative_prompt", min_chars=0, max_chars=MAX_PROMPT_CHARS)
+    scheduler = "ddim"
+    if obj.get("scheduler") is not None:
+        scheduler = _require_str(obj, "scheduler", max_chars=16)
+        if scheduler not in SCHEDULERS:
+            raise SchemaViolation(f"field 'scheduler': unknown scheduler {scheduler!r} "
+                                  f"(known: {', '.join(SCHEDULERS)})")
+    sides = [_int(obj, k, MIN_SIDE, MAX_SIDE, SIDE_MULTIPLE) for k in ("width", "height")]
+    steps = _int(obj, "steps", 1, MAX_STEPS)
+    seed = _int(obj, "seed", 0, MAX_SEED)
+    num_images = _int(obj, "num_images", 1, MAX_IMAGES)
+    deadline = _int(obj, "deadline_ms", 0, INT64_MAX)
+    guidance = _guidance(obj)
+    d = _DEFAULTS
+    return GenerationJob(
+        id=job_id, prompt=prompt, negative_prompt=negative, width=sides[0] or d.width,
+        height=sides[1] or d.height, steps=steps or d.steps,
+        guidance_scale=d.guidance_scale if guidance is None else guidance,
+        scheduler=scheduler, seed=default_seed(job_id) if seed is None else seed,
+        num_images=num_images or d.num_images, deadline_ms=deadline)
+
+
+def encode_generation_job(job_id: str, prompt: str, *, negative_prompt: str | None = None,
+                          width: int | None = None, height: int | None = None,
+                          steps: int | None = None, guidance_scale: float | None = None,
+                          scheduler: str | None = None, seed: int | None = None,
+                          num_images: int | None = None, deadline_ms: int | None = None,
+                          validate: bool = True) -> bytes:
+    """One generation job as msgpack (``schemas/generation-job.schema.json``).
+
+    Fields left ``None`` are omitted and take the contract's defaults (a missing seed is derived
+    from the id). With ``validate`` the payload is decoded back through
+    :func:`decode_generation_job`, so a bad job raises :class:`JobRejected` here, at the
+    producer, instead of reaching a DLQ; tests that need invalid jobs pass ``validate=False``.
+    """
+    optional: dict[str, Any] = {
+        "negative_prompt": negative_prompt, "width": width, "height": height, "steps": steps,
+        "guidance_scale": guidance_scale, "scheduler": scheduler, "seed": seed,
+        "num_images": num_images, "deadline_ms": deadline_ms}
+    doc: dict[str, Any] = {"v": SCHEMA_VERSION, "id": job_id, "prompt": prompt}
+    doc.update({k: v for k, v in optional.items() if v is not None})
+    payload: bytes = msgpack.packb(doc, use_bin_type=True)
+    if validate:
+        decode_generation_job(payload)
+    return payload
+
+
+def result_to_dict(result: GenerationResult) -> dict[str, Any]:
+    images = []
+    for im in result.images:
+        doc: dict[str, Any] = {"index": im.index, "seed": im.seed, "width": im.width,
+                               "height": im.height}
+        if im.blob is not None:
+            doc["blob"] = {"uri": im.blob.uri, "sha256": im.blob.sha256, "bytes": im.blob.bytes,
+                           "content_type": im.blob.content_type}
+        else:
+            doc["png"] = im.png
+        images.append(doc)
+    out: dict[str, Any] = {
+        "v": SCHEMA_VERSION, "id": result.id, "status": result.status.value,
+        "model_id": result.model_id, "engine_hashes": dict(result.engine_hashes),
+        "random_weights": result.random_weights, "images": images,
+        "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()},
+    }
+    if result.error is not None:
+        out["error"] = result.error
+    if result.source is not None:
+        out["source"] = {"topic": result.source.topic, "partition": result.source.partition,
+                         "offset": result.source.offset}
+    return out
+
+
+def encode_result(result: GenerationResult) -> bytes:
+    return msgpack.packb(result_to_dict(result), use_bin_type=True)

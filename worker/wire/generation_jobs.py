@@ -1,0 +1,68 @@
+"""Typed generation jobs and results (the wire contract lives in schemas/generation-*.json).
+
+One job -> one result (key = job id) holding all ``num_images`` images in index order; image i
+uses seed ``(seed + i) mod 2**32``. One record per job keeps offset tracking, exactly-once
+transactions and replay dedup exactly as for moderation (one source record, one result record).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from worker.wire.moderation_jobs import Status
+from worker.wire.records import SourceRef
+
+JOB_SCHEMA = "generation-job/v1"
+RESULT_SCHEMA = "generation-result/v1"
+SEED_MODULUS = 2**32
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationJob:
+    id: str
+    prompt: str
+    negative_prompt: str = ""
+    width: int = 512
+    height: int = 512
+    steps: int = 30
+    guidance_scale: float = 7.5
+    scheduler: str = "ddim"
+    seed: int = 0
+    num_images: int = 1
+    deadline_ms: int | None = None
+
+    def image_seed(self, index: int) -> int:
+        return (self.seed + index) % SEED_MODULUS
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    """Where an image went when the result would exceed the results topic's size limit."""
+
+    uri: str
+    sha256: str
+    bytes: int
+    content_type: str = "image/png"
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedImage:
+    index: int
+    seed: int
+    width: int
+    height: int
+    png: bytes | None = None
+    blob: BlobRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    id: str
+    status: Status
+    model_id: str
+    engine_hashes: dict[str, str]
+    random_weights: bool
+    images: tuple[GeneratedImage, ...] = ()
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    source: SourceRef | None = None

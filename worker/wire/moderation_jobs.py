@@ -1,0 +1,58 @@
+"""Typed jobs and results: what the codec produces and what the tasks return.
+
+These are plain frozen dataclasses so they cost little on the hot path; the wire contract they
+mirror lives in ``schemas/`` (JSON Schema) and is enforced by :mod:`worker.wire.moderation_codec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from worker.wire.records import SourceRef
+
+SCHEMA_VERSION = 1
+JOB_SCHEMA = "moderation-job/v1"
+RESULT_SCHEMA = "moderation-result/v1"
+
+
+class Status(StrEnum):
+    OK = "ok"
+    EXPIRED = "expired"
+    REJECTED = "rejected"
+    ERROR = "error"
+
+
+class Verdict(StrEnum):
+    ALLOW = "allow"
+    REVIEW = "review"
+    BLOCK = "block"
+
+
+@dataclass(frozen=True, slots=True)
+class ModerationJob:
+    id: str
+    image: bytes | None  # None: a text-only job (the codec ensures image or text is present)
+    text: str | None = None
+    policy: str = "default"
+    deadline_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModerationResult:
+    id: str
+    status: Status
+    policy: str
+    model_id: str
+    engine_hash: str
+    verdict: Verdict | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    source: SourceRef | None = None
+    # Image-and-text policies (worker.tasks.moderation.policies.Decision): the rule that decided,
+    # e.g.
+    # "block:text.violence" or "allow", and the models that ran, in the order they ran.
+    # Unset for open_nsfw-only results, which keep their v1 shape.
+    rule: str | None = None
+    models: tuple[str, ...] = ()

@@ -1,0 +1,31 @@
+"""Record and header types: where a job came from, and the consumed record as it arrived."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# confluent-kafka's header list; values we write are bytes, originals pass through as read.
+Headers = list[tuple[str, str | bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    """The consumed record as it arrived, kept until its job is answered so a late rejection
+    (an undecodable image found by the decode pool) still dead-letters the original bytes."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers | None
+    timestamp_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """Where a job came from; carried to its result, its DLQ record and its offset commit."""
+
+    topic: str
+    partition: int
+    offset: int
