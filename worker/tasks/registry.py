@@ -18,22 +18,15 @@ from engines.profiles import Profile
 from worker.config import WorkerConfig
 from worker.config.policies import ModelName
 from worker.exceptions import SchemaViolation
-from worker.loop.commit.offsets import TopicPartitionKey
+from worker.tasks.batched import BatchedTask, make_batcher
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.multimodal import MultimodalOutcome, MultimodalTask
 from worker.tasks.moderation.open_nsfw import ModerationTask, Outcome, Pending
 from worker.tasks.moderation.part_runner import Engines
-from worker.tasks.protocol import (
-    Answer,
-    BatchedTask,
-    ServedTask,
-    TaskTopics,
-    make_batcher,
-    source_ref,
-)
+from worker.tasks.protocol import Answer, ConsumedBatch, Task, TaskTopics, admit_each, source_ref
 from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job, encode_result
 from worker.wire.moderation_jobs import RESULT_SCHEMA, ModerationJob, ModerationResult
-from worker.wire.records import Headers, SourceRecord
+from worker.wire.records import Headers, SourceRecord, TopicPartitionKey
 
 if TYPE_CHECKING:  # generation's modules load only in a generation worker
     from worker.tasks.generation.task import GenerationOutcome, GenerationPending, GenerationTask
@@ -106,6 +99,7 @@ class MultimodalServed:
         self.model_id = "+".join(sorted(engines.profiles())) or "moderation"
         self.on_batch_done: Callable[[float, int], None] | None = None  # per engine: not told
         self._limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
+        self._max_message_bytes = cfg.limits.max_message_bytes
 
     @property
     def engine_hash(self) -> str:
@@ -122,12 +116,15 @@ class MultimodalServed:
     def ready(self) -> bool:
         return self.image is None or self.image.ready()
 
-    def admit(self, record: SourceRecord, epoch: int, consumed_at: float) -> None:
-        job: ModerationJob = decode_moderation_job(_value(record), self._limits)
-        self.task.check(job)
-        self.task.add(Pending(source_ref(record), job, consumed_at, record, epoch))
+    def admit(self, batch: ConsumedBatch) -> list[Answer]:
+        def one(record: SourceRecord, value: bytes, epoch: int) -> None:
+            job: ModerationJob = decode_moderation_job(value, self._limits)
+            self.task.check(job)
+            self.task.add(Pending(source_ref(record), job, batch.consumed_at, record, epoch))
 
-    def step(self, now: float, now_ms: int, *, free: int, force: bool) -> list[Answer]:
+        return admit_each(batch, self._max_message_bytes, one)
+
+    def schedule(self, now: float, now_ms: int, *, free: int, force: bool) -> list[Answer]:
         # The task counts its own free in-flight slots (one pool for every engine).
         return [self._answer(o) for o in self.task.step(now, now_ms, force=force)]
 
@@ -238,9 +235,9 @@ class GenerationCore:
 
 
 def make_served_task(cfg: WorkerConfig, *, ignore_deadlines: bool = False,
-                     runner: Runner | None = None) -> ServedTask:
+                     runner: Runner | None = None) -> Task:
     """The task this process serves (engines built or loaded from the cache, not activated:
-    :meth:`ServedTask.warm_up` does that). ``ignore_deadlines``: the batchers never expire a
+    :meth:`Task.warm_up` does that). ``ignore_deadlines``: the batchers never expire a
     job (replay asks what the model says now, not whether it would have been in time).
     ``runner``: an open_nsfw runner to share (moderation only), left active at close."""
     expire = not ignore_deadlines
@@ -251,10 +248,12 @@ def make_served_task(cfg: WorkerConfig, *, ignore_deadlines: bool = False,
         gen = make_generation_task(cfg)
         batcher = make_batcher(cfg.batch, gen.batcher_profiles(),
                                max_batch_size=gen.max_jobs_per_batch, expire_deadlines=expire)
-        return BatchedTask(TaskTopics(g.jobs, g.results, g.dlq), GenerationCore(gen), batcher)
+        return BatchedTask(TaskTopics(g.jobs, g.results, g.dlq), GenerationCore(gen), batcher,
+                           max_message_bytes=cfg.limits.max_message_bytes)
     topics = TaskTopics(cfg.topics.jobs, cfg.topics.results, cfg.topics.dlq)
     if cfg.moderation.policies:
         return _multimodal(cfg, topics, runner, expire)
     core = _image_core(cfg, runner)
     return BatchedTask(topics, core, make_batcher(cfg.batch, core.profiles,
-                                                  expire_deadlines=expire))
+                                                  expire_deadlines=expire),
+                       max_message_bytes=cfg.limits.max_message_bytes)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+TopicPartitionKey = tuple[str, int]
+
 # confluent-kafka's header list; values we write are bytes, originals pass through as read.
 Headers = list[tuple[str, str | bytes | None]]
 

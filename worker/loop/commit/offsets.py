@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-TopicPartitionKey = tuple[str, int]
+from worker.wire.records import TopicPartitionKey
 
 
 class _PartitionOffsets:

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from worker.loop.commit.offsets import OffsetTracker, TopicPartitionKey
-from worker.wire.records import Headers, SourceRef
+from worker.loop.commit.offsets import OffsetTracker
+from worker.wire.records import Headers, SourceRef, TopicPartitionKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,12 +25,12 @@ from worker.config.policies import PolicySettings
 from worker.exceptions import JobRejected, UnknownPolicy
 from worker.exceptions import NothingToScore as NothingToScore  # re-exported: defined here before
 from worker.exceptions import TextTooLong as TextTooLong
+from worker.tasks.batched import make_batcher
 from worker.tasks.batcher import Batch, DynamicBatcher
 from worker.tasks.moderation.open_nsfw import Outcome, Pending
 from worker.tasks.moderation.part_runner import Engines, Finished, PartRunner, decide
 from worker.tasks.moderation.parts import JobState, Part, PartKind, image_part, plan_models
 from worker.tasks.moderation.policies import Decision
-from worker.tasks.protocol import make_batcher
 from worker.wire.moderation_jobs import ModerationJob, ModerationResult, Status
 
 
