@@ -1,4 +1,4 @@
-"""Issue 4's benchmark, one run, one table, one JSON (bench/results/ or --out):
+"""The open_nsfw pipeline benchmark, one run, one table, one JSON (bench/results/ or --out):
 
 a. ceilings: the engine fed from device memory per batch size; decoding + preprocessing alone
    (CPU path: one core and a pool of all cores; GPU path: nvJPEG + torch resize/crop);

@@ -1,4 +1,4 @@
-"""Long fault-injection runs (issue 6): kill -9, broker stalls, scaling, malformed floods, soak.
+"""Long fault-injection runs: kill -9, broker stalls, scaling, malformed floods, soak.
 
 Each script runs the same scenario as its test in tests/integration/ (shared code in
 tests/integration/faults.py), longer, and writes a JSON record (parameters, commit, figures)

@@ -1,4 +1,4 @@
-"""The broker frozen (SIGSTOP) for 30 s under load, then resumed (issue 6, 3b).
+"""The broker frozen (SIGSTOP) for 30 s under load, then resumed.
 
 Runs on the separate ``local_kafka`` broker so the freeze never disturbs other tests. No job
 is lost, the worker process survives the stall without a restart, and processing resumes within

@@ -1,4 +1,4 @@
-"""kill -9 at random points under load (issue 6, 3a): 20 kills per guarantee.
+"""kill -9 at random points under load: 20 kills per guarantee.
 
 Three worker processes with static membership share six partitions while a feeder produces a
 steady stream (every 20th job malformed, so the DLQ path is exercised too). One worker at a

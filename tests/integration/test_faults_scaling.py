@@ -1,4 +1,4 @@
-"""Scaling 1 -> 3 -> 1 workers under load (issue 6, 3c): cooperative-sticky rebalances move
+"""Scaling 1 -> 3 -> 1 workers under load: cooperative-sticky rebalances move
 partitions while jobs flow; no job is lost, and under exactly-once none is answered twice
 (read_committed)."""
 

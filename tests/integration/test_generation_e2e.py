@@ -1,4 +1,4 @@
-"""Text-to-image jobs served by the worker loop against the real broker (issue 8).
+"""Text-to-image jobs served by the worker loop against the real broker.
 
 A generation worker (``processing.task = "generation"``) reads ``generation.topics`` with its own
 consumer group; the moderation topics of its config point at topics that do not exist, so the

@@ -1,4 +1,4 @@
-"""Malformed-input flood (issue 6, item 4): 10,000 bad jobs of 18 classes mixed with good ones.
+"""Malformed-input flood: 10,000 bad jobs of 18 classes mixed with good ones.
 
 Every bad job is in the DLQ with its reason and its original bytes and headers, every good job
 is answered ``ok``, the worker never crashes (alive to the end, clean exit). Exactly-once also

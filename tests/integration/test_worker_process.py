@@ -45,7 +45,7 @@ def test_sigterm_drains_commits_and_logs_json(kafka_bootstrap: str, tmp_path: Pa
     # SIGUSR1 prints every thread's stack (the main loop's included) and the worker runs on.
     proc.dump_stacks()
     assert proc.proc.poll() is None, proc.log_text()[-3000:]
-    assert "Current thread" in proc.log_text() and "worker/service.py" in proc.log_text()
+    assert "Current thread" in proc.log_text() and "worker/loop/worker.py" in proc.log_text()
     proc.terminate()
     assert proc.wait(60) == 0, proc.log_text()[-3000:]
 

@@ -165,7 +165,7 @@ _register_subcommands()
 
 
 def _register_replay() -> None:
-    from worker.tools.replay.cli import replay  # issue 5; options and logic live there
+    from worker.tools.replay.cli import replay  # its options and logic live there
 
     app.command(name="replay")(replay)
 

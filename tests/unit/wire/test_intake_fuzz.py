@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the whole intake path (issue 6, item 4).
+"""Property-based fuzzing of the whole intake path.
 
 The intake is: msgpack decode + contract checks (worker.wire.moderation_codec), then image decode +
 bomb guards

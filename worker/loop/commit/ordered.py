@@ -22,22 +22,10 @@ watermarks bound them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from worker.loop.commit.offsets import OffsetTracker
-from worker.wire.records import Headers, SourceRef, TopicPartitionKey
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    """One record to produce for one consumed record: its result or its DLQ record."""
-
-    ref: SourceRef
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: Headers | None
-    kind: str  # "result" | "dlq"
+from worker.loop.output import Output
+from worker.wire.records import TopicPartitionKey
 
 
 class OrderedRelease:

@@ -44,7 +44,7 @@ import structlog
 from worker.exceptions import ProducerFenced, TransactionError
 from worker.kafka import Producer
 from worker.kafka.clients import FENCED_CODES, DeliveryCallback
-from worker.loop.commit.ordered import Output
+from worker.loop.output import Output
 
 log = structlog.get_logger("worker.loop.commit.transactions")
 

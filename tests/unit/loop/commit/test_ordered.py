@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.loop.commit.offsets import OffsetTracker
-from worker.loop.commit.ordered import OrderedRelease, Output
+from worker.loop.commit.ordered import OrderedRelease
+from worker.loop.output import Output
 from worker.wire.records import SourceRef
 
 TP = ("jobs", 0)

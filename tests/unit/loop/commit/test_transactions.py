@@ -13,7 +13,7 @@ import pytest
 
 from worker.exceptions import ProducerFenced, TransactionError
 from worker.kafka import txn_error
-from worker.loop.commit.ordered import Output
+from worker.loop.output import Output
 from worker.loop.commit.transactions import Transactions
 from worker.wire.records import SourceRef
 

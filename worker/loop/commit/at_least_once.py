@@ -1,0 +1,134 @@
+"""At-least-once: a record is finished when its output is acknowledged by the broker; commits
+carry, per partition, the lowest unfinished offset (:class:`OffsetTracker`), so out-of-order
+completion never commits past unanswered work and a crash can only repeat work.
+
+The steady loop commits asynchronously: a synchronous commit would hold the loop (and every
+batch behind it) until the coordinator answers, up to a minute while the broker stalls. The
+outcome arrives through librdkafka's commit report (:meth:`AtLeastOnce.on_commit`, served from
+``consume()``); one async commit is outstanding at a time. Revoke and shutdown commit
+synchronously: those positions must be stored before the partitions move on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from functools import partial
+
+import confluent_kafka as ck
+import structlog
+
+from worker.config import WorkerConfig
+from worker.exceptions import DeliveryFailed, KafkaIOError
+from worker.kafka import Consumer, Producer, producer_settings
+from worker.loop.commit.offsets import OffsetTracker
+from worker.loop.output import Output
+from worker.wire.records import SourceRef, TopicPartitionKey
+
+log = structlog.get_logger("worker")
+
+# An async commit unanswered this long is presumed lost: the next interval sends another.
+ASYNC_COMMIT_STALE_S = 60.0
+
+
+class AtLeastOnce:
+    def __init__(self, cfg: WorkerConfig, consumer: Consumer) -> None:
+        self.cfg, self._consumer = cfg, consumer
+        self._producer = Producer(producer_settings(cfg))
+        self._tracker = OffsetTracker()
+        self.fatal: BaseException | None = None
+        self._last_commit = time.monotonic()
+        self._commit_sent: float | None = None  # when the unanswered async commit was sent
+
+    def start(self) -> None:
+        self._producer.open()
+
+    def begin(self, topic: str, partition: int, offset: int) -> None:
+        self._tracker.begin(topic, partition, offset)
+
+    def emit(self, out: Output) -> None:
+        self._producer.produce(out.topic, key=out.key, value=out.value, headers=out.headers,
+                               on_delivery=partial(self._delivered, out.ref))
+
+    def _delivered(self, ref: SourceRef, err: ck.KafkaError | None, _msg: ck.Message) -> None:
+        if err is not None:
+            # librdkafka already retried for message.timeout.ms; never commit past this record.
+            self.fatal = DeliveryFailed(
+                f"delivery for {ref.topic}[{ref.partition}]@{ref.offset} failed: {err.str()}")
+            return
+        self._tracker.finish(ref.topic, ref.partition, ref.offset)
+
+    def pending(self) -> int:
+        return self._tracker.pending()
+
+    def tick(self, *, force: bool = False) -> None:
+        self._producer.poll(0)
+        self._commit(force=force)
+
+    def _commit(self, *, force: bool, only: Iterable[TopicPartitionKey] | None = None) -> None:
+        now = time.monotonic()
+        if not force and (now - self._last_commit) * 1e3 < self.cfg.commit.interval_ms:
+            return
+        self._last_commit = now
+        if not force and self._commit_sent is not None \
+                and now - self._commit_sent < ASYNC_COMMIT_STALE_S:
+            return  # the previous commit is still unanswered: don't queue more behind it
+        positions = self._tracker.committable(only)
+        if not positions:
+            return
+        offsets = [ck.TopicPartition(t, p, o) for (t, p), o in positions.items()]
+        try:
+            if not force:
+                self._consumer.commit_async(offsets)
+                self._commit_sent = now  # on_commit marks them once accepted
+                return
+            self._consumer.commit(offsets)
+        except KafkaIOError as exc:
+            # Usually a rebalance in progress; the same positions are retried next interval.
+            log.warning("commit_failed", error=str(exc), recoverable=exc.recoverable)
+            return
+        self._tracker.mark_committed(positions)
+        log.debug("committed", offsets={f"{t}[{p}]": o for (t, p), o in positions.items()})
+
+    def on_commit(self, err: ck.KafkaError | None, partitions: list[ck.TopicPartition]
+                  ) -> None:
+        """Marks accepted positions, so the tracker only offers positions that moved on since
+        (a failure is retried at the next interval)."""
+        self._commit_sent = None
+        if err is not None:
+            log.warning("commit_failed", error=err.str(), recoverable=err.retriable())
+            return
+        accepted = {(tp.topic, tp.partition): tp.offset for tp in partitions
+                    if tp.error is None and tp.offset >= 0}
+        self._tracker.mark_committed(accepted)
+        if len(accepted) < len(partitions):
+            log.warning("commit_failed", partitions=[f"{tp.topic}[{tp.partition}]: {tp.error}"
+                                                     for tp in partitions if tp.error])
+        log.debug("committed", offsets={f"{t}[{p}]": o for (t, p), o in accepted.items()})
+
+    def revoked(self, keys: set[TopicPartitionKey]) -> None:
+        self._producer.flush(self.cfg.commit.drain_timeout_s)
+        self._commit(force=True, only=keys)
+
+    def lost(self, keys: set[TopicPartitionKey]) -> None:
+        """Never commit lost partitions; their late outcomes are discarded."""
+
+    def forget(self, keys: set[TopicPartitionKey]) -> None:
+        self._tracker.drop(keys)
+
+    def drain(self, *, failed: bool) -> None:
+        undelivered = self._producer.flush(self.cfg.commit.drain_timeout_s)
+        if undelivered:
+            log.error("undelivered_at_shutdown", count=undelivered)
+        # Only delivered records count as finished: committing them is safe even after a
+        # failure.
+        self._commit(force=True)
+
+    def close(self, *, failed: bool) -> None:
+        self._producer.close(self.cfg.commit.drain_timeout_s)
+
+    def request_abort(self, reason: str) -> None:
+        """No transaction to abort under at-least-once."""
+
+    def totals(self) -> dict[str, int]:
+        return {"rewinds": 0}

@@ -1,0 +1,95 @@
+"""What a committer is: the one owner of offsets, output production and commits for one
+delivery guarantee. The loop (:mod:`worker.loop.worker`) never asks which guarantee it runs.
+
+A committer is told every consumed offset (:meth:`Committer.begin`) and every output
+(:meth:`Committer.emit`); it produces the outputs, decides when each offset counts as finished,
+commits on its own schedule (:meth:`Committer.tick`), and owns what happens on revoke, on lost
+and at shutdown. Committers are found by guarantee name in :data:`COMMITTERS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import confluent_kafka as ck
+
+from worker.config import WorkerConfig
+from worker.kafka import Consumer
+from worker.loop.assignment import Assignment
+from worker.loop.output import Output
+from worker.wire.records import TopicPartitionKey
+
+# Drops the task's queued work of these partitions (their answers will be stale).
+DropWork = Callable[[set[TopicPartitionKey]], None]
+
+
+class Committer(Protocol):
+    # Set when a failure must stop the loop without committing past it (read every step).
+    fatal: BaseException | None
+
+    def start(self) -> None:
+        """Open the producer (and fence an earlier incarnation, where that matters)."""
+
+    def begin(self, topic: str, partition: int, offset: int) -> None:
+        """A record was consumed: track its offset until its output is done with."""
+
+    def emit(self, out: Output) -> None:
+        """Produce one output; its source offset finishes when the guarantee says so."""
+
+    def tick(self, *, force: bool = False) -> None:
+        """Serve delivery reports, settle failures, commit when the interval is due (now when
+        ``force``)."""
+
+    def pending(self) -> int:
+        """Records consumed and not finished (the loop's backpressure counts these)."""
+
+    def on_commit(self, err: ck.KafkaError | None, partitions: list[ck.TopicPartition]
+                  ) -> None:
+        """The consumer's commit report (librdkafka's ``on_commit``)."""
+
+    def revoked(self, keys: set[TopicPartitionKey]) -> None:
+        """Partitions are being revoked, their computing work answered: make it durable."""
+
+    def lost(self, keys: set[TopicPartitionKey]) -> None:
+        """Partitions were lost: nothing of theirs may be committed any more."""
+
+    def forget(self, keys: set[TopicPartitionKey]) -> None:
+        """Drop every trace of these partitions (after revoke or lost)."""
+
+    def drain(self, *, failed: bool) -> None:
+        """At shutdown, once the task is drained: deliver and commit what is finished."""
+
+    def close(self, *, failed: bool) -> None:
+        """Close the producer (after the consumer is closed)."""
+
+    def request_abort(self, reason: str) -> None:
+        """Exactly-once fault drill: abort the open transaction and rewind (else nothing)."""
+
+    def totals(self) -> dict[str, int]: ...
+
+
+def make_committer(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
+                   drop_work: DropWork) -> Committer:
+    """The committer of ``processing.guarantee``."""
+    return COMMITTERS[cfg.processing.guarantee](cfg, consumer, assignment, drop_work)
+
+
+def _at_least_once(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
+                   drop_work: DropWork) -> Committer:
+    from worker.loop.commit.at_least_once import AtLeastOnce
+
+    return AtLeastOnce(cfg, consumer)
+
+
+def _exactly_once(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
+                  drop_work: DropWork) -> Committer:
+    from worker.loop.commit.exactly_once import ExactlyOnce
+
+    return ExactlyOnce(cfg, consumer, assignment, drop_work)
+
+
+COMMITTERS: dict[str, Callable[[WorkerConfig, Consumer, Assignment, DropWork], Committer]] = {
+    "at-least-once": _at_least_once,
+    "exactly-once": _exactly_once,
+}

@@ -1,0 +1,196 @@
+"""Exactly-once: outputs and consumer positions commit together in one Kafka transaction.
+
+Outputs enter the open transaction strictly in offset order per partition
+(:class:`OrderedRelease`); a record is finished once its output is in. Every
+``commit.interval_ms`` (and on revoke and at shutdown) the transaction commits with the
+positions, the lowest unfinished offset per partition (:class:`Transactions` holds the
+protocol and the error classes). An aborted transaction (a failed delivery, an abortable error,
+lost partitions, a re-delivered offset, or a drill) rewinds every partition to its last
+committed position and drops the work in progress, so each output is committed exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import confluent_kafka as ck
+import structlog
+
+from worker.config import WorkerConfig
+from worker.exceptions import TransactionError
+from worker.kafka import Consumer, Producer, transactional_producer_settings
+from worker.loop.assignment import Assignment
+from worker.loop.commit.base import DropWork
+from worker.loop.commit.offsets import OffsetTracker
+from worker.loop.commit.ordered import OrderedRelease
+from worker.loop.commit.transactions import Transactions
+from worker.loop.output import Output
+from worker.wire.records import TopicPartitionKey
+
+log = structlog.get_logger("worker")
+
+_PURGED = frozenset({ck.KafkaError._PURGE_QUEUE, ck.KafkaError._PURGE_INFLIGHT})
+
+
+class ExactlyOnce:
+    def __init__(self, cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
+                 drop_work: DropWork) -> None:
+        self.cfg, self._consumer, self._assignment = cfg, consumer, assignment
+        self._drop_work = drop_work
+        self._producer = Producer(transactional_producer_settings(cfg))
+        self._txn = Transactions(self._producer, timeout_ms=cfg.kafka.transaction_timeout_ms)
+        self._tracker = OffsetTracker()
+        self._release = OrderedRelease(self._tracker)
+        self.fatal: BaseException | None = None
+        self._abort_request: str | None = None
+        self._rewind_needed = False
+        self._last_commit = time.monotonic()
+        self.rewinds = 0
+
+    def start(self) -> None:
+        self._producer.open()
+        # Fences an earlier incarnation of this instance and aborts its open transaction, so
+        # its uncommitted outputs never become visible and its offsets are released.
+        self._txn.init()
+
+    def begin(self, topic: str, partition: int, offset: int) -> None:
+        if self._tracker.begin(topic, partition, offset):
+            # The consumer went backwards on its own (not after our seek): outputs of these
+            # offsets may already be in the open transaction. Abort and rewind.
+            self.request_abort(f"{topic}[{partition}] re-delivered offset {offset}")
+
+    def emit(self, out: Output) -> None:
+        for ready in self._release.complete(out):
+            if self._txn.failed is not None:
+                return  # doomed: the rewind that follows redoes these records
+            try:
+                self._txn.produce(ready, partial(self._delivered, self._txn.sequence))
+            except TransactionError as exc:
+                if exc.fatal:
+                    raise
+                return  # abortable: marked failed; tick() aborts and rewinds
+
+    def _delivered(self, sequence: int, err: ck.KafkaError | None, _msg: ck.Message) -> None:
+        txn = self._txn
+        if err is None or sequence != txn.sequence or err.code() in _PURGED:
+            return  # fine, or a purged record of a transaction being (or already) aborted
+        log.warning("transactional_delivery_failed", error=err.str())
+        txn.fail(f"delivery failed: {err.str()}",
+                 timed_out=err.code() == ck.KafkaError._MSG_TIMED_OUT)
+
+    def pending(self) -> int:
+        return self._tracker.pending()
+
+    def tick(self, *, force: bool = False) -> None:
+        self._producer.poll(0)
+        self._settle()
+        now = time.monotonic()
+        if force or (now - self._last_commit) * 1e3 >= self.cfg.commit.interval_ms:
+            self._last_commit = now
+            self._commit()
+            self._settle()
+
+    def _settle(self) -> None:
+        """Abort a failed or abort-requested transaction, then rewind (main loop only)."""
+        reason = self._abort_request or self._txn.failed
+        if reason is not None:
+            self._abort_request = None
+            self._abort(reason)
+        if self._rewind_needed:
+            self._rewind()
+
+    def _abort(self, reason: str) -> None:
+        """Abort the open transaction now; the rewind follows in the main loop (never inside a
+        rebalance callback: consume() may already hold records fetched before the seek)."""
+        if not self._txn.open and self._txn.failed is None:
+            return  # nothing produced since the last commit: nothing to undo
+        log.warning("transaction_abort", reason=reason[:300], records=self._txn.records,
+                    age_s=round(self._txn.age_s, 3))
+        self._txn.abort()
+        self._rewind_needed = True
+
+    def _rewind(self) -> None:
+        """Seek every partition back to its last committed position; drop work in progress."""
+        self._rewind_needed = False
+        self._drop_work(set(self._tracker.partitions()) | self._assignment.owned)
+        self._release.clear()
+        positions: dict[str, int] = {}
+        for key in self._tracker.partitions():
+            target = self._tracker.rewind(key)
+            self._assignment.bump([key])
+            if target is not None and key in self._assignment:
+                # A failed seek would let the consumer run on past the aborted range: fatal
+                # (the restart resumes from the committed positions).
+                self._consumer.seek(ck.TopicPartition(key[0], key[1], target))
+                positions[f"{key[0]}[{key[1]}]"] = target
+        self.rewinds += 1
+        log.warning("rewound", positions=positions)
+
+    def _commit(self) -> None:
+        txn = self._txn
+        reason = self._abort_request or txn.failed
+        if reason is not None:
+            self._abort_request = None
+            self._abort(reason)
+            return
+        if not txn.open:
+            return
+        positions = self._tracker.committable()
+        offsets = [ck.TopicPartition(t, p, o) for (t, p), o in positions.items()]
+        if txn.age_s * 1e3 > self.cfg.kafka.transaction_timeout_ms / 2:
+            log.warning("transaction_long", age_s=round(txn.age_s, 1),
+                        transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
+        records = txn.records
+        try:
+            txn.commit(offsets, self._consumer.group_metadata())
+        except TransactionError as exc:
+            if exc.fatal:
+                raise
+            self._abort(f"commit failed: {exc}")
+            return
+        self._tracker.mark_committed(positions)
+        log.debug("transaction_committed", records=records,
+                  offsets={f"{t}[{p}]": o for (t, p), o in positions.items()})
+
+    def on_commit(self, err: ck.KafkaError | None, partitions: list[ck.TopicPartition]
+                  ) -> None:
+        """Offsets commit inside transactions: the consumer never commits on its own."""
+
+    def revoked(self, keys: set[TopicPartitionKey]) -> None:
+        # One transaction covers every partition: it commits with all their positions (if
+        # that fails it is aborted and the new owner redoes the work).
+        self._commit()
+
+    def lost(self, keys: set[TopicPartitionKey]) -> None:
+        if self._txn.open:
+            # Another member may own them already and redo their jobs: the open transaction
+            # (which may hold their outputs) must never commit.
+            self._abort("partitions lost")
+
+    def forget(self, keys: set[TopicPartitionKey]) -> None:
+        self._tracker.drop(keys)
+        self._release.drop(keys)
+
+    def drain(self, *, failed: bool) -> None:
+        if not failed:
+            # Commits the last transaction (or aborts a failed one: its work is redone by the
+            # partitions' next owner).
+            self._commit()
+
+    def close(self, *, failed: bool) -> None:
+        if failed:
+            # Nothing of a failed transactional producer may be delivered any more (and
+            # flushing a fenced one fails inside its delivery callbacks).
+            self._producer.abandon()
+        else:
+            self._producer.close(self.cfg.commit.drain_timeout_s)
+
+    def request_abort(self, reason: str) -> None:
+        """Safe from other threads: the next tick aborts the open transaction and rewinds."""
+        self._abort_request = reason
+
+    def totals(self) -> dict[str, int]:
+        t = self._txn
+        return {"rewinds": self.rewinds, "txn_commits": t.commits, "txn_aborts": t.aborts,
+                "txn_retries": t.retries, "producer_resets": t.resets}

@@ -1,0 +1,60 @@
+"""The intake room: one ``consume()`` call becomes a :class:`ConsumedBatch` for the task.
+
+Consumer errors are logged (or stop the worker when librdkafka calls them fatal), records of
+partitions this member no longer owns are skipped, and every other record's offset is handed
+to the committer before the task sees it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import confluent_kafka as ck
+import structlog
+
+from worker.exceptions import KafkaIOError
+from worker.kafka import Consumer, is_fatal, source_record
+from worker.loop.assignment import Assignment
+from worker.loop.commit.base import Committer
+from worker.loop.stats import Stats
+from worker.tasks.protocol import ConsumedBatch
+from worker.wire.records import SourceRecord
+
+log = structlog.get_logger("worker")
+
+
+class Intake:
+    def __init__(self, consumer: Consumer, assignment: Assignment, committer: Committer,
+                 stats: Stats) -> None:
+        self._consumer, self._assignment = consumer, assignment
+        self._committer, self._stats = committer, stats
+
+    def consume(self, room: int, timeout_s: float) -> ConsumedBatch:
+        msgs = self._consumer.consume(num_messages=max(1, min(1000, room)), timeout=timeout_s)
+        consumed_at = time.monotonic()
+        records: list[SourceRecord] = []
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if is_fatal(err):
+                    # The consumer is unusable (e.g. fenced by another static member with this
+                    # instance id): stop, so the process is restarted, instead of idling.
+                    raise KafkaIOError(f"fatal consumer error: {err.str()}")
+                log.warning("consumer_error", error=err.str(), code=err.code())
+                continue
+            topic, partition, offset = _coordinates(msg)
+            if (topic, partition) not in self._assignment:
+                # Fetched before a revoke or loss served in the same consume() call: its new
+                # owner reads it.
+                continue
+            self._committer.begin(topic, partition, offset)
+            records.append(source_record(msg, topic, partition, offset))
+        self._stats.consumed += len(records)
+        return ConsumedBatch(records, dict(self._assignment.epochs), consumed_at)
+
+
+def _coordinates(msg: ck.Message) -> tuple[str, int, int]:
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    if topic is None or partition is None or offset is None:
+        raise KafkaIOError("consumed record without topic/partition/offset")
+    return topic, partition, offset
