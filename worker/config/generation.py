@@ -12,14 +12,12 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from worker.config.base import Section
 
 
-class _Part(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class SizeSettings(_Part):
+class SizeSettings(Section):
     width: int = Field(ge=64, le=2048, multiple_of=8)
     height: int = Field(ge=64, le=2048, multiple_of=8)
 
@@ -29,7 +27,7 @@ def _default_blob_dir() -> Path:
     return Path(base) / "blobs"
 
 
-class BlobSettings(_Part):
+class BlobSettings(Section):
     """Where images go when a result would exceed ``results_max_bytes``."""
 
     kind: Literal["local", "s3"] = "local"
@@ -46,7 +44,7 @@ class BlobSettings(_Part):
         return self
 
 
-class GenerationTopics(_Part):
+class GenerationTopics(Section):
     jobs: str = Field("generation.jobs", min_length=1)
     results: str = Field("generation.results", min_length=1)
     dlq: str = Field("generation.dlq", min_length=1)
@@ -63,7 +61,7 @@ def _sizes() -> list[SizeSettings]:
     return [SizeSettings(width=512, height=512), SizeSettings(width=768, height=768)]
 
 
-class GenerationSettings(_Part):
+class GenerationSettings(Section):
     weights_dir: Path | None = None
     random_weights: Literal["sd15", "tiny"] | None = None
     random_seed: int = Field(0, ge=0)

@@ -14,11 +14,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from worker.config.policies import PolicySettings, SettingsPart
+from worker.config.base import Section
+from worker.config.policies import PolicySettings
 from worker.wire.moderation_codec import POLICY_NAME
 
 
-class TextSettings(SettingsPart):
+class TextSettings(Section):
     """The MiniLM text engine (weights from the `text` extra's package unless model_dir)."""
 
     backend: Literal["onnxruntime", "torch"] | None = None  # None: follow model.backend
@@ -38,7 +39,7 @@ class TextSettings(SettingsPart):
         return self
 
 
-class ClipSettings(SettingsPart):
+class ClipSettings(Section):
     """CLIP image and text towers, from a local Hugging Face folder (nothing is downloaded)."""
 
     weights_dir: Path | None = None
@@ -65,7 +66,7 @@ def _increasing(name: str, values: list[int], *, hi: int) -> None:
         raise ValueError(f"{name} must be strictly increasing, within 1..{hi}")
 
 
-class ModerationSettings(SettingsPart):
+class ModerationSettings(Section):
     text: TextSettings = Field(default_factory=TextSettings)
     clip: ClipSettings = Field(default_factory=ClipSettings)
     # Image-and-text policies by name; a name here replaces the same name in model.policies.

@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from worker.config.base import Section
 
 ModelName = Literal["open_nsfw", "text", "clip"]
 LABEL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -24,11 +26,8 @@ INFO_LABELS = {"open_nsfw": ("sfw",), "clip": ("neutral", "consistency"), "text"
 NSFW = "nsfw"
 
 
-class SettingsPart(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
-
-class LabelThresholds(SettingsPart):
+class LabelThresholds(Section):
     review: float = Field(0.5, ge=0, le=1)
     block: float = Field(0.9, ge=0, le=1)
 
@@ -59,7 +58,7 @@ class LabelSettings(LabelThresholds):
         return self.clip_prompts or [f"a photo of {d}" for d in self.descriptions]
 
 
-class PolicySettings(SettingsPart):
+class PolicySettings(Section):
     models: list[ModelName] = Field(min_length=1)
     labels: dict[str, LabelSettings] = Field(default_factory=dict)
     # Image and caption both present: CLIP consistency below this -> review ("caption_mismatch").

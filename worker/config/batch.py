@@ -1,0 +1,38 @@
+"""The ``[batch]`` and ``[limits]`` sections: batching, backpressure and input bounds."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from worker.config.base import Section
+
+
+class BatchSettings(Section):
+    max_batch_size: int = Field(16, ge=1, le=4096)
+    max_delay_ms: float = Field(20.0, ge=0)
+    # A due batch is padded up to the next static size unless that wastes more than this.
+    max_pad_fraction: float = Field(0.5, ge=0, le=1)
+    max_in_flight_batches: int = Field(2, ge=1, le=64)
+    # Backpressure: pause the assignment when this many jobs are held, resume below low.
+    high_watermark: int = Field(512, ge=1)
+    low_watermark: int = Field(128, ge=0)
+    poll_timeout_ms: float = Field(50.0, gt=0)
+    # librdkafka prefetches this much per consumer (its default is 64 MiB); part of the memory
+    # bound together with the watermarks.
+    fetch_queue_kbytes: int = Field(16_384, ge=1024)
+
+    @model_validator(mode="after")
+    def _watermarks(self) -> BatchSettings:
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError("low_watermark must be below high_watermark")
+        if self.high_watermark < self.max_batch_size:
+            raise ValueError("high_watermark must be at least max_batch_size")
+        return self
+
+
+class LimitsSettings(Section):
+    max_message_bytes: int = Field(25 * 1024 * 1024, ge=1024)
+    max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    max_image_pixels: int = Field(40_000_000, ge=64)
+    max_image_side: int = Field(16_384, ge=8)
+    max_text_chars: int = Field(20_000, ge=0, le=100_000)

@@ -1,0 +1,58 @@
+"""The ``[kafka]`` and ``[topics]`` sections: brokers, client identity, security, topics."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+
+from worker.config.base import Section
+
+
+def _default_client_id() -> str:
+    return f"trt-worker-{socket.gethostname()}-{os.getpid()}"
+
+
+class KafkaSettings(Section):
+    bootstrap_servers: str = ""
+    group_id: str = "trt-worker"
+    client_id: str = Field(default_factory=_default_client_id)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    session_timeout_ms: int = Field(45_000, ge=1_000)
+    # Longest a fetch waits for data. librdkafka's default (500 ms) shows up directly in
+    # produce-to-result latency when a broker holds fetches; frames want it short.
+    fetch_wait_max_ms: int = Field(20, ge=1, le=10_000)
+    max_poll_interval_ms: int = Field(300_000, ge=10_000)
+    # Identity of this worker instance, stable across its restarts and unique among live
+    # workers of the group (a StatefulSet pod name; the host name by default). Exactly-once
+    # derives the producer's transactional.id from it; static_membership also uses it as
+    # group.instance.id (KIP-345: a restarted instance takes its partitions back at once).
+    instance_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+    static_membership: bool = False
+    # transactional.id = "<prefix>.<group_id>.<instance_id>" (exactly-once only).
+    transactional_id_prefix: str = Field("ktw", min_length=1, max_length=100)
+    # Broker-side limit for an open transaction (the broker's transaction.max.timeout.ms,
+    # 15 min by default, caps it). Checked against the commit interval and max batch time.
+    transaction_timeout_ms: int = Field(60_000, ge=1_000, le=900_000)
+    # librdkafka settings passed through unchanged (both clients / consumer / producer only).
+    extra: dict[str, str] = Field(default_factory=dict)
+    consumer_extra: dict[str, str] = Field(default_factory=dict)
+    producer_extra: dict[str, str] = Field(default_factory=dict)
+
+
+class TopicsSettings(Section):
+    jobs: str = Field("moderation.jobs", min_length=1)
+    results: str = Field("moderation.results", min_length=1)
+    dlq: str = Field("moderation.dlq", min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> TopicsSettings:
+        if len({self.jobs, self.results, self.dlq}) != 3:
+            raise ValueError("jobs, results and dlq topics must be three different topics")
+        return self

@@ -1,0 +1,127 @@
+"""The ``[model]`` section: the open_nsfw engine, its profiles, precision and policies."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from worker.config.base import Section
+
+
+class Thresholds(Section):
+    """nsfw >= block -> block; nsfw >= review -> review; else allow (Yahoo: <0.2 safe, >0.8)."""
+
+    review: float = Field(0.2, ge=0, le=1)
+    block: float = Field(0.8, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Thresholds:
+        if self.review > self.block:
+            raise ValueError("review threshold must not exceed block threshold")
+        return self
+
+
+def _default_policies() -> dict[str, Thresholds]:
+    return {"default": Thresholds()}
+
+
+class ProfileSettings(Section):
+    """An engine profile: ``static`` (batch_sizes) or ``range`` (min/opt/max batch)."""
+
+    name: str = Field(min_length=1)
+    kind: Literal["static", "range"]
+    batch_sizes: list[int] | None = None
+    min_batch: int | None = Field(None, ge=1)
+    opt_batch: int | None = Field(None, ge=1)
+    max_batch: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _complete(self) -> ProfileSettings:
+        if self.kind == "static":
+            if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+                raise ValueError(f"static profile {self.name!r} needs batch_sizes >= 1")
+            if self.batch_sizes != sorted(set(self.batch_sizes)):
+                raise ValueError(f"profile {self.name!r}: batch_sizes must increase strictly")
+        else:
+            lo, opt, hi = self.min_batch, self.opt_batch, self.max_batch
+            if lo is None or opt is None or hi is None or not lo <= opt <= hi:
+                raise ValueError(f"range profile {self.name!r} needs min <= opt <= max batch")
+        return self
+
+
+# Per backend: the precision and profiles used when the config names none. CPU: one range
+# (no padding: every padded row costs real CPU time). GPU: static buckets (one CUDA graph or
+# TensorRT profile each).
+BACKEND_DEFAULTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
+    "onnxruntime": ("fp32", [{"name": "cpu", "kind": "range", "min_batch": 1, "opt_batch": 8,
+                              "max_batch": 64}]),
+    "torch": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
+    "tensorrt": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
+}
+BACKEND_PRECISIONS = {"onnxruntime": {"fp32"}, "torch": {"fp32", "fp16"},
+                      "tensorrt": {"fp32", "fp16", "int8", "fp8"}}
+
+
+class ModelSettings(Section):
+    backend: Literal["onnxruntime", "torch", "tensorrt"] = "onnxruntime"
+    precision: Literal["fp32", "fp16", "int8", "fp8"] | None = None
+    profiles: list[ProfileSettings] | None = None
+    device: int = Field(0, ge=0)
+    open_nsfw_onnx: Path | None = None
+    intra_op_threads: int | None = Field(None, ge=1)
+    decode_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    jpeg_roundtrip: bool = True
+    # Where images are decoded and resized: "cpu" (Pillow on a thread pool) or "gpu" (nvJPEG
+    # and torch kernels; torch backend only).
+    preprocess: Literal["cpu", "gpu"] = "cpu"
+    # GPU backends: overlap H2D / compute / D2H on three streams (false: one stream, serial).
+    pipeline_overlap: bool = True
+    policies: dict[str, Thresholds] = Field(default_factory=_default_policies)
+
+    @model_validator(mode="after")
+    def _precision_supported(self) -> ModelSettings:
+        precision = self.effective_precision
+        if precision not in BACKEND_PRECISIONS[self.backend]:
+            raise ValueError(f"backend {self.backend} does not support precision {precision} "
+                             f"(supported: {sorted(BACKEND_PRECISIONS[self.backend])})")
+        names = [p.name for p in self.effective_profiles]
+        if len(set(names)) != len(names):
+            raise ValueError("profile names must be unique")
+        return self
+
+    @model_validator(mode="after")
+    def _preprocess_supported(self) -> ModelSettings:
+        if self.preprocess == "gpu" and self.backend != "torch":
+            raise ValueError("preprocess = gpu needs backend = torch")
+        if self.preprocess == "gpu" and self.jpeg_roundtrip:
+            raise ValueError("preprocess = gpu cannot re-encode JPEG like the reference does; "
+                             "set jpeg_roundtrip = false with it")
+        return self
+
+    @property
+    def effective_precision(self) -> str:
+        return self.precision or BACKEND_DEFAULTS[self.backend][0]
+
+    @property
+    def effective_profiles(self) -> list[ProfileSettings]:
+        if self.profiles:
+            return self.profiles
+        return [ProfileSettings(**p) for p in BACKEND_DEFAULTS[self.backend][1]]
+
+    @field_validator("policies", mode="before")
+    @classmethod
+    def _keep_default(cls, value: Any) -> Any:
+        # A job that names no policy uses 'default'; keep the built-in one unless overridden.
+        if isinstance(value, dict):
+            from worker.wire.moderation_codec import POLICY_NAME
+
+            bad = [name for name in value if not POLICY_NAME.fullmatch(str(name))]
+            if bad:
+                raise ValueError(f"policy names {bad} can never be named by a job "
+                                 f"(pattern {POLICY_NAME.pattern})")
+            if "default" not in value:
+                return {"default": Thresholds(), **value}
+        return value

@@ -1,0 +1,47 @@
+"""The ``[commit]``, ``[processing]`` and ``[log]`` sections: delivery guarantee, commits, task."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from worker.config.base import Section
+
+
+class CommitSettings(Section):
+    interval_ms: float = Field(1_000.0, ge=0)
+    drain_timeout_s: float = Field(30.0, gt=0)
+    # After SIGTERM, a worker still running this long prints every thread's stack and exits
+    # non-zero (uncommitted work is redone by the next owner): a hang in shutdown, e.g. a
+    # consumer close that never returns, ends with a diagnosis instead of an orchestrator's
+    # SIGKILL. Keep it below the orchestrator's grace period.
+    shutdown_timeout_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _shutdown_covers_drain(self) -> CommitSettings:
+        if self.shutdown_timeout_s <= self.drain_timeout_s:
+            raise ValueError("shutdown_timeout_s must exceed drain_timeout_s")
+        return self
+
+
+class ProcessingSettings(Section):
+    """Delivery guarantee. ``at-least-once``: results and offsets are separate writes, so a
+    crash can repeat results. ``exactly-once``: results, DLQ records and the consumed offsets
+    are written in one Kafka transaction per commit interval; read them with
+    ``isolation.level=read_committed``."""
+
+    guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
+    # What this process serves (worker.tasks.registry): moderation jobs from ``topics`` or
+    # text-to-image jobs from ``generation.topics``. Give each task its own kafka.group_id.
+    task: Literal["moderation", "generation"] = "moderation"
+    # The longest one batch (decode + inference + results) may take. A transaction stays open
+    # for about one commit interval plus one batch, so exactly-once requires
+    # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches
+    # are logged as errors.
+    max_batch_ms: float = Field(10_000.0, gt=0)
+
+
+class LogSettings(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["json", "console"] = "json"
