@@ -341,7 +341,7 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
 
     from worker.devkit.local_kafka.admin import create_topics
     from worker.loop.worker import Worker
-    from worker.tasks.registry import make_served_task
+    from worker.tasks.registry import make_task
     from worker.tools.generate import AnswerReader, send_jobs
 
     tag = uuid.uuid4().hex[:8]
@@ -359,8 +359,7 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
         create_topics(bootstrap, [g.jobs], partitions=4)
         create_topics(bootstrap, [g.results, g.dlq], partitions=1)
         t = time.monotonic()
-        served = make_served_task(cfg)
-        gen = served.core.task  # BatchedTask -> GenerationCore -> GenerationTask
+        gen = make_task(cfg)  # the GenerationTask the worker serves
         gen.warm_up()
         out["load_and_warm_up_s"] = time.monotonic() - t
         gen_jobs = e2e_jobs(args, "ceil", args.e2e_jobs)
@@ -371,7 +370,7 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
         out["ceiling_runs"] = ceil
         print(f"ceiling (in-process, no Kafka): {median(ceil):.2f} images/s", flush=True)
 
-        worker = Worker(cfg, task=served)
+        worker = Worker(cfg, task=gen)
         failure: list[BaseException] = []
 
         def run() -> None:

@@ -112,7 +112,7 @@ def test_gpu_task_scores_match_the_cpu_reference(preprocess: str) -> None:
     from worker.tasks.batcher import Batch
     from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
     from worker.tasks.moderation.open_nsfw import Pending
-    from worker.tasks.moderation.open_nsfw_gpu import GpuModerationTask
+    from worker.tasks.moderation.open_nsfw_gpu import OpenNsfwGpuTask
     from worker.wire.moderation_jobs import ModerationJob
     from worker.wire.records import SourceRecord, SourceRef
 
@@ -120,7 +120,7 @@ def test_gpu_task_scores_match_the_cpu_reference(preprocess: str) -> None:
                              "jpeg_roundtrip": False}, engines={"use_cache": False})
     runner, plan = make_runner(cfg)
     runner.activate()
-    task = GpuModerationTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
+    task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
     task.warm_up(plan.profiles)
     images = [*synthetic_images(21, 24, fmt="JPEG"), b"not an image"]
     items = [Pending(SourceRef("t", 0, i), ModerationJob(f"j{i}", img), 0.0,

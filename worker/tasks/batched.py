@@ -1,86 +1,108 @@
-"""A task with one batcher in front of a ``submit(batch) -> Future[list[outcome]]`` core.
+"""The base of a task with one batcher in front of ``submit(batch) -> Future[list[outcome]]``.
 
-open_nsfw moderation and generation are such tasks; image-and-text moderation batches per engine
-itself (:mod:`worker.tasks.moderation.multimodal`).
+open_nsfw moderation (:class:`worker.tasks.moderation.open_nsfw.OpenNsfwTask`) and generation
+(:class:`worker.tasks.generation.task.GenerationTask`) subclass :class:`BatchedTask`: they
+implement the job side (decode and check a record, run a batch, answer an expired job, encode
+a result) and inherit the rest of the :class:`worker.tasks.protocol.Task` protocol (admit,
+schedule, collect, remove, ...). Image-and-text moderation batches per engine itself
+(:mod:`worker.tasks.moderation.policy_task`).
 """
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from engines.profiles import Profile
 from worker.config import BatchSettings
-from worker.exceptions import JobRejected, SchemaViolation
+from worker.exceptions import SchemaViolation
 from worker.tasks.batcher import Batch, Batchable, DynamicBatcher, NoProfileFits
 from worker.tasks.protocol import Answer, ConsumedBatch, TaskTopics, admit_each
 from worker.wire.records import Headers, SourceRecord, TopicPartitionKey
 
-
-class Core(Protocol):
-    """What :class:`BatchedTask` needs from a one-batcher task."""
-
-    model_id: str
-
-    @property
-    def engine_hash(self) -> str: ...
-
-    def warm_up(self) -> None: ...
-
-    def pending(self, record: SourceRecord, epoch: int, consumed_at: float) -> Any:
-        """Decode and check ``record`` into the batcher's item (raise JobRejected)."""
-
-    def submit(self, batch: Batch[Any]) -> Future[list[Any]]: ...
-
-    def expired_result(self, p: Any, now_ms: int) -> Any: ...
-
-    def encode(self, result: Any) -> tuple[bytes, Headers]:
-        """A result's value and headers on the results topic."""
-
-    def ready(self) -> bool: ...
-
-    def close(self) -> None: ...
-
-
 P = TypeVar("P", bound=Batchable)
 
 
-class BatchedTask(Generic[P]):
-    """One :class:`DynamicBatcher` in front of a core whose ``submit`` runs a batch off the
-    loop's thread. Outcomes are anything with ``pending``, ``result`` and ``rejection``."""
+class BatchedTask(abc.ABC, Generic[P]):
+    """One :class:`DynamicBatcher` in front of :meth:`submit`, which runs a batch off the loop's
+    thread. Outcomes are anything with ``pending``, ``result`` and ``rejection``; results
+    anything with ``id`` and ``status``; items (``P``) anything with ``ref``, ``record`` and
+    ``epoch`` besides what the batcher needs.
 
-    def __init__(self, topics: TaskTopics, core: Core, batcher: DynamicBatcher[P], *,
-                 max_message_bytes: int) -> None:
-        self.topics, self.core, self.batcher = topics, core, batcher
-        self.max_message_bytes = max_message_bytes
-        self.model_id = core.model_id
-        self.on_batch_done: Callable[[float, int], None] | None = None
-        self._in_flight: list[tuple[Future[list[Any]], int, float]] = []  # future, size, start
+    A subclass is usable on its own (``submit`` a batch); :meth:`serve` puts the topics and the
+    batcher in front of it, after which it is the :class:`~worker.tasks.protocol.Task` the loop
+    serves (the factories in :mod:`worker.tasks.registry` do that)."""
+
+    topics: TaskTopics
+    # Called with (milliseconds, jobs) as each batch finishes.
+    on_batch_done: Callable[[float, int], None] | None = None
+    _batcher: DynamicBatcher[P] | None = None
+    _max_message_bytes: int = 0
+
+    # -- the job side: what a subclass implements ---------------------------------------------
+    @property
+    @abc.abstractmethod
+    def engine_hash(self) -> str: ...
+
+    @abc.abstractmethod
+    def intake(self, record: SourceRecord, value: bytes, epoch: int, consumed_at: float) -> P:
+        """Decode and check a record's ``value`` into the batcher's item (raise JobRejected)."""
+
+    @abc.abstractmethod
+    def submit(self, batch: Batch[P]) -> Future[list[Any]]:
+        """Run ``batch`` off the caller's thread: a future of one outcome per item."""
+
+    @abc.abstractmethod
+    def expired_result(self, p: P, now_ms: int) -> Any:
+        """The result of a job the batcher found past its deadline (never run)."""
+
+    @abc.abstractmethod
+    def encode(self, result: Any) -> tuple[bytes, Headers]:
+        """A result's value and headers on the results topic."""
+
+    @abc.abstractmethod
+    def warm_up(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def ready(self) -> bool:
+        return True
+
+    # -- the loop's side ----------------------------------------------------------------------
+    def serve(self, topics: TaskTopics, batcher: DynamicBatcher[P], *,
+              max_message_bytes: int) -> None:
+        """Read jobs from ``topics`` through ``batcher``: the task is now what the loop serves."""
+        self.topics, self._batcher = topics, batcher
+        self._max_message_bytes = max_message_bytes
+        self._in_flight: list[tuple[Future[list[Any]], int, float]] = []  # future, jobs, start
 
     @property
-    def engine_hash(self) -> str:
-        return self.core.engine_hash
-
-    def warm_up(self) -> None:
-        self.core.warm_up()
+    def batcher(self) -> DynamicBatcher[P]:
+        if self._batcher is None:
+            raise RuntimeError(f"{type(self).__name__} is not served yet: call serve() first")
+        return self._batcher
 
     def admit(self, batch: ConsumedBatch) -> list[Answer]:
-        def one(record: SourceRecord, _value: bytes, epoch: int) -> None:
-            p = self.core.pending(record, epoch, batch.consumed_at)
+        batcher = self.batcher
+
+        def one(record: SourceRecord, value: bytes, epoch: int) -> None:
+            p = self.intake(record, value, epoch, batch.consumed_at)
             try:
-                self.batcher.add(p)
+                batcher.add(p)
             except NoProfileFits as exc:
                 raise SchemaViolation(str(exc), reason="no_profile") from exc
 
-        return admit_each(batch, self.max_message_bytes, one)
+        return admit_each(batch, self._max_message_bytes, one)
 
     def schedule(self, now: float, now_ms: int, *, free: int, force: bool) -> list[Answer]:
         due = self.batcher.schedule(now, now_ms, limit=max(free, 0), force=force)
-        answers = [self._answer(p, self.core.expired_result(p, now_ms)) for p in due.expired]
+        answers = [self._answer(p, self.expired_result(p, now_ms)) for p in due.expired]
         for batch in due.batches:
-            self._in_flight.append((self.core.submit(batch), len(batch.items), time.monotonic()))
+            self._in_flight.append((self.submit(batch), len(batch.items), time.monotonic()))
         return answers
 
     def collect(self, *, block: bool) -> list[Answer]:
@@ -97,41 +119,31 @@ class BatchedTask(Generic[P]):
             if self.on_batch_done is not None:
                 self.on_batch_done((time.monotonic() - started) * 1e3, size)
             for outcome in outcomes:
+                p = outcome.pending
                 if outcome.rejection is not None:
-                    answers.append(self._rejected(outcome.pending, outcome.rejection))
+                    answers.append(Answer(p.ref, p.record, p.epoch, rejection=outcome.rejection))
                 elif outcome.result is not None:
-                    answers.append(self._answer(outcome.pending, outcome.result))
+                    answers.append(self._answer(p, outcome.result))
         self._in_flight = pending
         return answers
 
     def remove(self, keys: set[TopicPartitionKey]) -> None:
-        self.batcher.remove(lambda p: _partition_key(p) in keys)
+        self.batcher.remove(lambda p: p.partition_key in keys)
 
     def held(self) -> int:
         return len(self.batcher) + sum(size for _, size, _ in self._in_flight)
 
     def in_flight(self) -> int:
-        return len(self._in_flight)
+        return len(self._in_flight) if self._batcher is not None else 0
 
     def wait(self, timeout: float) -> None:
-        if self._in_flight:
+        if self._batcher is not None and self._in_flight:
             wait([f for f, _, _ in self._in_flight], timeout=timeout, return_when=FIRST_COMPLETED)
 
-    def ready(self) -> bool:
-        return self.core.ready()
-
-    def close(self) -> None:
-        self.core.close()
-
     def _answer(self, p: Any, result: Any) -> Answer:
-        value, headers = self.core.encode(result)
-        status = result.status.value
-        return Answer(p.ref, p.record, p.epoch, result.id, status, result.id.encode(), value,
-                      headers)
-
-    @staticmethod
-    def _rejected(p: Any, rejection: JobRejected) -> Answer:
-        return Answer(p.ref, p.record, p.epoch, rejection=rejection)
+        value, headers = self.encode(result)
+        return Answer(p.ref, p.record, p.epoch, result.id, result.status.value,
+                      result.id.encode(), value, headers)
 
 
 def make_batcher(b: BatchSettings, profiles: tuple[Profile, ...], *,
@@ -142,8 +154,3 @@ def make_batcher(b: BatchSettings, profiles: tuple[Profile, ...], *,
     return DynamicBatcher(profiles, max_batch_size=max_batch_size or b.max_batch_size,
                           max_delay_s=b.max_delay_ms / 1e3, max_pad_fraction=b.max_pad_fraction,
                           expire_deadlines=expire_deadlines)
-
-
-def _partition_key(p: Any) -> TopicPartitionKey:
-    key: TopicPartitionKey = p.partition_key
-    return key

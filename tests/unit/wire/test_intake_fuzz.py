@@ -49,7 +49,7 @@ def _intake(payload: bytes) -> np.ndarray | JobRejected:
     """What the worker does with one record, minus Kafka: a model input or a rejection."""
     try:
         job = decode_moderation_job(payload, LIMITS)
-        if job.image is None:  # ModerationTask.check_policy: a text-only job on open_nsfw
+        if job.image is None:  # OpenNsfwTask.check_policy: a text-only job on open_nsfw
             return no_image(job)
         return preprocess_open_nsfw(decode_image(job.image, IMAGE_LIMITS))
     except JobRejected as exc:

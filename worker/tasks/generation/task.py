@@ -1,7 +1,7 @@
 """The generation task: intake checks, then batches -> text encoding, denoising, VAE, PNG.
 
-Same shape as :class:`worker.tasks.moderation.open_nsfw.ModerationTask`: ``decode``/``pending``
-validate at
+A :class:`worker.tasks.batched.BatchedTask`, like open_nsfw moderation
+(:class:`worker.tasks.moderation.open_nsfw.OpenNsfwTask`): ``decode``/``pending`` validate at
 intake and raise :class:`~worker.exceptions.JobRejected` subclasses (the loop dead-letters
 them), ``submit(batch)`` returns a future of outcomes without blocking the poll loop,
 ``warm_up`` and ``close``. Batches come from the dynamic batcher, one per resolution
@@ -22,6 +22,7 @@ from engines.models.sd.engines import SdEngines
 from engines.profiles import RangeProfile
 from worker.config.generation import GenerationSettings
 from worker.exceptions import JobRejected
+from worker.tasks.batched import BatchedTask
 from worker.tasks.batcher import Batch
 from worker.tasks.generation import sampler
 from worker.tasks.generation.blobs import BlobStore
@@ -29,6 +30,7 @@ from worker.tasks.generation.intake import IntakeRules
 from worker.tasks.generation.png import encode_png
 from worker.tasks.generation.results import fit_result, images_for
 from worker.tasks.generation.schedulers import make_schedule
+from worker.tasks.protocol import source_ref
 from worker.wire.generation_codec import decode_generation_job, encode_result
 from worker.wire.generation_jobs import (
     RESULT_SCHEMA,
@@ -37,7 +39,7 @@ from worker.wire.generation_jobs import (
     GenerationResult,
 )
 from worker.wire.moderation_jobs import Status
-from worker.wire.records import SourceRecord, SourceRef
+from worker.wire.records import Headers, SourceRecord, SourceRef
 
 
 @dataclass(slots=True)
@@ -71,7 +73,7 @@ class GenerationOutcome:
     rejection: JobRejected | None = None
 
 
-class GenerationTask:
+class GenerationTask(BatchedTask[GenerationPending]):
     def __init__(self, settings: GenerationSettings, engines: SdEngines, blobs: BlobStore, *,
                  max_in_flight_batches: int = 2, max_jobs_per_batch: int = 8,
                  own_engines: bool = True) -> None:
@@ -92,6 +94,21 @@ class GenerationTask:
     @property
     def model_id(self) -> str:
         return self.engines.model_id
+
+    @property
+    def engine_hash(self) -> str:
+        hashes = self.engines.engine_hashes()
+        return ",".join(f"{k}={v}" for k, v in sorted(hashes.items()))
+
+    def intake(self, record: SourceRecord, value: bytes, epoch: int, consumed_at: float
+               ) -> GenerationPending:
+        p = self.pending(value, source_ref(record), record, consumed_at)
+        p.epoch = epoch
+        return p
+
+    def encode(self, result: GenerationResult) -> tuple[bytes, Headers]:
+        headers: Headers = [*self.headers(result)]
+        return self.encode_result(result), headers
 
     def headers(self, result: GenerationResult) -> list[tuple[str, bytes]]:
         return [("ktw.schema", RESULT_SCHEMA.encode()), ("ktw.model", result.model_id.encode()),

@@ -1,4 +1,10 @@
-"""The moderation task: decode + preprocess on a CPU pool, score a batch, build results."""
+"""open_nsfw moderation: decode + preprocess on a CPU pool, score a batch, build results.
+
+:class:`OpenNsfwTask` is the task a worker serves when no ``[moderation.policies]`` are
+configured (the fast path: one batcher in front of the open_nsfw engine), and the engine code
+behind the open_nsfw plug-in of image-and-text moderation
+(:mod:`worker.tasks.moderation.models.open_nsfw`).
+"""
 
 from __future__ import annotations
 
@@ -16,11 +22,20 @@ from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 from worker.config import WorkerConfig
 from worker.exceptions import JobRejected, NothingToScore, UnknownPolicy
+from worker.tasks.batched import BatchedTask
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.images import CROP, ImageLimits, decode_image, preprocess_open_nsfw
 from worker.tasks.moderation.verdict import verdict_for
-from worker.wire.moderation_jobs import ModerationJob, ModerationResult, Status, Verdict
-from worker.wire.records import SourceRecord, SourceRef
+from worker.tasks.protocol import source_ref
+from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job, encode_result
+from worker.wire.moderation_jobs import (
+    RESULT_SCHEMA,
+    ModerationJob,
+    ModerationResult,
+    Status,
+    Verdict,
+)
+from worker.wire.records import Headers, SourceRecord, SourceRef
 
 
 @dataclass(slots=True)
@@ -66,13 +81,28 @@ def no_image(job: ModerationJob) -> NothingToScore:
                           "image: nothing to score")
 
 
-class ModerationTask:
-    """Turns batches of :class:`Pending` jobs into :class:`Outcome` futures without blocking."""
+def moderation_headers(model_id: str, engine_hash: str) -> Headers:
+    """The headers of a moderation result on the results topic."""
+    return [("ktw.schema", RESULT_SCHEMA.encode()), ("ktw.model", model_id.encode()),
+            ("ktw.engine", engine_hash.encode())]
 
-    def __init__(self, cfg: WorkerConfig, runner: Runner, spec: EngineSpec) -> None:
+
+class OpenNsfwTask(BatchedTask[Pending]):
+    """Turns batches of :class:`Pending` jobs into :class:`Outcome` futures without blocking.
+
+    ``profiles``: the engine's (what :meth:`warm_up` runs and the batcher batches for);
+    ``own_runner``: :meth:`close` deactivates the runner (False: a runner shared with the
+    caller stays active)."""
+
+    def __init__(self, cfg: WorkerConfig, runner: Runner, spec: EngineSpec,
+                 profiles: tuple[Profile, ...] = (), *, own_runner: bool = False) -> None:
         self.cfg = cfg
         self.runner = runner
         self.model_id = spec.model_id
+        self.profiles = profiles
+        self._own_runner = own_runner
+        self._decode_limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
+        self._headers: Headers = []
         self.input_name, self.output_name = spec.inputs[0].name, spec.outputs[0].name
         self._limits = ImageLimits(cfg.limits.max_image_pixels, cfg.limits.max_image_side)
         self._decode_pool = ThreadPoolExecutor(cfg.model.decode_threads,
@@ -84,6 +114,19 @@ class ModerationTask:
     @property
     def engine_hash(self) -> str:
         return self.runner.engine_hash
+
+    def intake(self, record: SourceRecord, value: bytes, epoch: int, consumed_at: float
+               ) -> Pending:
+        job = decode_moderation_job(value, self._decode_limits)
+        self.check_policy(job)
+        return Pending(source_ref(record), job, consumed_at, record, epoch)
+
+    def encode(self, result: ModerationResult) -> tuple[bytes, Headers]:
+        # Every result of this task carries the same headers: built once (after warm-up: the
+        # engine hash is the loaded artifact's).
+        if not self._headers:
+            self._headers = moderation_headers(self.model_id, self.engine_hash)
+        return encode_result(result), self._headers
 
     def check_policy(self, job: ModerationJob) -> None:
         """Intake check: the policy is configured, and the job has an image to score."""
@@ -103,14 +146,16 @@ class ModerationTask:
                   "the engine",
         )
 
-    def warm_up(self, profiles: tuple[Profile, ...]) -> None:
-        """Run every batch size the batcher can produce once, on a real bundled photo, so the
-        first jobs do not pay for lazy allocations (ORT's arena, cuDNN's kernel choice)."""
+    def warm_up(self, profiles: tuple[Profile, ...] | None = None) -> None:
+        """Activate the runner and run every batch size the batcher can produce once (of
+        ``profiles``, default the task's), on a real bundled photo, so the first jobs do not
+        pay for lazy allocations (ORT's arena, cuDNN's kernel choice)."""
+        self.runner.activate()
         sample = importlib.resources.files("worker").joinpath("samples", "coffee.png")
         row = preprocess_open_nsfw(decode_image(sample.read_bytes()))
         cap = self.cfg.batch.max_batch_size
         sizes: set[int] = set()
-        for p in profiles:
+        for p in self.profiles if profiles is None else profiles:
             if isinstance(p, StaticProfile):
                 sizes.update(b for b in p.batch_sizes if b <= p.padded(min(cap, p.max_batch)))
             else:
@@ -118,7 +163,7 @@ class ModerationTask:
         for n in sorted(sizes):
             self.runner.infer({self.input_name: np.stack([row] * n)}).result()
 
-    def pipeline_ready(self) -> bool:
+    def ready(self) -> bool:
         """True once warm-up is done and batches run at full speed."""
         return self.runner.active
 
@@ -126,6 +171,14 @@ class ModerationTask:
         return self._batch_pool.submit(self._run, batch)
 
     def close(self) -> None:
+        try:
+            self._stop()
+        finally:
+            if self._own_runner:
+                self.runner.deactivate()
+
+    def _stop(self) -> None:
+        """Wait for the batches in flight and stop the pools (the runner is left as it is)."""
         self._batch_pool.shutdown(wait=True)
         self._decode_pool.shutdown(wait=True)
 

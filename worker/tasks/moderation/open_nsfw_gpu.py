@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from engines.backends.base import Runner
 from engines.backends.torch_pipeline import TorchPipeline
 from engines.backends.torch_runner import TorchRunner
 from engines.cudart import Event
@@ -25,15 +26,15 @@ from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, JobRejected
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.images import crop_pixels, decode_image
-from worker.tasks.moderation.open_nsfw import ModerationTask, Outcome, Pending, no_image
+from worker.tasks.moderation.open_nsfw import OpenNsfwTask, Outcome, Pending, no_image
 from worker.tasks.moderation.verdict import verdict_for
 from worker.wire.moderation_jobs import Status
 
 
-class GpuModerationTask(ModerationTask):
+class OpenNsfwGpuTask(OpenNsfwTask):
     def __init__(self, cfg: WorkerConfig, runner: TorchRunner, spec: EngineSpec,
-                 profiles: tuple[Profile, ...]) -> None:
-        super().__init__(cfg, runner, spec)
+                 profiles: tuple[Profile, ...], *, own_runner: bool = False) -> None:
+        super().__init__(cfg, runner, spec, profiles, own_runner=own_runner)
         sizes = sorted({b for p in profiles if isinstance(p, StaticProfile)
                         for b in p.batch_sizes})
         if not sizes:
@@ -45,7 +46,8 @@ class GpuModerationTask(ModerationTask):
         self._local = threading.local()
         self._warm = False
 
-    def warm_up(self, profiles: tuple[Profile, ...]) -> None:
+    def warm_up(self, profiles: tuple[Profile, ...] | None = None) -> None:
+        self.runner.activate()
         self.pipeline.activate()
         super().warm_up(profiles)  # the plain runner path: cuDNN and allocator warm
         sample = (self._sample_bytes(),)
@@ -54,7 +56,7 @@ class GpuModerationTask(ModerationTask):
                 self._infer_rows(list(sample * size))
         self._warm = True
 
-    def pipeline_ready(self) -> bool:
+    def ready(self) -> bool:
         return self.pipeline.compute is not None and self._warm
 
     def _sample_bytes(self) -> bytes:
@@ -63,8 +65,8 @@ class GpuModerationTask(ModerationTask):
         return importlib.resources.files("worker").joinpath("samples", "astronaut.jpg"
                                                               ).read_bytes()
 
-    def close(self) -> None:
-        super().close()
+    def _stop(self) -> None:
+        super()._stop()
         self.pipeline.deactivate()
 
     def _prep_stream(self) -> Any:
@@ -141,9 +143,17 @@ class GpuModerationTask(ModerationTask):
         return outcomes
 
 
-def make_task(cfg: WorkerConfig, runner: Any, spec: EngineSpec,
-              profiles: tuple[Profile, ...]) -> ModerationTask:
-    """The GPU pipeline task for the torch backend, the plain task otherwise."""
+def make_open_nsfw_task(cfg: WorkerConfig, runner: Runner | None = None) -> OpenNsfwTask:
+    """open_nsfw on its runner: built here from the config (and deactivated at close), or
+    ``runner``, shared with the caller (left active). The GPU pipeline task on the torch
+    backend, the plain task otherwise."""
+    from worker.engine_setup import engine_plan, make_runner
+
+    if runner is None:
+        runner, plan = make_runner(cfg)
+        own = True
+    else:
+        plan, own = engine_plan(cfg), False
     if isinstance(runner, TorchRunner):
-        return GpuModerationTask(cfg, runner, spec, profiles)
-    return ModerationTask(cfg, runner, spec)
+        return OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles, own_runner=own)
+    return OpenNsfwTask(cfg, runner, plan.spec, plan.profiles, own_runner=own)

@@ -1,10 +1,11 @@
-"""A multimodal job split into parts, one per engine input, and put back together.
+"""An image-and-text job split into parts, one per engine input, and put back together.
 
-A job becomes up to four kinds of part: its image for open_nsfw, each text chunk for the text
-model, its image for CLIP's image tower, its caption for CLIP's text tower. Each part is batched
-with parts of other jobs for the same engine and profile (token-length bucket, image size);
-the job's state collects what comes back and is decided once nothing is outstanding, or as
-soon as one part fails (rejected image, inference error) or expires.
+Each model plug-in (:mod:`worker.tasks.moderation.models`) makes the parts of a job it scores:
+open_nsfw its image, the text model each text chunk, CLIP its image and its caption. Each part
+is batched with parts of other jobs of the same kind (engine) and profile (token-length
+bucket, image size); the job's state collects what comes back, per model, and is decided once
+nothing is outstanding, or as soon as one part fails (rejected image, inference error) or
+expires.
 """
 
 from __future__ import annotations
@@ -12,16 +13,19 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any
 
-import numpy as np
-
-from engines.tokens import Chunk
-from worker.config.policies import ModelName, PolicySettings
+from worker.config.policies import PolicySettings
 from worker.exceptions import JobRejected
-from worker.tasks.moderation.open_nsfw import IMAGE_ITEM_SHAPE, Pending
+from worker.tasks.moderation.open_nsfw import Pending
+from worker.wire.moderation_jobs import ModerationJob
 
-PartKind = Literal["open_nsfw", "text", "clip_image", "clip_text"]
+
+@dataclass(frozen=True, slots=True)
+class PartFailed:
+    """A part's value when its engine failed: the job is answered with status ``error``."""
+
+    error: str
 
 
 @dataclass(slots=True)
@@ -30,10 +34,8 @@ class JobState:
     policy: PolicySettings
     outstanding: int = 0
     started: float | None = None  # monotonic: the first of its parts began computing
-    nsfw: dict[str, float] | None = None
-    text: dict[int, np.ndarray] = field(default_factory=dict)  # chunk index -> embedding
-    clip_image: np.ndarray | None = None
-    clip_caption: np.ndarray | None = None
+    # model name -> part key -> value, as the model's parts finish (see Part.key)
+    values: dict[str, dict[Hashable, Any]] = field(default_factory=dict)
     rejection: JobRejected | None = None
     error: str | None = None
     expired: bool = False
@@ -43,16 +45,31 @@ class JobState:
     def failed(self) -> bool:
         return self.rejection is not None or self.error is not None or self.expired
 
+    def apply(self, part: Part, value: Any) -> None:
+        """Record what ``part`` came back with: a rejection (the job goes to the DLQ), a
+        failure (an error result), or its model's value, kept under ``part.key``."""
+        if isinstance(value, JobRejected):
+            self.rejection = value
+        elif isinstance(value, PartFailed):
+            self.error = value.error
+        else:
+            self.values.setdefault(part.model, {})[part.key] = value
+
 
 @dataclass(slots=True, eq=False)
 class Part:
-    """One engine input of a job; the batcher's view of it (``worker.tasks.batcher.Batchable``)."""
+    """One engine input of a job; the batcher's view of it (``worker.tasks.batcher.Batchable``).
+
+    ``kind`` names the engine (one batcher each, see ``ModerationModel.profiles``); ``key``
+    where its value goes among its model's values; ``payload`` what the model needs to run it
+    (e.g. a text chunk)."""
 
     state: JobState
-    kind: PartKind
+    model: str
+    kind: str
     shape: tuple[int, ...]
-    chunk: Chunk | None = None
-    index: int = 0  # the chunk's position in its text
+    key: Hashable = None
+    payload: Any = None
 
     @property
     def consumed_at(self) -> float:
@@ -71,16 +88,11 @@ class Part:
         return self.shape
 
 
-def plan_models(policy: PolicySettings, has_image: bool, has_text: bool) -> list[ModelName]:
-    """The policy's models this job can feed: image models need an image, text needs text."""
-    return [m for m in policy.models
-            if (m == "text" and has_text) or (m != "text" and has_image)]
+def job_text(job: ModerationJob) -> str | None:
+    """The job's text, if it has any to score (not blank)."""
+    return job.text if job.text and job.text.strip() else None
 
 
 def mark_started(state: JobState) -> None:
     if state.started is None:
         state.started = time.monotonic()
-
-
-def image_part(state: JobState) -> Part:
-    return Part(state, "open_nsfw", IMAGE_ITEM_SHAPE)

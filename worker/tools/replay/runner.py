@@ -1,10 +1,10 @@
 """The replay loop: assigned consumer -> the live worker's task -> idempotent producer.
 
 Scoring goes through the task the live worker would serve with this config
-(:func:`worker.tasks.registry.make_served_task`: open_nsfw, image-and-text policies, or
-generation), so a replayed result is what the live worker would answer now. Deadlines are
-stripped at intake: the question a replay asks
-is what the model says, not whether the answer would have been in time. Rejected
+(:func:`worker.tasks.registry.make_task`: open_nsfw, image-and-text policies, or
+generation), admitting each consumed batch as the live loop does, so a replayed result is what
+the live worker would answer now. Deadlines are ignored (no job expires): the question a replay
+asks is what the model says, not whether the answer would have been in time. Rejected
 records are counted by reason, and sent to a DLQ topic only with ``--dlq-topic``.
 
 Progress is checkpointed to the state file every ``checkpoint_interval_s`` and at the end;
@@ -27,7 +27,7 @@ from engines.backends.base import Runner
 from worker.config import WorkerConfig
 from worker.exceptions import DeliveryFailed, JobRejected
 from worker.kafka import Producer, is_fatal, source_record
-from worker.tasks.protocol import Answer, ServedTask, record_value
+from worker.tasks.protocol import Answer, ConsumedBatch, Task
 from worker.tools.replay.exceptions import ReplayError
 from worker.tools.replay.headers import REPLAY_ID, source_headers
 from worker.tools.replay.kafka import Admin, admin_settings, replay_consumer_settings
@@ -69,9 +69,9 @@ class ReplayRunner:
         # Validation and state first: a bad request fails before the model is even loaded.
         self.state, self.resumed = load_or_create(cfg, self._admin, req)
         # ``runner``: an open_nsfw runner shared with the caller (tests), left active.
-        from worker.tasks.registry import make_served_task
+        from worker.tasks.registry import make_task
 
-        self._task: ServedTask = make_served_task(cfg, ignore_deadlines=True, runner=runner)
+        self._task: Task = make_task(cfg, ignore_deadlines=True, runner=runner)
         self._fatal: BaseException | None = None
         self._admitted = 0
         self._handled = 0
@@ -150,8 +150,13 @@ class ReplayRunner:
         want = 0 if self._finished_reading(todo) else self._room()
         budget = limiter.available(want)
         msgs = consumer.consume(budget, timeout=0.05) if budget > 0 else []
-        admitted = sum(self._accept(m, producer) for m in msgs)
-        limiter.take(admitted)
+        consumed_at = time.monotonic()
+        records = [r for r in map(self._accept, msgs) if r is not None]
+        limiter.take(len(records))
+        if records:
+            # One epoch for every partition: a replay never loses a partition mid-run.
+            for answer in self._task.admit(ConsumedBatch(records, {}, consumed_at)):
+                self._answer(answer, producer)
         self._track_positions(consumer, todo)
         self._submit(producer, force=budget == 0 or len(msgs) < budget)
         if budget == 0:  # nothing to read now: wait for the engine or the broker, not spin
@@ -199,28 +204,23 @@ class ReplayRunner:
         return sum(lg.end - lg.start - lg.remaining() for lg in self.state.partitions.values())
 
     # -- intake ------------------------------------------------------------------------------
-    def _accept(self, msg: ck.Message, producer: Producer) -> int:
+    def _accept(self, msg: ck.Message) -> SourceRecord | None:
+        """The record of ``msg`` if the replay still has to answer it (its offset begun)."""
         err = msg.error()
         if err is not None:
             if is_fatal(err):
                 raise ReplayError(f"fatal consumer error: {err.str()}")
             log.warning("replay_consumer_error", error=err.str())
-            return 0
+            return None
         p, off = msg.partition(), msg.offset()
         if p is None or off is None:
             raise ReplayError("consumed a record without partition/offset")
         ledger = self.state.partitions[p]
         if off >= ledger.end or ledger.is_done(off) or off in ledger.open:
-            return 0  # past the range, or answered before an interruption
+            return None  # past the range, or answered before an interruption
         ledger.begin(off)
         self._admitted += 1
-        record = source_record(msg, self.req.topic, p, off)
-        try:
-            record_value(record, self.cfg.limits.max_message_bytes)  # the live worker's order
-            self._task.admit(record, 0, time.monotonic())
-        except JobRejected as exc:
-            self._reject(record, exc, producer)
-        return 1
+        return source_record(msg, self.req.topic, p, off)
 
     def _reject(self, record: SourceRecord, error: JobRejected, producer: Producer) -> None:
         kind = f"rejected:{error.reason}"
@@ -243,9 +243,10 @@ class ReplayRunner:
         free = self.cfg.batch.max_in_flight_batches - self._task.in_flight()
         if free <= 0 or not self._task.held():
             return
-        # Deadlines were dropped at intake: nothing expires, but answer whatever step returns.
-        for answer in self._task.step(time.monotonic(), int(time.time() * 1e3), free=free,
-                                      force=force):
+        # Deadlines are ignored (ignore_deadlines): nothing expires, but answer whatever
+        # schedule returns.
+        for answer in self._task.schedule(time.monotonic(), int(time.time() * 1e3), free=free,
+                                          force=force):
             self._answer(answer, producer)
 
     def _collect(self, producer: Producer, *, block: bool) -> None:

@@ -13,8 +13,8 @@ import pytest
 
 from worker.exceptions import ProducerFenced, TransactionError
 from worker.kafka import txn_error
-from worker.loop.output import Output
 from worker.loop.commit.transactions import Transactions
+from worker.loop.output import Output
 from worker.wire.records import SourceRef
 
 OUT = Output(SourceRef("jobs", 0, 5), "results", b"k", b"v", None, "result")

@@ -1,4 +1,4 @@
-"""worker.tasks.moderation.open_nsfw.ModerationTask with the real open_nsfw OrtRunner on the CPU."""
+"""worker.tasks.moderation.open_nsfw.OpenNsfwTask with the real open_nsfw OrtRunner on the CPU."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from worker.engine_setup import EnginePlan, engine_plan
 from worker.exceptions import ImageRejected, JobRejected, NothingToScore, UnknownPolicy
 from worker.tasks.batcher import Batch, DynamicBatcher
 from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
-from worker.tasks.moderation.open_nsfw import ModerationTask, Outcome, Pending
+from worker.tasks.moderation.open_nsfw import OpenNsfwTask, Outcome, Pending
 from worker.wire.moderation_codec import result_to_dict
 from worker.wire.moderation_jobs import ModerationJob, Status, Verdict
 from worker.wire.records import SourceRecord, SourceRef
@@ -46,8 +46,8 @@ def runner(plan: EnginePlan) -> Iterator[OrtRunner]:
 
 
 @pytest.fixture
-def task(cfg: WorkerConfig, runner: OrtRunner, plan: EnginePlan) -> Iterator[ModerationTask]:
-    t = ModerationTask(cfg, runner, plan.spec)
+def task(cfg: WorkerConfig, runner: OrtRunner, plan: EnginePlan) -> Iterator[OpenNsfwTask]:
+    t = OpenNsfwTask(cfg, runner, plan.spec)
     yield t
     t.close()
 
@@ -66,7 +66,7 @@ def _batch(plan: EnginePlan, items: list[Pending]) -> Batch[Pending]:
     return Batch(profile, items, profile.padded(len(items)))
 
 
-def _run(task: ModerationTask, batch: Batch[Pending]) -> list[Outcome]:
+def _run(task: OpenNsfwTask, batch: Batch[Pending]) -> list[Outcome]:
     return task.submit(batch).result(timeout=120)
 
 
@@ -98,7 +98,7 @@ def expected_nsfw(
 
 
 def test_mixed_batch_gives_one_outcome_per_job(
-    task: ModerationTask, plan: EnginePlan, mixed: list[Pending]
+    task: OpenNsfwTask, plan: EnginePlan, mixed: list[Pending]
 ) -> None:
     outcomes = _run(task, _batch(plan, mixed))
     assert len(outcomes) == len(mixed)
@@ -106,7 +106,7 @@ def test_mixed_batch_gives_one_outcome_per_job(
 
 
 def test_corrupt_image_becomes_a_rejection_not_a_result(
-    task: ModerationTask, plan: EnginePlan, mixed: list[Pending]
+    task: OpenNsfwTask, plan: EnginePlan, mixed: list[Pending]
 ) -> None:
     bad = _by_id(_run(task, _batch(plan, mixed)))["corrupt"]
     assert bad.result is None
@@ -116,7 +116,7 @@ def test_corrupt_image_becomes_a_rejection_not_a_result(
 
 
 def test_good_images_get_ok_results_with_scores_and_timings(
-    task: ModerationTask, plan: EnginePlan, mixed: list[Pending], runner: OrtRunner
+    task: OpenNsfwTask, plan: EnginePlan, mixed: list[Pending], runner: OrtRunner
 ) -> None:
     outcomes = _by_id(_run(task, _batch(plan, mixed)))
     good = [p for p in mixed if p.job.id != "corrupt"]
@@ -140,7 +140,7 @@ def test_good_images_get_ok_results_with_scores_and_timings(
 
 
 def test_each_score_belongs_to_its_own_image(
-    task: ModerationTask, plan: EnginePlan, mixed: list[Pending],
+    task: OpenNsfwTask, plan: EnginePlan, mixed: list[Pending],
     expected_nsfw: dict[str, float],
 ) -> None:
     """The corrupt job in the middle must not shift the rows of the jobs after it."""
@@ -153,7 +153,7 @@ def test_each_score_belongs_to_its_own_image(
 
 
 def test_results_satisfy_the_wire_contract(
-    task: ModerationTask, plan: EnginePlan, mixed: list[Pending], contract: Any
+    task: OpenNsfwTask, plan: EnginePlan, mixed: list[Pending], contract: Any
 ) -> None:
     for o in _run(task, _batch(plan, mixed)):
         if o.result is not None:
@@ -161,7 +161,7 @@ def test_results_satisfy_the_wire_contract(
 
 
 def test_batch_of_only_corrupt_images_gives_only_rejections(
-    task: ModerationTask, plan: EnginePlan
+    task: OpenNsfwTask, plan: EnginePlan
 ) -> None:
     items = [_pending(f"bad{k}", CORRUPT[: 10 + k]) for k in range(3)]
     outcomes = _run(task, _batch(plan, items))
@@ -175,7 +175,7 @@ def test_static_profile_padding_does_not_change_the_scores(
 ) -> None:
     items = mixed[:5]  # 4 good + the corrupt one: 4 rows padded to 8
     static = StaticProfile("gpu", plan.spec.inputs[0].shape[1:], (1, 8))
-    task = ModerationTask(cfg, runner, plan.spec)
+    task = OpenNsfwTask(cfg, runner, plan.spec)
     try:
         outcomes = task.submit(Batch(static, items, 8)).result(timeout=120)
     finally:
@@ -192,7 +192,7 @@ def test_static_profile_padding_does_not_change_the_scores(
 
 
 def test_each_job_is_judged_under_its_own_policy(
-    task: ModerationTask, plan: EnginePlan, sample_paths: list[Path]
+    task: OpenNsfwTask, plan: EnginePlan, sample_paths: list[Path]
 ) -> None:
     image = sample_paths[0].read_bytes()
     items = [_pending("lenient", image), _pending("strict", image, policy="strict")]
@@ -205,7 +205,7 @@ def test_each_job_is_judged_under_its_own_policy(
     assert lenient.scores == pytest.approx(strict.scores)
 
 
-def test_check_policy_refuses_an_unknown_policy(task: ModerationTask) -> None:
+def test_check_policy_refuses_an_unknown_policy(task: OpenNsfwTask) -> None:
     with pytest.raises(UnknownPolicy, match="'nope'") as info:
         task.check_policy(ModerationJob(id="j", image=b"x", policy="nope"))
     assert "default, strict" in str(info.value)
@@ -213,12 +213,12 @@ def test_check_policy_refuses_an_unknown_policy(task: ModerationTask) -> None:
 
 
 @pytest.mark.parametrize("policy", ["default", "strict"])
-def test_check_policy_accepts_configured_policies(task: ModerationTask, policy: str) -> None:
+def test_check_policy_accepts_configured_policies(task: OpenNsfwTask, policy: str) -> None:
     task.check_policy(ModerationJob(id="j", image=b"x", policy=policy))
 
 
 @pytest.mark.parametrize("policy", ["default", "strict"])
-def test_check_policy_refuses_a_job_without_an_image(task: ModerationTask, policy: str) -> None:
+def test_check_policy_refuses_a_job_without_an_image(task: OpenNsfwTask, policy: str) -> None:
     with pytest.raises(NothingToScore) as info:
         task.check_policy(ModerationJob(id="j", image=None, text="a caption", policy=policy))
     assert info.value.reason == "nothing_to_score"
@@ -226,14 +226,14 @@ def test_check_policy_refuses_a_job_without_an_image(task: ModerationTask, polic
 
 
 def test_check_policy_names_an_unknown_policy_before_a_missing_image(
-    task: ModerationTask,
+    task: OpenNsfwTask,
 ) -> None:
     with pytest.raises(UnknownPolicy):
         task.check_policy(ModerationJob(id="j", image=None, text="a caption", policy="nope"))
 
 
 def test_an_image_less_job_in_a_batch_is_rejected_and_the_others_scored(
-    task: ModerationTask, plan: EnginePlan, sample_paths: list[Path]
+    task: OpenNsfwTask, plan: EnginePlan, sample_paths: list[Path]
 ) -> None:
     """check_policy keeps these out; should one get in, it is dead-lettered, not a crash."""
     items = [_pending("text-only", None, 0, text="a caption"),
@@ -251,7 +251,7 @@ def test_an_image_less_job_in_a_batch_is_rejected_and_the_others_scored(
 
 
 def test_expired_result_for_a_past_deadline(
-    task: ModerationTask, contract: Any, runner: OrtRunner
+    task: OpenNsfwTask, contract: Any, runner: OrtRunner
 ) -> None:
     now_ms = 1_796_000_000_250
     p = _pending("late", b"unused", deadline_ms=1_796_000_000_000)
@@ -267,7 +267,7 @@ def test_expired_result_for_a_past_deadline(
 
 
 def test_batcher_and_task_expire_only_past_deadlines(
-    task: ModerationTask, plan: EnginePlan, sample_paths: list[Path]
+    task: OpenNsfwTask, plan: EnginePlan, sample_paths: list[Path]
 ) -> None:
     """The batcher decides expiry (the task answers for it); a future deadline is scored."""
     image = sample_paths[0].read_bytes()
@@ -322,7 +322,7 @@ def test_inference_failure_answers_every_good_job_with_status_error(
     cfg: WorkerConfig, plan: EnginePlan, mixed: list[Pending], contract: Any
 ) -> None:
     with _FailingRunner() as failing:
-        task = ModerationTask(cfg, failing, plan.spec)
+        task = OpenNsfwTask(cfg, failing, plan.spec)
         try:
             outcomes = task.submit(_batch(plan, mixed)).result(timeout=120)
         finally:

@@ -1,5 +1,5 @@
-"""The multimodal task with real engines: MiniLM (real weights, onnxruntime), the tiny random
-CLIP checkpoint, and open_nsfw through the existing ModerationTask."""
+"""The image-and-text task with real engines: MiniLM (real weights, onnxruntime), the tiny random
+CLIP checkpoint, and open_nsfw through OpenNsfwTask, each a model plug-in."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.unit.tasks.moderation.clip.conftest import tiny_clip  # noqa: F401 - a fixture, used by name
 from worker.config import WorkerConfig, load_config
-from worker.tasks.moderation.part_runner import Engines
+from worker.tasks.moderation.models.base import ModerationModel
 from worker.tasks.moderation.served_policies import effective_policies
 
 LABELS = {
@@ -42,24 +42,22 @@ def mm_cfg(tiny_clip: Path, tmp_path_factory: pytest.TempPathFactory) -> WorkerC
 
 @pytest.fixture(scope="session")
 def image_side(mm_cfg: WorkerConfig) -> Iterator[tuple[Any, Any]]:
-    """(ModerationTask, EnginePlan): the existing open_nsfw path, real weights on the CPU."""
+    """(open_nsfw OrtRunner, EnginePlan): real weights on the CPU, shared with the plug-in."""
     from engines.backends.onnxruntime import OrtRunner
     from worker.engine_setup import engine_plan
-    from worker.tasks.moderation.open_nsfw import ModerationTask
 
     plan = engine_plan(mm_cfg)
     with OrtRunner(plan.spec, intra_op_threads=2) as runner:
-        task = ModerationTask(mm_cfg, runner, plan.spec)
-        yield task, plan
-        task.close()
+        yield runner, plan
 
 
 @pytest.fixture(scope="session")
-def engines(mm_cfg: WorkerConfig, image_side: tuple[Any, Any]) -> Iterator[Engines]:
-    from worker.tasks.moderation.setup import close_engines, make_engines
+def models(mm_cfg: WorkerConfig, image_side: tuple[Any, Any]
+           ) -> Iterator[dict[str, ModerationModel]]:
+    """Every plug-in the policies run, built through the registry (open_nsfw on the shared
+    runner); tasks made of them leave them open (``own_models=False``)."""
+    from worker.tasks.moderation.models import close_models, make_models
 
-    task, plan = image_side
-    built = make_engines(mm_cfg, effective_policies(mm_cfg), image_profiles=plan.profiles,
-                         image_hash=lambda: task.engine_hash)
+    built = make_models(mm_cfg, effective_policies(mm_cfg), runner=image_side[0])
     yield built
-    close_engines(built)
+    close_models(built)

@@ -1,0 +1,147 @@
+"""Model plug-ins: a model is one class plus one line in MODELS. A fake model registered here
+runs through the image-and-text task end to end (admit -> schedule -> collect -> a result on
+the wire) with no other code touched."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Mapping
+from typing import Any, ClassVar
+
+import msgpack
+import numpy as np
+import pytest
+
+from engines.profiles import Profile, RangeProfile
+from worker.config import WorkerConfig, load_config
+from worker.config.policies import LabelSettings, PolicySettings
+from worker.exceptions import ConfigError, TextTooLong
+from worker.tasks.batcher import Batch
+from worker.tasks.moderation import models as registry
+from worker.tasks.moderation.models.base import Finished, ModelContext, ModerationModel
+from worker.tasks.moderation.parts import JobState, Part, PartFailed, job_text
+from worker.tasks.moderation.policy_task import PolicyModerationTask
+from worker.tasks.moderation.served_policies import check_runtime
+from worker.tasks.protocol import Answer, ConsumedBatch, Task
+from worker.wire.moderation_codec import decode_result
+from worker.wire.moderation_jobs import ModerationJob
+from worker.wire.records import SourceRecord
+
+WORDS = RangeProfile("w", (1,), (1,), (1,), min_batch=1, opt_batch=4, max_batch=8)
+
+
+class FakeModel(ModerationModel):
+    """Scores label ``spam`` 1.0 if some word of the text is "spam": one part per word."""
+
+    name = "fake"
+    closed: ClassVar[list[str]] = []
+    missing: ClassVar[str | None] = None  # a runtime problem to report, for one test
+
+    def __init__(self, policies: Mapping[str, PolicySettings]) -> None:
+        self.policies = dict(policies)
+
+    @classmethod
+    def runtime_problems(cls, cfg: WorkerConfig, users: str) -> list[str]:
+        return [f"policies {users} run fake: {cls.missing}"] if cls.missing else []
+
+    @classmethod
+    def create(cls, ctx: ModelContext) -> FakeModel:
+        return cls(ctx.policies)
+
+    def feeds(self, job: ModerationJob) -> bool:
+        return job_text(job) is not None
+
+    def check(self, job: ModerationJob) -> None:
+        if len((job.text or "").split()) > 5:
+            raise TextTooLong("over 5 words")
+
+    def profiles(self) -> Mapping[str, tuple[Profile, ...]]:
+        return {"fake_words": (WORDS,)}
+
+    def parts(self, state: JobState) -> list[Part]:
+        words = (state.pending.job.text or "").split()
+        return [Part(state, self.name, "fake_words", (1,), key=i, payload=w)
+                for i, w in enumerate(words)]
+
+    def run(self, kind: str, batch: Batch[Part]) -> list[Finished]:
+        return [(p, PartFailed("engine on fire") if p.payload == "fire" else
+                 np.float32(p.payload == "spam")) for p in batch.items]
+
+    def scores(self, policy: str, values: Mapping[Hashable, Any]) -> dict[str, float]:
+        assert policy in self.policies
+        return {"spam": float(max(values.values()))}
+
+    def identity(self) -> tuple[str, str]:
+        return "fake-1", "fake-hash"
+
+    def close(self) -> None:
+        self.closed.append(self.name)
+
+
+# Built without validation: the config's ModelName lists the shipped models only.
+POLICIES = {"promo": PolicySettings.model_construct(
+    models=["fake"],  # type: ignore[list-item]
+    labels={"spam": LabelSettings(descriptions=["spam"], review=0.5, block=0.9)},
+    min_consistency=None)}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry.MODELS, "fake", f"{__name__}:FakeModel")
+    monkeypatch.setattr(FakeModel, "closed", [])
+
+
+def _record(offset: int, **doc: Any) -> SourceRecord:
+    value = msgpack.packb({"v": 1, "policy": "promo", **doc}, use_bin_type=True)
+    return SourceRecord("moderation.jobs", 0, offset, None, value, None, None)
+
+
+def test_a_registered_model_runs_through_the_task_end_to_end(fake: None) -> None:
+    cfg = load_config()
+    check_runtime(cfg, POLICIES)
+    models = registry.make_models(cfg, POLICIES)
+    assert list(models) == ["fake"] and isinstance(models["fake"], FakeModel)
+    task: Task = PolicyModerationTask(cfg, POLICIES, models)
+    assert task.model_id == "fake_words" and task.engine_hash == "fake-hash"
+    records = [_record(0, id="s", text="great deal spam here"),
+               _record(1, id="h", text="hello there"),
+               _record(2, id="i", image=b"\xff\xd8"),  # fake scores text only
+               _record(3, id="long", text="one two three four five six"),
+               _record(4, id="f", text="house on fire")]
+    rejected = task.admit(ConsumedBatch(records, {}, time.monotonic()))
+    assert [(a.job_id or a.ref.offset, a.rejection and a.rejection.reason)
+            for a in rejected] == [(2, "nothing_to_score"), (3, "text_too_long")]
+    answers: list[Answer] = []
+    while task.held():
+        answers += task.schedule(time.monotonic(), int(time.time() * 1e3), free=2, force=True)
+        answers += task.collect(block=True)
+    by_id = {a.job_id: a for a in answers}
+    assert set(by_id) == {"s", "h", "f"}
+    spam, ham, fire = (decode_result(by_id[k].value or b"") for k in ("s", "h", "f"))
+    assert spam["verdict"] == "block" and spam["rule"] == "block:fake.spam"
+    assert spam["scores"] == {"fake.spam": 1.0} and spam["models"] == ["fake"]
+    assert (spam["model_id"], spam["engine_hash"]) == ("fake-1", "fake-hash")
+    assert ("ktw.model", b"fake-1") in (by_id["s"].headers or [])
+    assert ham["verdict"] == "allow" and ham["scores"] == {"fake.spam": 0.0}
+    assert fire["status"] == "error" and fire["error"] == "engine on fire"
+    task.close()
+    assert FakeModel.closed == ["fake"]
+
+
+def test_a_models_runtime_problem_stops_start_up(fake: None,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(FakeModel, "missing", "no fake hardware")
+    with pytest.raises(ConfigError, match="policies 'promo' run fake: no fake hardware"):
+        check_runtime(load_config(), POLICIES)
+
+
+def test_an_unregistered_model_is_named() -> None:
+    with pytest.raises(KeyError, match="'nope'"):
+        registry.model_class("nope")
+
+
+def test_the_shipped_models_are_registered_lazily() -> None:
+    assert list(registry.MODELS) == ["open_nsfw", "text", "clip"]
+    for name in registry.MODELS:
+        cls = registry.model_class(name)
+        assert issubclass(cls, ModerationModel) and cls.name == name

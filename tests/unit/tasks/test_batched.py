@@ -1,0 +1,199 @@
+"""worker.tasks.batched.BatchedTask: the loop's view of a one-batcher task (admit, schedule,
+collect, remove, held), through a scripted subclass; no model and no broker."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import pytest
+
+from engines.profiles import RangeProfile
+from worker.exceptions import JobRejected, SchemaViolation
+from worker.tasks.batched import BatchedTask
+from worker.tasks.batcher import Batch, DynamicBatcher
+from worker.tasks.protocol import Answer, ConsumedBatch, Task, TaskTopics, source_ref
+from worker.wire.moderation_jobs import Status
+from worker.wire.records import SourceRecord, SourceRef
+
+SHAPE = (4,)
+PROFILE = RangeProfile("r", SHAPE, SHAPE, SHAPE, min_batch=1, opt_batch=4, max_batch=4)
+TOPICS = TaskTopics("jobs", "results", "dlq")
+NOW_MS = 1_800_000_000_000
+MAX_BYTES = 64
+
+
+@dataclass
+class Item:
+    ref: SourceRef
+    record: SourceRecord
+    epoch: int
+    consumed_at: float
+    deadline_ms: int | None = None
+    item_shape: tuple[int, ...] = SHAPE
+
+    @property
+    def partition_key(self) -> tuple[str, int]:
+        return (self.ref.topic, self.ref.partition)
+
+
+@dataclass
+class Result:
+    id: str
+    status: Status
+
+
+@dataclass
+class Outcome:
+    pending: Item
+    result: Result | None = None
+    rejection: JobRejected | None = None
+
+
+class ScriptedTask(BatchedTask[Item]):
+    """Answers each batch on ``finish()``: value b"bad" is rejected, the rest get a result;
+    b"refused" is refused at intake."""
+
+    model_id = "m"
+
+    def __init__(self) -> None:
+        self.futures: list[tuple[Future[list[Outcome]], Batch[Item]]] = []
+
+    @property
+    def engine_hash(self) -> str:
+        return "h"
+
+    def warm_up(self) -> None: ...
+
+    def intake(self, record: SourceRecord, value: bytes, epoch: int, consumed_at: float
+               ) -> Item:
+        if value == b"refused":
+            raise SchemaViolation("refused", reason="refused")
+        shape = (8,) if value == b"too-big" else SHAPE
+        return Item(source_ref(record), record, epoch, consumed_at,
+                    deadline_ms=NOW_MS - 1 if value == b"late" else None, item_shape=shape)
+
+    def submit(self, batch: Batch[Item]) -> Future[list[Outcome]]:
+        fut: Future[list[Outcome]] = Future()
+        self.futures.append((fut, batch))
+        return fut
+
+    def finish(self) -> None:
+        for fut, batch in self.futures:
+            if not fut.done():
+                fut.set_result([
+                    Outcome(p, rejection=SchemaViolation("bad", reason="bad_image"))
+                    if p.record.value == b"bad" else Outcome(p, Result(f"j{p.ref.offset}",
+                                                                       Status.OK))
+                    for p in batch.items])
+
+    def expired_result(self, p: Item, now_ms: int) -> Result:
+        return Result(f"j{p.ref.offset}", Status.EXPIRED)
+
+    def encode(self, result: Result) -> tuple[bytes, list[tuple[str, str | bytes | None]]]:
+        return f"{result.id}:{result.status.value}".encode(), [("ktw.schema", b"s")]
+
+    def close(self) -> None: ...
+
+
+def _record(offset: int, value: bytes | None = b"ok", partition: int = 0) -> SourceRecord:
+    return SourceRecord("jobs", partition, offset, None, value, None, None)
+
+
+def _batch(*records: SourceRecord, epoch: int = 0) -> ConsumedBatch:
+    return ConsumedBatch(records, {(r.topic, r.partition): epoch for r in records}, 1.0)
+
+
+def _task(delay_s: float = 0.0) -> ScriptedTask:
+    task = ScriptedTask()
+    batcher: DynamicBatcher[Item] = DynamicBatcher((PROFILE,), max_batch_size=4,
+                                                   max_delay_s=delay_s)
+    task.serve(TOPICS, batcher, max_message_bytes=MAX_BYTES)
+    return task
+
+
+def test_a_served_task_is_the_loops_task() -> None:
+    task: Task = _task()
+    assert task.topics == TOPICS and task.model_id == "m" and task.engine_hash == "h"
+    assert task.ready() and task.held() == 0 and task.in_flight() == 0
+
+
+def test_an_unserved_task_says_so() -> None:
+    with pytest.raises(RuntimeError, match="serve"):
+        ScriptedTask().held()
+
+
+def test_a_job_no_profile_fits_is_rejected_for_the_dlq() -> None:
+    task = _task()
+    [answer] = task.admit(_batch(_record(0, b"too-big"), epoch=4))
+    assert answer.rejection is not None and answer.rejection.reason == "no_profile"
+    assert answer.epoch == 4 and answer.value is None and task.held() == 0
+
+
+def test_admit_answers_rejections_at_once_and_queues_the_rest() -> None:
+    task = _task()
+    answers = task.admit(_batch(_record(0, None), _record(1, b"x" * (MAX_BYTES + 1)),
+                                _record(2, b"refused"), _record(3), epoch=2))
+    assert [(a.ref.offset, a.rejection.reason if a.rejection else None) for a in answers] == [
+        (0, "schema"), (1, "oversized"), (2, "refused")]
+    assert all(a.epoch == 2 and a.value is None for a in answers)
+    assert task.held() == 1
+
+
+def test_batches_run_off_the_loop_and_answers_carry_epoch_key_value_and_headers() -> None:
+    task = _task()
+    assert task.admit(_batch(*(_record(off, value) for off, value in
+                               enumerate([b"ok", b"bad", b"ok"])), epoch=7)) == []
+    assert task.held() == 3
+    assert task.schedule(2.0, NOW_MS, free=2, force=False) == []
+    assert task.in_flight() == 1 and task.held() == 3, "computing jobs are still held"
+    assert task.collect(block=False) == [], "nothing finished yet: no answer, no wait"
+    sizes: list[int] = []
+    task.on_batch_done = lambda _ms, n: sizes.append(n)
+    task.finish()
+    answers = task.collect(block=False)
+    assert sizes == [3] and task.held() == 0 and task.in_flight() == 0
+    by_offset = {a.ref.offset: a for a in answers}
+    assert by_offset[0] == Answer(SourceRef("jobs", 0, 0), _record(0), 7, "j0", "ok", b"j0",
+                                  b"j0:ok", [("ktw.schema", b"s")])
+    assert by_offset[1].rejection is not None and by_offset[1].rejection.reason == "bad_image"
+    assert by_offset[1].value is None and by_offset[1].record.value == b"bad"
+    assert by_offset[2].epoch == 7 and not by_offset[2].expired
+
+
+def test_free_slots_cap_submissions_and_force_flushes_a_partial_batch() -> None:
+    task = _task(delay_s=60.0)
+    task.admit(_batch(_record(0)))
+    task.schedule(2.0, NOW_MS, free=1, force=False)
+    assert task.in_flight() == 0, "one job of four, within its delay: not due yet"
+    task.schedule(2.0, NOW_MS, free=0, force=True)
+    assert task.in_flight() == 0, "no free slot: even a forced schedule submits nothing"
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    assert task.in_flight() == 1 and len(task.futures[0][1].items) == 1 and task.held() == 1
+
+
+def test_expired_jobs_are_answered_at_schedule_without_reaching_the_engine() -> None:
+    task = _task()
+    task.admit(_batch(_record(0, b"late"), epoch=3))
+    answers = task.schedule(2.0, NOW_MS, free=2, force=False)
+    assert [a.expired for a in answers] == [True] and answers[0].value == b"j0:expired"
+    assert answers[0].epoch == 3 and task.futures == [] and task.held() == 0
+
+
+def test_remove_drops_only_the_named_partitions_queued_jobs() -> None:
+    task = _task(delay_s=60.0)
+    task.admit(_batch(_record(0, partition=0), _record(0, partition=1)))
+    task.remove({("jobs", 1)})
+    assert task.held() == 1
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    task.finish()
+    assert [a.ref.partition for a in task.collect(block=True)] == [0]
+
+
+def test_a_failing_batch_raises_out_of_collect() -> None:
+    task = _task()
+    task.admit(_batch(_record(0)))
+    task.schedule(2.0, NOW_MS, free=1, force=False)
+    task.futures[0][0].set_exception(RuntimeError("task bug"))
+    with pytest.raises(RuntimeError, match="task bug"):
+        task.collect(block=True)

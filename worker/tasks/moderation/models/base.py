@@ -1,0 +1,120 @@
+"""The model plug-in protocol of image-and-text moderation.
+
+A plug-in is one class (:class:`ModerationModel`) in one module, named in
+:data:`worker.tasks.moderation.models.MODELS`. The policy task
+(:class:`worker.tasks.moderation.policy_task.PolicyModerationTask`) knows models only through
+it: which jobs a model can score (:meth:`~ModerationModel.feeds`), its intake check, the parts
+it makes of a job (each of a part *kind*, batched per kind over the kind's engine profiles),
+running a batch of them, turning a job's collected values into per-label scores under a policy,
+and its (model id, engine hash) identity for results.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib.util
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from engines.backends.base import Runner
+from engines.profiles import Profile
+from worker.config import WorkerConfig
+from worker.config.policies import PolicySettings
+from worker.tasks.batcher import Batch
+from worker.tasks.moderation.parts import JobState, Part
+from worker.wire.moderation_jobs import ModerationJob
+
+if TYPE_CHECKING:
+    from worker.moderation_engines import TextEngine
+
+# A part and what it came back with: the model's value for it, a JobRejected (the job goes to
+# the DLQ) or a PartFailed (the job gets an error result).
+Finished: TypeAlias = tuple[Part, Any]
+
+TOKENIZERS_MISSING = "the text and CLIP models need the `tokenizers` package"
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    """What a plug-in is built from: the config, the served policies that run it, and an
+    open_nsfw runner to share (replay, tests; left active at close) or None."""
+
+    cfg: WorkerConfig
+    policies: Mapping[str, PolicySettings]
+    runner: Runner | None = None
+
+
+class ModerationModel(abc.ABC):
+    """One model of image-and-text moderation (a name in ``PolicySettings.models``)."""
+
+    name: str
+
+    # -- start-up ------------------------------------------------------------------------
+    @classmethod
+    def runtime_problems(cls, cfg: WorkerConfig, users: str) -> list[str]:
+        """Why the model cannot run on this machine (``users``: the policies that run it,
+        for the message); empty if it can. Checked for every model before any is built."""
+        return []
+
+    @classmethod
+    @abc.abstractmethod
+    def create(cls, ctx: ModelContext) -> ModerationModel:
+        """Build the model's engines, activated, with whatever it precomputes per policy."""
+
+    # -- intake --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def feeds(self, job: ModerationJob) -> bool:
+        """True if the job has what the model scores (an image, some text)."""
+
+    def check(self, job: ModerationJob) -> None:
+        """The model's own intake check of a job it feeds (raise a JobRejected); none by
+        default."""
+        return None
+
+    @abc.abstractmethod
+    def profiles(self) -> Mapping[str, tuple[Profile, ...]]:
+        """Its part kinds (unique across models), each with its engine's profiles."""
+
+    @abc.abstractmethod
+    def parts(self, state: JobState) -> list[Part]:
+        """The parts of a job it feeds (``Part.model`` is :attr:`name`)."""
+
+    # -- off the loop's thread -----------------------------------------------------------
+    @abc.abstractmethod
+    def run(self, kind: str, batch: Batch[Part]) -> list[Finished]:
+        """Each part of ``batch`` (all of ``kind``) with its value; an InferenceFailed raised
+        here fails every part of the batch."""
+
+    # -- deciding ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def scores(self, policy: str, values: Mapping[Hashable, Any]) -> dict[str, float]:
+        """Per-label scores (and the model's informational ones) of a job under ``policy``,
+        from its parts' values by ``Part.key``."""
+
+    @abc.abstractmethod
+    def identity(self) -> tuple[str, str]:
+        """(model id, engine hash) for the results it scored."""
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def warm_up(self) -> None:
+        """Called before the first poll (``create`` may already have activated engines)."""
+        return None
+
+    def ready(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Release the model's engines and threads."""
+        return None
+
+
+def tokenizers_missing() -> list[str]:
+    return [TOKENIZERS_MISSING] if importlib.util.find_spec("tokenizers") is None else []
+
+
+def embed_parts(engine: TextEngine, parts: list[Part]) -> list[Finished]:
+    """Text-tower parts (payload: a chunk of one token bucket, ``shape[0]``) -> embeddings."""
+    feeds = engine.tokenizer.pad([p.payload for p in parts], parts[0].shape[0])
+    emb = engine.runner.infer(feeds).result()["embedding"]
+    return list(zip(parts, emb, strict=True))
