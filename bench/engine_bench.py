@@ -27,7 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.runner import TorchRunner
     from engines.models.open_nsfw import open_nsfw_spec
     from engines.profiles import StaticProfile
     from tests.conformance_inputs import conformance_batch

@@ -64,7 +64,7 @@ def gpu_text_rows(net: Any, folder: Path | None, iters: int
                   ) -> tuple[list[dict[str, Any]], float]:
     import torch
 
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.module_runner import TorchModuleRunner
 
     spec = EngineSpec("minilm_l6_v2", _no_onnx,
                       (TensorSpec("input_ids", (-1, -1), "int64"),
@@ -89,9 +89,9 @@ def clip_rows(iters: int) -> tuple[list[dict[str, Any]], float]:
     """Rows per batch size, and the fp16 runner's max abs difference from CPU fp32 (batch 32)."""
     import torch
 
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.module_runner import TorchModuleRunner
     from engines.models.clip import vit_b32_vision
-    from engines.models.clip_torch import ClipImageEncoder
+    from engines.models.clip.net import ClipImageEncoder
 
     torch.manual_seed(0)  # PyTorch's default initialisation: random, never zeros
     cfg = vit_b32_vision()

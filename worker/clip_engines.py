@@ -9,7 +9,7 @@ from typing import Any
 from engines.backends.base import Runner
 from engines.cache import EngineCache
 from engines.models.clip import ClipConfig, build_towers, check_folder, read_config
-from engines.models.clip_specs import clip_specs
+from engines.models.clip.spec import clip_specs
 from engines.profiles import Profile
 from engines.spec import EngineSpec
 from engines.tokens import TextTokenizer

@@ -56,7 +56,7 @@ def _backend_version(backend: str) -> str:
 
         return ort_version()
     if backend == "torch":
-        from engines.backends.torch_runner import torch_version
+        from engines.backends.torch.runner import torch_version
 
         return torch_version()
     from engines.backends.tensorrt.builder import trt_version
@@ -82,7 +82,7 @@ def _builder(cfg: WorkerConfig, plan: EnginePlan, recipe: BuildRecipe) -> Callab
 
         return lambda out: build_ort_artifact(plan.spec, out)
     if plan.backend == "torch":
-        from engines.backends.torch_runner import build_torch_artifact
+        from engines.backends.torch.runner import build_torch_artifact
 
         return lambda out: build_torch_artifact(plan.spec, plan.precision, out)
     return lambda out: _build_trt(cfg, plan, recipe, out)
@@ -131,7 +131,7 @@ def make_runner(cfg: WorkerConfig, on_build: Callable[[BuildRecipe], None] | Non
         return OrtRunner(plan.spec, intra_op_threads=cfg.model.intra_op_threads,
                          engine=loader), plan
     if plan.backend == "torch":
-        from engines.backends.torch_runner import TorchRunner
+        from engines.backends.torch.runner import TorchRunner
 
         return TorchRunner(plan.spec, profiles=plan.profiles, precision=plan.precision,
                            engine=loader, device=cfg.model.device,

@@ -65,7 +65,7 @@ def make_runner(cfg: WorkerConfig, spec: EngineSpec, build: Callable[[], object]
         cache = EngineCache(cfg.engines.cache_dir)
         engine = OrtArtifact(spec, cache, profiles) if cfg.engines.use_cache else None
         return OrtRunner(spec, intra_op_threads=cfg.model.intra_op_threads, engine=engine)
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.module_runner import TorchModuleRunner
 
     return TorchModuleRunner(spec, build, profiles=profiles, identity=identity,
                              precision=precision or "fp16", device=cfg.model.device,

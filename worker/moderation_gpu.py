@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from engines.backends.torch_pipeline import TorchPipeline
-from engines.backends.torch_runner import TorchRunner
+from engines.backends.torch.pipeline import TorchPipeline
+from engines.backends.torch.runner import TorchRunner
 from engines.cudart import Event
 from engines.models.open_nsfw import LABELS
 from engines.profiles import Profile, StaticProfile

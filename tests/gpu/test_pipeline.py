@@ -16,8 +16,8 @@ ITEM = (224, 224, 3)
 
 
 def _pipeline(overlap: bool, sizes: tuple[int, ...] = (8, 32), slots: int = 3):  # type: ignore[no-untyped-def]
-    from engines.backends.torch_pipeline import TorchPipeline
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.pipeline import TorchPipeline
+    from engines.backends.torch.runner import TorchRunner
 
     runner = TorchRunner(open_nsfw_spec(), profiles=(StaticProfile("gpu", ITEM, sizes),))
     pipe = TorchPipeline(runner, sizes, slots=slots, pixels=True, overlap=overlap)

@@ -57,7 +57,7 @@ def _reference(folder: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
 @pytest.mark.parametrize(("precision", "tol"), [("fp32", 1e-4), ("fp16", 5e-3)])
 def test_graphs_per_batch_and_tokens_match_cpu_fp32(minilm_dir: Path, precision: str,
                                                     tol: float) -> None:
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.module_runner import TorchModuleRunner
     from engines.models.minilm import build_encoder
 
     profiles = tuple(StaticProfile(f"tok{b}", (b,), SIZES) for b in BUCKETS)
@@ -74,7 +74,7 @@ def test_graphs_per_batch_and_tokens_match_cpu_fp32(minilm_dir: Path, precision:
 
 
 def test_many_batches_in_flight_keep_their_outputs(minilm_dir: Path) -> None:
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.module_runner import TorchModuleRunner
     from engines.models.minilm import build_encoder
 
     runner = TorchModuleRunner(TEXT_SPEC, lambda: build_encoder(minilm_dir),
@@ -93,9 +93,9 @@ def test_many_batches_in_flight_keep_their_outputs(minilm_dir: Path) -> None:
 def test_clip_image_tower_vit_b32_shapes() -> None:
     import torch
 
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.module_runner import TorchModuleRunner
     from engines.models.clip import vit_b32_vision
-    from engines.models.clip_torch import ClipImageEncoder
+    from engines.models.clip.net import ClipImageEncoder
 
     torch.manual_seed(0)
     net: Any = ClipImageEncoder(vit_b32_vision(), 512).eval()

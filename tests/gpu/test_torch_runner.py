@@ -23,7 +23,7 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_one_graph_per_static_size_and_slot(data: tuple[np.ndarray, np.ndarray]) -> None:
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.runner import TorchRunner
 
     profiles = (StaticProfile("gpu", ITEM, (1, 8, 32)),)
     with TorchRunner(open_nsfw_spec(), profiles=profiles, slots=3) as r:
@@ -38,7 +38,7 @@ def test_many_batches_in_flight_each_get_their_own_outputs(
     """More batches in flight than slots, on two streams: every result matches its input."""
     import torch
 
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.runner import TorchRunner
 
     x, ref = data
     profiles = (StaticProfile("gpu", ITEM, (8,)),)
@@ -52,7 +52,7 @@ def test_many_batches_in_flight_each_get_their_own_outputs(
 
 
 def test_accepts_a_cuda_python_stream(data: tuple[np.ndarray, np.ndarray]) -> None:
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.runner import TorchRunner
     from engines.cudart import Stream
 
     x, ref = data
@@ -68,7 +68,7 @@ def test_buffers_reused_without_growth(data: tuple[np.ndarray, np.ndarray]) -> N
     """2,000 batches through the same graphs: device memory does not grow, results stay right."""
     import torch
 
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.runner import TorchRunner
 
     x, ref = data
     profiles = (StaticProfile("gpu", ITEM, (8,)),)

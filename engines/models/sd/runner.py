@@ -82,7 +82,7 @@ class NetRunner(Runner):
         if not self.cuda and self.precision != "fp32":
             raise BackendUnavailable("the torch runner on CPU runs fp32 only")
         if self.cuda and self.precision == "fp32":
-            # fp32 means IEEE fp32 here, as in engines.backends.torch_runner (process-wide).
+            # fp32 means IEEE fp32 here, as in engines.backends.torch.runner (process-wide).
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
         module, self._hash = self._load(self.device)

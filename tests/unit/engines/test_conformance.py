@@ -61,7 +61,7 @@ def _ort_cached(cache: Path) -> Runner:
 
 def _torch(precision: str, profiles: tuple[Profile, ...]) -> Callable[[Path], Runner]:
     def make(_: Path) -> Runner:
-        from engines.backends.torch_runner import TorchRunner
+        from engines.backends.torch.runner import TorchRunner
 
         return TorchRunner(open_nsfw_spec(), profiles=profiles, precision=precision)
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gen_support import SIZES, needs_sd
 
 from engines.cache import EngineCache
 from engines.exceptions import BackendUnavailable, InferenceFailed
@@ -15,6 +14,7 @@ from engines.models.sd.arch import SD15, TINY
 from engines.models.sd.engines import SdEngineOptions, SdEngines, make_sd_engines
 from engines.models.sd.specs import Resolution, io_specs, sd_profiles, sd_spec
 from engines.models.sd.weights import RandomSdWeights
+from tests.unit.generation.gen_support import SIZES, needs_sd
 
 
 def test_sd15_profiles_follow_the_latent_size() -> None:

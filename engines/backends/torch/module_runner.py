@@ -3,7 +3,7 @@
 The text and CLIP engines take several inputs (token ids and mask) and their static profiles
 differ by item shape (a token-length bucket) as well as batch size, so a graph is captured per
 (batch size, item shape) and per in-flight slot. Otherwise the same design as
-:class:`engines.backends.torch_runner.TorchRunner`: ``infer`` copies into pinned host memory,
+:class:`engines.backends.torch.runner.TorchRunner`: ``infer`` copies into pinned host memory,
 enqueues H2D, graph replay and D2H on the caller's stream and records an event; ``result()``
 waits for that event only. Shapes without a graph run eagerly on the same stream.
 ``device="cpu"`` runs eagerly on the CPU in fp32 (no graphs): the same plumbing, testable
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from engines.backends.base import FutureHandle, InferHandle, Outputs, Runner
-from engines.backends.torch_graphs import (
+from engines.backends.torch.graphs import (
     GraphSlot,
     SlotHandle,
     as_torch_stream,

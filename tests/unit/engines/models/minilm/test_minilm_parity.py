@@ -51,7 +51,7 @@ def test_padding_does_not_change_an_embedding(ort_text: Any, tokenizer: TextToke
 
 def test_torch_module_runner_cpu_mode(minilm_dir: Path, text_spec: EngineSpec, minilm_net: Any,
                                       tokenizer: TextTokenizer) -> None:
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.module_runner import TorchModuleRunner
 
     profiles = (StaticProfile("tok32", (32,), (1, 8)),)
     runner = TorchModuleRunner(text_spec, lambda: minilm.build_encoder(minilm_dir),

@@ -1,4 +1,4 @@
-"""CUDA-graph slots for :mod:`engines.backends.torch_module_runner`: capture, replay, handles.
+"""CUDA-graph slots for :mod:`engines.backends.torch.module_runner`: capture, replay, handles.
 
 A slot owns one captured graph and its device and pinned host buffers for one (batch size,
 item shape). Host buffers start as valid inputs (token id 1, mask 1; zero pixels), so the rows

@@ -1,0 +1,1 @@
+"""The torch backend: runners, CUDA-graph slots and the three-stream pixel pipeline."""
