@@ -39,8 +39,8 @@ def main() -> None:
                      profiles=(StaticProfile("gpu", (224, 224, 3), tuple(sizes)),)) as r:
         for size in sizes:
             x = np.stack([pool[i % len(pool)] for i in range(size)])
-            slot = r._slots[size][0]
-            slot.dev_in.copy_(torch.from_numpy(x))
+            slot = r._slots[(size, (224, 224, 3))][0]  # graphs by (batch size, item shape)
+            slot.dev_in[0].copy_(torch.from_numpy(x))
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             device_ms = []
             for _ in range(args.iters):

@@ -27,7 +27,7 @@ def test_one_graph_per_static_size_and_slot(data: tuple[np.ndarray, np.ndarray])
 
     profiles = (StaticProfile("gpu", ITEM, (1, 8, 32)),)
     with TorchRunner(open_nsfw_spec(), profiles=profiles, slots=3) as r:
-        assert sorted(r._slots) == [1, 8, 32]
+        assert sorted(size for size, _ in r._slots) == [1, 8, 32]  # keys: (size, item shape)
         assert all(len(v) == 3 for v in r._slots.values())
         assert all(s.graph is not None for v in r._slots.values() for s in v)
 

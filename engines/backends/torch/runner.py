@@ -1,237 +1,266 @@
-"""torch on CUDA: FP16, channels-last, one CUDA graph per static batch size and ring slot.
+"""torch on CUDA or the CPU: one runner for every model's native network (open_nsfw, the MiniLM
+and CLIP towers, the SD nets), which it gets from the spec's :class:`~engines.spec.NativeNet`.
 
-``infer`` copies the batch into a pinned host slot, then enqueues H2D copy, graph replay and
-D2H copy on the caller's stream and records an event; the handle's ``result()`` waits for that
-event only. Each static batch size has ``slots`` independent (graph, buffers) sets so several
-batches of the same size can be in flight without sharing buffers; a slot is reused only after
-its previous batch's outputs were read. Range profiles run eagerly (no graph).
-torch is imported lazily, in ``activate``.
+On CUDA: fp16 or IEEE fp32, one CUDA graph per static (batch size, item shape) and in-flight
+slot, so several batches of one shape can be in flight without sharing buffers. ``infer``
+copies the batch into pinned host memory, enqueues H2D copy, graph replay and D2H copy and
+records an event; the handle's ``result()`` waits for that event only. A batch runs in the
+smallest graph of its item shape that holds it (rows padded); other shapes (range profiles)
+run eagerly on the same stream. Graphs are captured at ``activate``, each into its own memory
+pool and replayed on the caller's stream; a network that asks for a shared pool (large ones:
+SD) has its graphs captured at first use (``warm_up`` captures them all) into one pool and
+replayed in order on the runner's own stream. A shape whose capture fails (the network syncs
+with the host somewhere) runs eagerly from then on, with a warning.
+``device="cpu"``: fp32, eager, on a single-thread executor; the same plumbing, the reference the
+other backends are checked against. torch is imported lazily, in ``activate``.
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engines.backends.base import InferHandle, Outputs, Runner
+from engines.backends.base import EventHandle, FutureHandle, InferHandle, Outputs, Runner
+from engines.backends.torch.artifact import DTYPES, load_native, native_net
+from engines.backends.torch.graphs import (
+    GraphSlot,
+    as_torch_stream,
+    capture_graph,
+    cuda_module,
+    sample_input,
+)
 from engines.cache import CacheEntry
-from engines.exceptions import BackendUnavailable, InferenceFailed, RunnerStateError
+from engines.exceptions import BackendUnavailable, InferenceFailed
 from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 
-DTYPES = {"fp32": "float32", "fp16": "float16"}
+if TYPE_CHECKING:
+    from engines.assembly import DeferredLoader, EnginePlan
+
+GraphKey = tuple[int, tuple[int, ...]]  # (batch size, the first input's item shape)
 
 
-def torch_version() -> str:
-    import torch
-
-    return str(torch.__version__)
-
-
-def build_torch_artifact(spec: EngineSpec, precision: str, out: Path) -> None:
-    """The artifact: the native module's weights in the engine precision (``torch.save``)."""
-    import torch
-
-    from engines.models.open_nsfw.net import build_module
-
-    net = build_module(spec.onnx().data).to(getattr(torch, DTYPES[precision]))
-    torch.save(net.state_dict(), out)
+def graph_shapes(spec: EngineSpec, key: GraphKey) -> list[tuple[int, ...]]:
+    """Every input's shape in the graph for ``key``: the first input carries the profile's item;
+    the others their spec's shape, or the same item where the spec leaves it open (a mask)."""
+    batch, item = key
+    rest = [(batch, *(t.shape[1:] if -1 not in t.shape[1:] else item)) for t in spec.inputs[1:]]
+    return [(batch, *item), *rest]
 
 
-@dataclass
-class _Slot:
-    graph: Any  # torch.cuda.CUDAGraph | None (eager for range profiles)
-    dev_in: Any
-    dev_out: Any
-    host_in: Any  # pinned torch tensor
-    host_out: Any
-    event: Any
-    pending: _TorchHandle | None = None
-
-
-class _TorchHandle:
-    __slots__ = ("_event", "_host_out", "_keepalive", "_n", "_name", "_value")
-
-    def __init__(self, event: Any, host_out: Any, n: int, name: str, keepalive: Any = None
-                 ) -> None:
-        self._event, self._host_out, self._n, self._name = event, host_out, n, name
-        self._keepalive = keepalive  # host input of an eager run, alive until its H2D is done
-        self._value: Outputs | None = None
-
-    def done(self) -> bool:
-        return self._value is not None or bool(self._event.query())
-
-    def result(self, timeout: float | None = None) -> Outputs:
-        if self._value is None:
-            self._event.synchronize()
-            self._value = {self._name: self._host_out[: self._n].numpy().copy()}
-        return self._value
+def make_torch_runner(plan: EnginePlan, engine: DeferredLoader | None) -> TorchRunner:
+    """The registry's runner factory. A network without a skeleton is always built from its
+    weights (nothing to cache); torch.compile's cache sits next to the cached weights."""
+    p = plan.params
+    if native_net(plan.spec).skeleton is None:
+        engine = None
+    compile_cache = None
+    if engine is not None and p.compile:
+        cached = engine.resolve()
+        compile_cache = (cached.cache.entry_dir(cached.recipe).parent /
+                         f"inductor-{cached.recipe.key}.bin")
+    return TorchRunner(plan.spec, profiles=plan.profiles, precision=p.precision, engine=engine,
+                       device=p.device, slots=p.slots, cuda_graphs=p.cuda_graphs,
+                       compile=p.compile, compile_cache=compile_cache)
 
 
 class TorchRunner(Runner):
     backend = "torch"
 
-    def __init__(
-        self,
-        spec: EngineSpec,
-        *,
-        profiles: tuple[Profile, ...],
-        precision: str = "fp16",
-        engine: Callable[[], CacheEntry] | None = None,
-        device: int = 0,
-        slots: int = 2,
-        cuda_graphs: bool = True,
-    ) -> None:
+    def __init__(self, spec: EngineSpec, *, profiles: tuple[Profile, ...] = (),
+                 precision: str = "fp16", engine: Callable[[], CacheEntry] | None = None,
+                 device: int | str = 0, slots: int = 2, cuda_graphs: bool = True,
+                 compile: bool = False, compile_cache: Path | None = None) -> None:
         super().__init__()
         if precision not in DTYPES:
             raise BackendUnavailable(f"torch backend supports {sorted(DTYPES)}, not {precision}")
         self.spec, self.profiles, self.precision = spec, profiles, precision
-        self._engine, self._device_index, self._slots_per_size = engine, device, slots
-        self._cuda_graphs = cuda_graphs
-        self._hash = ""
+        self.device = f"cuda:{device}" if isinstance(device, int) else device
+        self._engine, self._slots_per_key, self._graphs = engine, slots, cuda_graphs
+        self._compile, self._compile_cache = compile, compile_cache
+        self._static: set[GraphKey] = {(b, p.item_shape) for p in profiles
+                                       if isinstance(p, StaticProfile) for b in p.batch_sizes}
+        self._max_batch = max((p.max_batch for p in profiles), default=0)
+        self._slots: dict[GraphKey, list[GraphSlot]] = {}
+        self._next: dict[GraphKey, int] = {}
+        self._lock = threading.Lock()
+        self.compile_cache_error: str | None = None
+        self.graph_errors: dict[GraphKey, str] = {}
         self._net: Any = None
+        self._fn: Any = None  # the network, or its torch.compile
         self._stream: Any = None
-        self._slots: dict[int, list[_Slot]] = {}
-        self._next: dict[int, int] = {}
-        self._eager_max = 0
+        self._pool: Any = None  # the graphs' shared memory pool, where the network wants one
+        self._cpu: ThreadPoolExecutor | None = None
 
     @property
-    def engine_hash(self) -> str:
-        return self._hash
+    def cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def net(self) -> Any:
+        """The active network (for pipelines that capture their own graphs around it)."""
+        return self._net
 
     @property
     def default_stream(self) -> Any:
         return self._stream
+
+    @property
+    def graph_keys(self) -> list[GraphKey]:
+        return sorted(self._slots)
+
+    def graph_count(self) -> int:
+        return sum(len(v) for v in self._slots.values())
 
     def _activate(self) -> None:
         try:
             import torch
         except ImportError as exc:
             raise BackendUnavailable("torch does not import") from exc
-        if not torch.cuda.is_available():
+        native = native_net(self.spec)
+        if self.cuda and not torch.cuda.is_available():
             raise BackendUnavailable("torch backend needs CUDA; none is available")
-        from engines.models.open_nsfw.net import OpenNsfwNet, build_module
-
-        device = torch.device("cuda", self._device_index)
-        dtype = getattr(torch, DTYPES[self.precision])
-        if self.precision == "fp32":
-            # torch lets cuDNN use TF32 (10-bit mantissa) for "float32" convolutions by default,
+        if not self.cuda and self.precision != "fp32":
+            raise BackendUnavailable("the torch runner on CPU runs fp32 only")
+        if self.cuda and self.precision == "fp32":
+            # torch lets cuDNN and cuBLAS use TF32 (10-bit mantissa) for "float32" by default,
             # which is off from a float32 reference by ~2e-3. fp32 here means IEEE fp32.
             # These flags are process-wide; an fp16 engine in the same process is unaffected.
-            torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_tf32 = False
-        if self._engine is not None:
-            entry = self._engine()
-            net = OpenNsfwNet()
-            net.load_state_dict(torch.load(entry.artifact, map_location="cpu",
-                                           weights_only=True))
-            self._hash = f"torch-{entry.key[:12]}"
-        else:
-            model = self.spec.onnx()
-            net = build_module(model.data)
-            self._hash = f"torch-{torch.__version__}-{self.precision}-{model.sha256[:12]}"
-        self._net = net.to(device=device, dtype=dtype).to(memory_format=torch.channels_last)
-        self._net.eval()
-        self._stream = torch.cuda.Stream(device)
-        item = self.spec.inputs[0].shape[1:]
-        for profile in self.profiles:
-            if isinstance(profile, StaticProfile) and self._cuda_graphs:
-                for size in profile.batch_sizes:
-                    self._slots[size] = [self._capture(size, item, device)
-                                         for _ in range(self._slots_per_size)]
-                    self._next[size] = 0
-            else:
-                self._eager_max = max(self._eager_max, profile.max_batch)
+            torch.backends.cudnn.allow_tf32 = False
+        module, self._hash = load_native(native, self.device, self.precision, self._engine)
+        net = module.to(device=self.device, dtype=getattr(torch, DTYPES[self.precision]))
+        if native.channels_last:
+            net = net.to(memory_format=torch.channels_last)
+        self._net = self._fn = net.eval()
+        if self._compile:
+            if self._compile_cache is not None and self._compile_cache.is_file():
+                torch.compiler.load_cache_artifacts(self._compile_cache.read_bytes())
+            self._fn = torch.compile(self._net, dynamic=False)
+        if not self.cuda:
+            self._cpu = ThreadPoolExecutor(1, thread_name_prefix=f"torch-{self.spec.model_id}")
+            return
+        self._stream = cuda_module().Stream(self.device)
+        if native.shared_graph_pool:
+            self._pool = torch.cuda.graph_pool_handle()  # graphs come at first use
+        elif self._graphs:
+            for key in sorted(self._static):
+                self._capture(key)
 
-    def _capture(self, size: int, item: tuple[int, ...], device: Any) -> _Slot:
+    def warm_up(self) -> None:
+        """Run (capturing on CUDA) every static shape once; save torch.compile's cache."""
+        for key in sorted(self._static):
+            feeds = {t.name: sample_input(t.dtype, s)
+                     for t, s in zip(self.spec.inputs, graph_shapes(self.spec, key), strict=True)}
+            self.infer(feeds).result()
+        self._save_compile_cache()
+
+    def _save_compile_cache(self) -> None:
+        cache = self._compile_cache
+        if not self._compile or cache is None or cache.is_file():
+            return
         import torch
 
-        dev_in = torch.randn((size, *item), device=device, dtype=torch.float32)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.no_grad(), torch.cuda.stream(side):
-            for _ in range(3):  # warm-up: cuDNN picks its kernels before capture
-                self._net(dev_in)
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
-            dev_out = self._net(dev_in)
-        # Zeroed, so rows past a short batch hold finite values (never uninitialised memory).
-        host_in = torch.zeros((size, *item), dtype=torch.float32, pin_memory=True)
-        host_out = torch.empty(tuple(dev_out.shape), dtype=torch.float32, pin_memory=True)
-        return _Slot(graph, dev_in, dev_out, host_in, host_out, torch.cuda.Event())
-
-    def _slot_for(self, n: int) -> tuple[int, _Slot] | None:
-        sizes = [s for s in sorted(self._slots) if s >= n]
-        if not sizes:
-            return None
-        size = sizes[0]
-        i = self._next[size]
-        self._next[size] = (i + 1) % len(self._slots[size])
-        slot = self._slots[size][i]
-        if slot.pending is not None:  # free the slot: read its last outputs before reuse
-            slot.pending.result()
-            slot.pending = None
-        return size, slot
+        try:
+            saved = torch.compiler.save_cache_artifacts()
+        except (RuntimeError, AttributeError) as exc:  # a cache miss later costs time only
+            self.compile_cache_error = str(exc)
+            return
+        if saved is not None:
+            tmp = cache.with_suffix(".tmp")
+            tmp.write_bytes(saved[0])
+            tmp.rename(cache)  # atomic: a second worker never reads half a file
 
     def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle:
-        import torch
-
-        x = feeds[self.spec.inputs[0].name]
-        n = int(x.shape[0])
-        stream = _as_torch_stream(stream) if stream is not None else self._stream
-        name = self.spec.outputs[0].name
-        picked = self._slot_for(n)
         try:
-            if picked is not None:
-                _, slot = picked
-                slot.host_in[:n].numpy()[...] = x  # host copy into pinned memory
-                with torch.cuda.stream(stream):
-                    slot.dev_in.copy_(slot.host_in, non_blocking=True)
-                    slot.graph.replay()
-                    slot.host_out.copy_(slot.dev_out, non_blocking=True)
-                    slot.event.record(stream)
-                handle = _TorchHandle(slot.event, slot.host_out, n, name)
-                slot.pending = handle
-                return handle
-            if n > self._eager_max:
-                raise InferenceFailed(f"batch of {n} exceeds every profile of {self.spec.model_id}")
-            return self._eager(x, stream, name)
+            arrays = [np.ascontiguousarray(feeds[t.name], dtype=t.dtype) for t in self.spec.inputs]
+        except KeyError as exc:
+            raise InferenceFailed(f"{self.spec.model_id}: missing input {exc}") from exc
+        n = int(arrays[0].shape[0])
+        if self.profiles and n > self._max_batch:
+            raise InferenceFailed(f"batch of {n} exceeds every profile of {self.spec.model_id}")
+        if self._cpu is not None:
+            return FutureHandle(self._cpu.submit(self._run_cpu, arrays))
+        caller = as_torch_stream(stream) if stream is not None else self._stream
+        try:
+            with self._lock:
+                slot = self._slot_for(arrays)
+                if slot is not None:
+                    # A shared pool is safe only while replays never overlap: its graphs all
+                    # replay in order on the runner's stream.
+                    return slot.launch(arrays, self._stream if self._pool is not None else caller)
+                return self._eager(arrays, caller)
         except RuntimeError as exc:
             raise InferenceFailed(f"torch inference failed: {exc}") from exc
 
-    def _eager(self, x: np.ndarray, stream: Any, name: str) -> InferHandle:
+    def _slot_for(self, arrays: list[np.ndarray]) -> GraphSlot | None:
+        """The next slot of the smallest graph holding the batch (captured now if it is not
+        yet), or None: no graph for this shape (it runs eagerly)."""
+        if not self._graphs:
+            return None
+        n, item = arrays[0].shape[0], tuple(arrays[0].shape[1:])
+        key = min(((b, i) for b, i in self._static if i == item and b >= n), default=None)
+        if key is None or (key not in self._slots and not self._capture(key)):
+            return None
+        ring = self._slots[key]
+        i = self._next[key]
+        self._next[key] = (i + 1) % len(ring)
+        return ring[i] if ring[i].fits(arrays) else None
+
+    def _capture(self, key: GraphKey) -> bool:
+        """Capture ``slots`` graphs for ``key``; on failure the shape runs eagerly from now on."""
         import torch
 
-        host_in = torch.from_numpy(np.ascontiguousarray(x)).pin_memory()
+        name = self.spec.outputs[0].name
+        shapes = graph_shapes(self.spec, key)
+        try:
+            ring = []
+            for i in range(self._slots_per_key):
+                dev_in = [torch.from_numpy(sample_input(t.dtype, s)).to(self.device)
+                          for t, s in zip(self.spec.inputs, shapes, strict=True)]
+                # Kernels are chosen (and compiled) by the first slot's warm-up runs already.
+                ring.append(capture_graph(self._fn, dev_in, name, pool=self._pool,
+                                          warmup=3 if i == 0 else 0))
+            torch.cuda.synchronize(self.device)  # inputs and capture done before any replay
+        except RuntimeError as exc:
+            self._static.discard(key)
+            self.graph_errors[key] = str(exc)
+            warnings.warn(f"{self.spec.model_id}: CUDA graph capture failed for {shapes}, "
+                          f"running it eagerly: {exc}", RuntimeWarning, stacklevel=2)
+            return False
+        self._slots[key], self._next[key] = ring, 0
+        return True
+
+    def _eager(self, arrays: list[np.ndarray], stream: Any) -> EventHandle:
+        import torch
+
+        hosts = [torch.from_numpy(a).pin_memory() for a in arrays]
         with torch.no_grad(), torch.cuda.stream(stream):
-            dev_in = host_in.to(self._net.conv1.weight.device, non_blocking=True)
-            out = self._net(dev_in)
-            host_out = torch.empty(tuple(out.shape), dtype=torch.float32, pin_memory=True)
+            out = self._fn(*[h.to(self.device, non_blocking=True) for h in hosts])
+            host_out = torch.empty(tuple(out.shape), dtype=out.dtype, pin_memory=True)
             host_out.copy_(out, non_blocking=True)
-            event = torch.cuda.Event()
+            event = cuda_module().Event()
             event.record(stream)
-        return _TorchHandle(event, host_out, x.shape[0], name, keepalive=host_in)
+        # The host inputs stay alive until their asynchronous copies are done.
+        return EventHandle(event, host_out, self.spec.outputs[0].name, keepalive=hosts)
+
+    def _run_cpu(self, arrays: list[np.ndarray]) -> Outputs:
+        import torch
+
+        with torch.no_grad():
+            out = self._fn(*[torch.from_numpy(a) for a in arrays])
+        return {self.spec.outputs[0].name: out.numpy()}
 
     def _deactivate(self) -> None:
         if self._stream is not None:
             self._stream.synchronize()
+        if self._cpu is not None:
+            self._cpu.shutdown(wait=True)
         self._slots.clear()
-        self._net = None
-        self._stream = None
-
-
-def _as_torch_stream(stream: Any) -> Any:
-    """Accept a torch stream, or a raw CUDA stream handle (e.g. from cuda-python)."""
-    import torch
-
-    if isinstance(stream, torch.cuda.Stream):
-        return stream
-    if isinstance(stream, int) or hasattr(stream, "getPtr"):
-        ptr = int(stream.getPtr()) if hasattr(stream, "getPtr") else stream
-        return torch.cuda.ExternalStream(ptr)
-    raise RunnerStateError(f"unsupported stream object {type(stream).__name__}")
+        self._net = self._fn = self._stream = self._pool = self._cpu = None

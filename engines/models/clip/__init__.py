@@ -1,5 +1,6 @@
-"""CLIP from a local Hugging Face folder: the folder, config and towers' builds (:mod:`.build`),
-the image and text specs (:mod:`.spec`), the native torch towers (:mod:`.net`, imports torch)."""
+"""CLIP from a local Hugging Face folder: the folder, config and networks' builds
+(:mod:`.build`), the image and text specs (:mod:`.spec`), the native torch towers (:mod:`.net`,
+imports torch) and the engines (:mod:`.engine`)."""
 
 from __future__ import annotations
 

@@ -124,11 +124,10 @@ def test_a_new_seed_builds_new_artifacts(engine_cache: EngineCache,
 
 @needs_sd
 def test_torch_runner_on_cpu_refuses_fp16() -> None:
-    from engines.models.sd.runner import NetRunner
+    from engines.backends.torch.runner import TorchRunner
 
     spec = sd_spec(RandomSdWeights(TINY), "vae")
-    runner = NetRunner(spec, net=lambda d: (None, "x"), profiles=(), precision="fp16",
-                       device="cpu")
+    runner = TorchRunner(spec, profiles=(), precision="fp16", device="cpu")
     with pytest.raises(BackendUnavailable, match="fp32"):
         runner.activate()
 
