@@ -27,10 +27,10 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.runner import TorchRunner
     from engines.models.open_nsfw import open_nsfw_spec
     from engines.profiles import StaticProfile
-    from tests.conformance_inputs import conformance_batch
+    from worker.devkit.conformance_inputs import conformance_batch
 
     sizes = [int(s) for s in args.sizes.split(",")]
     pool = conformance_batch(n_synthetic=56)
@@ -39,8 +39,8 @@ def main() -> None:
                      profiles=(StaticProfile("gpu", (224, 224, 3), tuple(sizes)),)) as r:
         for size in sizes:
             x = np.stack([pool[i % len(pool)] for i in range(size)])
-            slot = r._slots[size][0]
-            slot.dev_in.copy_(torch.from_numpy(x))
+            slot = r._slots[(size, (224, 224, 3))][0]  # graphs by (batch size, item shape)
+            slot.dev_in[0].copy_(torch.from_numpy(x))
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             device_ms = []
             for _ in range(args.iters):

@@ -204,15 +204,14 @@ def warm_start(args: argparse.Namespace, warm_up: str = "all_shapes") -> dict[st
 
 
 def compiled_steps(engines: Any, cache_dir: Path, iters: int) -> dict[str, Any]:
-    from engines.models.sd.build import sd_cache_loader, torch_net_loader
-    from engines.models.sd.runner import NetRunner
+    from engines.backends.torch.runner import TorchRunner
+    from engines.models.sd.build import sd_cache_loader
 
     w, profiles = engines.weights, engines.profiles.of("unet")
     cached = sd_cache_loader(_cache(cache_dir), w, "unet", "torch", "cuda:0", "fp16")
     store = cache_dir / "inductor-bench.bin"
-    runner = NetRunner(engines.runners["unet"].spec, net=torch_net_loader(w, "unet", "fp16",
-                                                                          cached),
-                       profiles=profiles, compile=True, compile_cache=store, slots=1)
+    runner = TorchRunner(engines.runners["unet"].spec, engine=cached, profiles=profiles,
+                         compile=True, compile_cache=store, slots=1)
     t = time.monotonic()
     runner.activate()
     rows = {"activate_s": time.monotonic() - t, "cache_preexisting": store.is_file()}

@@ -46,8 +46,8 @@ def timed(fn: Any, reps: int) -> list[float]:
 def engine_ceiling(sizes: list[int], iters: int) -> list[dict[str, float]]:
     import torch
 
-    from engines.backends.torch_pipeline import TorchPipeline
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.pipeline import TorchPipeline
+    from engines.backends.torch.runner import TorchRunner
     from engines.models.open_nsfw import open_nsfw_spec
     from engines.profiles import StaticProfile
 
@@ -109,8 +109,8 @@ def preprocess_ceilings(photos: list[bytes]) -> dict[str, float]:
 
 # -- (b) overlap vs serial --------------------------------------------------------------------
 def overlap_vs_serial(pixels: bool, size: int, batches: int) -> dict[str, float]:
-    from engines.backends.torch_pipeline import TorchPipeline
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.pipeline import TorchPipeline
+    from engines.backends.torch.runner import TorchRunner
     from engines.models.open_nsfw import open_nsfw_spec
     from engines.profiles import StaticProfile
 
@@ -150,8 +150,8 @@ def stage_times(size: int, pixels: bool) -> dict[str, float]:
     """Per-stage milliseconds for one batch, timed with CUDA events on one stream."""
     import torch
 
-    from engines.backends.torch_pipeline import TorchPipeline
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.pipeline import TorchPipeline
+    from engines.backends.torch.runner import TorchRunner
     from engines.cudart import Event, check, runtime
     from engines.models.open_nsfw import open_nsfw_spec
     from engines.profiles import StaticProfile
@@ -355,7 +355,7 @@ def naive(bootstrap: str, photos: list[bytes], n: int) -> dict[str, float]:
     import torch
 
     from engines.models.open_nsfw import open_nsfw_spec
-    from engines.models.open_nsfw_torch import build_module
+    from engines.models.open_nsfw.net import build_module
     from worker.devkit.local_kafka.admin import create_topics
     from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
 

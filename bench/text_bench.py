@@ -30,7 +30,7 @@ BUCKETS = (16, 32, 64, 128)
 
 def _encoder(folder: Path | None) -> Any:
     from engines.models import minilm
-    from engines.models.minilm_torch import SentenceEncoder
+    from engines.models.minilm.net import SentenceEncoder
 
     if folder is None:
         import torch

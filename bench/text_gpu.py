@@ -7,6 +7,7 @@ and host (``runner.infer(...).result()``: pinned copy, H2D, replay, D2H, one bat
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from bench.common import median
 from bench.text_inputs import token_rows
 from engines.loaders import OnnxModel
 from engines.profiles import StaticProfile
-from engines.spec import EngineSpec, TensorSpec
+from engines.spec import EngineSpec, NativeNet, TensorSpec
 
 TEXT_BATCHES = (1, 8, 32, 128)
 CLIP_BATCHES = (1, 32, 256)
@@ -25,6 +26,12 @@ BUCKETS = (16, 32, 64, 128)
 
 def _no_onnx() -> OnnxModel:
     raise RuntimeError("the torch runner never reads ONNX")
+
+
+def _with_net(spec: EngineSpec, net: Any, identity: str) -> EngineSpec:
+    """``spec`` whose native network (what the torch runner runs) is a copy of ``net``."""
+    return dataclasses.replace(spec, native=NativeNet(lambda device: (copy.deepcopy(net),
+                                                                      identity)))
 
 
 def _time(runner: Any, key: tuple[int, tuple[int, ...]], feeds: dict[str, np.ndarray],
@@ -64,15 +71,15 @@ def gpu_text_rows(net: Any, folder: Path | None, iters: int
                   ) -> tuple[list[dict[str, Any]], float]:
     import torch
 
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.runner import TorchRunner
 
     spec = EngineSpec("minilm_l6_v2", _no_onnx,
                       (TensorSpec("input_ids", (-1, -1), "int64"),
                        TensorSpec("attention_mask", (-1, -1), "int64")),
                       (TensorSpec("embedding", (-1, 384)),))
     profiles = tuple(StaticProfile(f"tok{n}", (n,), TEXT_BATCHES) for n in BUCKETS)
-    runner = TorchModuleRunner(spec, lambda: copy.deepcopy(net), profiles=profiles,
-                               identity=lambda: "bench", precision="fp16", device=0)
+    runner = TorchRunner(_with_net(spec, net, "bench"), profiles=profiles, precision="fp16",
+                         device=0)
     rows = []
     with runner:
         for n in BUCKETS:
@@ -89,9 +96,9 @@ def clip_rows(iters: int) -> tuple[list[dict[str, Any]], float]:
     """Rows per batch size, and the fp16 runner's max abs difference from CPU fp32 (batch 32)."""
     import torch
 
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.runner import TorchRunner
     from engines.models.clip import vit_b32_vision
-    from engines.models.clip_torch import ClipImageEncoder
+    from engines.models.clip.net import ClipImageEncoder
 
     torch.manual_seed(0)  # PyTorch's default initialisation: random, never zeros
     cfg = vit_b32_vision()
@@ -100,9 +107,8 @@ def clip_rows(iters: int) -> tuple[list[dict[str, Any]], float]:
                       (TensorSpec("embedding", (-1, 512)),))
     profile = StaticProfile("px224", (3, size, size), CLIP_BATCHES)
     net = ClipImageEncoder(cfg, 512).eval()
-    runner = TorchModuleRunner(spec, lambda: copy.deepcopy(net),
-                               profiles=(profile,), identity=lambda: "vit-b32-random",
-                               precision="fp16", device=0)
+    runner = TorchRunner(_with_net(spec, net, "vit-b32-random"), profiles=(profile,),
+                         precision="fp16", device=0)
     rng = np.random.default_rng(0)
     rows = []
     with runner:

@@ -61,6 +61,10 @@ class PinnedBuffer:
         self.array = self.array.reshape(shape)
         self.array[...] = 0
 
+    def numpy(self) -> np.ndarray:
+        """The host view (as a pinned torch tensor's ``numpy()``)."""
+        return self.array
+
     def free(self) -> None:
         if self.ptr:
             self.array = np.empty(0, self.dtype)

@@ -89,3 +89,9 @@ def _version(v: int) -> str:
 
 def current_fingerprint(kind: str, device: int = 0) -> DeviceFingerprint:
     return cuda_fingerprint(device) if kind == "cuda" else cpu_fingerprint()
+
+
+def fingerprint_for(device: str) -> DeviceFingerprint:
+    """The fingerprint of an engine device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``."""
+    kind, _, index = device.partition(":")
+    return current_fingerprint(kind, int(index or 0))

@@ -1,4 +1,8 @@
-"""Runners: one interface (activate / infer / deactivate) over every inference backend."""
+"""Runners: one interface (activate / infer / deactivate) over every inference backend.
+
+:mod:`engines.backends.registry` names the backends (onnxruntime, torch, tensorrt) and reaches
+their builders and runners lazily; backends never import a model.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 ``infer`` only enqueues work on the caller's stream and returns at once; the handle's
 ``result()`` waits until the outputs are on the host. On the CPU backend a "stream" is a
-single-thread executor; on CUDA backends it is a CUDA stream.
+single-thread executor; on CUDA backends it is a CUDA stream. Two handles serve every backend:
+:class:`FutureHandle` over an executor's future, :class:`EventHandle` over a recorded CUDA event.
 """
 
 from __future__ import annotations
@@ -46,22 +47,54 @@ class FutureHandle:
             raise InferenceFailed(f"inference failed: {exc}") from exc
 
 
+class EventHandle:
+    """An :class:`InferHandle` over a CUDA event recorded after the device-to-host copy.
+
+    ``result()`` waits for that event only, then copies the first ``n`` rows (all without
+    ``n``) out of the pinned host output, which is anything with ``numpy()`` (a pinned torch
+    tensor, a :class:`engines.cudart.PinnedBuffer`). ``keepalive`` holds host inputs of an
+    asynchronous copy until the outputs were read.
+    """
+
+    __slots__ = ("_event", "_host_out", "_keepalive", "_n", "_name", "_value")
+
+    def __init__(self, event: Any, host_out: Any, name: str, n: int | None = None,
+                 keepalive: Any = None) -> None:
+        self._event, self._host_out, self._name, self._n = event, host_out, name, n
+        self._keepalive = keepalive
+        self._value: Outputs | None = None
+
+    def done(self) -> bool:
+        return self._value is not None or bool(self._event.query())
+
+    def result(self, timeout: float | None = None) -> Outputs:
+        if self._value is None:
+            self._event.synchronize()
+            out = self._host_out.numpy()
+            self._value = {self._name: np.array(out if self._n is None else out[: self._n],
+                                                copy=True)}
+            self._keepalive = None
+        return self._value
+
+
 class Runner(abc.ABC):
-    """Base runner: subclasses implement ``_activate``, ``_infer`` and ``_deactivate``."""
+    """Base runner: subclasses implement ``_activate``, ``_infer`` and ``_deactivate`` and set
+    ``_hash`` when they load their artifact."""
 
     backend: str = "abstract"
 
     def __init__(self) -> None:
         self._active = False
+        self._hash = ""
 
     @property
     def active(self) -> bool:
         return self._active
 
     @property
-    @abc.abstractmethod
     def engine_hash(self) -> str:
         """A short identity of the loaded artifact (model bytes + backend and version)."""
+        return self._hash
 
     def activate(self) -> None:
         if not self._active:

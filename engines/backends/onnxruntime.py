@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engines.backends.base import FutureHandle, InferHandle, Outputs, Runner
-from engines.cache import CacheEntry
+from engines.cache import BuildRecipe, CacheEntry
 from engines.exceptions import BackendUnavailable, InferenceFailed, RunnerStateError
 from engines.spec import EngineSpec
 
 if TYPE_CHECKING:
     import onnxruntime as ort
+
+    from engines.assembly import DeferredLoader, EnginePlan
 
 
 def ort_version() -> str:
@@ -41,6 +43,16 @@ def build_ort_artifact(spec: EngineSpec, out: Path) -> None:
                              providers=["CPUExecutionProvider"])
     except _ort_errors() as exc:
         raise InferenceFailed(f"onnxruntime could not optimize {spec.model_id}: {exc}") from exc
+
+
+def build_ort_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> None:
+    """The registry's builder: :func:`build_ort_artifact` of the plan's spec."""
+    build_ort_artifact(plan.spec, out)
+
+
+def make_ort_runner(plan: EnginePlan, engine: DeferredLoader | None) -> OrtRunner:
+    """The registry's runner factory."""
+    return OrtRunner(plan.spec, intra_op_threads=plan.params.intra_op_threads, engine=engine)
 
 
 def _ort_errors() -> tuple[type[BaseException], ...]:
@@ -71,11 +83,6 @@ class OrtRunner(Runner):
         self._threads = intra_op_threads or os.cpu_count() or 1
         self._session: ort.InferenceSession | None = None
         self._own_stream: ThreadPoolExecutor | None = None
-        self._hash = ""
-
-    @property
-    def engine_hash(self) -> str:
-        return self._hash
 
     def _activate(self) -> None:
         try:

@@ -113,9 +113,9 @@ def test_graphs_match_eager_and_fp16_tracks_the_cpu_fp32_reference(gpu: Any, cac
     feeds = {"sample": rng.standard_normal((4, 4, 8, 16)).astype(np.float32),
              "timestep": np.array([999, 500, 500, 1], np.float32),
              "encoder_hidden_states": rng.standard_normal((4, 77, 32)).astype(np.float32)}
+    from engines.backends.torch.runner import TorchRunner
     from engines.models.sd.arch import TINY
-    from engines.models.sd.build import sd_cache_loader, torch_net_loader
-    from engines.models.sd.runner import NetRunner
+    from engines.models.sd.build import sd_cache_loader
     from engines.models.sd.specs import sd_spec
     from engines.models.sd.weights import RandomSdWeights
 
@@ -125,8 +125,8 @@ def test_graphs_match_eager_and_fp16_tracks_the_cpu_fp32_reference(gpu: Any, cac
     # initialised on the GPU differ from a CPU initialisation with the same seed).
     w = RandomSdWeights(TINY)
     artifact = sd_cache_loader(cache, w, "unet", "torch", "cuda:0", "fp16")
-    cpu = NetRunner(sd_spec(w, "unet"), net=torch_net_loader(w, "unet", "fp16", artifact),
-                    profiles=(), precision="fp32", device="cpu")
+    cpu = TorchRunner(sd_spec(w, "unet"), engine=artifact, profiles=(), precision="fp32",
+                      device="cpu")
     with eager, cpu:
         eager_out = eager.infer(feeds).result()["noise_pred"]
         ref = cpu.infer(feeds).result()["noise_pred"]

@@ -16,8 +16,8 @@ ITEM = (224, 224, 3)
 
 
 def _pipeline(overlap: bool, sizes: tuple[int, ...] = (8, 32), slots: int = 3):  # type: ignore[no-untyped-def]
-    from engines.backends.torch_pipeline import TorchPipeline
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.pipeline import TorchPipeline
+    from engines.backends.torch.runner import TorchRunner
 
     runner = TorchRunner(open_nsfw_spec(), profiles=(StaticProfile("gpu", ITEM, sizes),))
     pipe = TorchPipeline(runner, sizes, slots=slots, pixels=True, overlap=overlap)
@@ -106,12 +106,12 @@ def _rss_kb() -> int:
 @pytest.mark.parametrize("preprocess", ["cpu", "gpu"])
 def test_gpu_task_scores_match_the_cpu_reference(preprocess: str) -> None:
     from engines.backends.onnxruntime import OrtRunner
-    from tests.conformance_inputs import synthetic_images
     from worker.config import load_config
-    from worker.engine_setup import engine_plan, make_runner
+    from worker.devkit.conformance_inputs import synthetic_images
     from worker.tasks.batcher import Batch
     from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
     from worker.tasks.moderation.open_nsfw import Pending
+    from worker.tasks.moderation.open_nsfw_engine import engine_plan, make_runner
     from worker.tasks.moderation.open_nsfw_gpu import OpenNsfwGpuTask
     from worker.wire.moderation_jobs import ModerationJob
     from worker.wire.records import SourceRecord, SourceRef

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,7 @@ import pytest
 
 from engines.loaders import OnnxModel
 from engines.profiles import StaticProfile
-from engines.spec import EngineSpec, TensorSpec
+from engines.spec import EngineSpec, NativeNet, TensorSpec
 
 BUCKETS, SIZES = (16, 32), (1, 8)
 
@@ -23,6 +25,11 @@ TEXT_SPEC = EngineSpec("minilm_l6_v2", _no_onnx,
                        (TensorSpec("input_ids", (-1, -1), "int64"),
                         TensorSpec("attention_mask", (-1, -1), "int64")),
                        (TensorSpec("embedding", (-1, 384)),))
+
+
+def _with_net(spec: EngineSpec, build: Callable[[], Any], identity: str) -> EngineSpec:
+    """``spec`` whose native network (what the torch runner runs) is ``build()``."""
+    return dataclasses.replace(spec, native=NativeNet(lambda device: (build(), identity)))
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +64,12 @@ def _reference(folder: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
 @pytest.mark.parametrize(("precision", "tol"), [("fp32", 1e-4), ("fp16", 5e-3)])
 def test_graphs_per_batch_and_tokens_match_cpu_fp32(minilm_dir: Path, precision: str,
                                                     tol: float) -> None:
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.runner import TorchRunner
     from engines.models.minilm import build_encoder
 
     profiles = tuple(StaticProfile(f"tok{b}", (b,), SIZES) for b in BUCKETS)
-    runner = TorchModuleRunner(TEXT_SPEC, lambda: build_encoder(minilm_dir), profiles=profiles,
-                               identity=lambda: "test", precision=precision, slots=2)
+    runner = TorchRunner(_with_net(TEXT_SPEC, lambda: build_encoder(minilm_dir), "test"),
+                         profiles=profiles, precision=precision, slots=2)
     with runner:
         assert runner.graph_keys == [(b, (n,)) for b in SIZES for n in BUCKETS]
         for n in BUCKETS:
@@ -74,12 +81,12 @@ def test_graphs_per_batch_and_tokens_match_cpu_fp32(minilm_dir: Path, precision:
 
 
 def test_many_batches_in_flight_keep_their_outputs(minilm_dir: Path) -> None:
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.runner import TorchRunner
     from engines.models.minilm import build_encoder
 
-    runner = TorchModuleRunner(TEXT_SPEC, lambda: build_encoder(minilm_dir),
-                               profiles=(StaticProfile("tok32", (32,), (8,)),),
-                               identity=lambda: "test", precision="fp16", slots=2)
+    runner = TorchRunner(_with_net(TEXT_SPEC, lambda: build_encoder(minilm_dir), "test"),
+                         profiles=(StaticProfile("tok32", (32,), (8,)),), precision="fp16",
+                         slots=2)
     batches = [_feeds(minilm_dir, 32, 8) for _ in range(5)]
     for i, b in enumerate(batches):
         b["input_ids"][:, 1] = 2000 + i  # every batch differs
@@ -93,9 +100,9 @@ def test_many_batches_in_flight_keep_their_outputs(minilm_dir: Path) -> None:
 def test_clip_image_tower_vit_b32_shapes() -> None:
     import torch
 
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.runner import TorchRunner
     from engines.models.clip import vit_b32_vision
-    from engines.models.clip_torch import ClipImageEncoder
+    from engines.models.clip.net import ClipImageEncoder
 
     torch.manual_seed(0)
     net: Any = ClipImageEncoder(vit_b32_vision(), 512).eval()
@@ -104,8 +111,8 @@ def test_clip_image_tower_vit_b32_shapes() -> None:
     x = np.random.default_rng(0).standard_normal((4, 3, 224, 224)).astype(np.float32)
     with torch.no_grad():
         want = net(torch.from_numpy(x)).numpy()
-    runner = TorchModuleRunner(spec, lambda: net, identity=lambda: "random",
-                               profiles=(StaticProfile("px", (3, 224, 224), (1, 4)),))
+    runner = TorchRunner(_with_net(spec, lambda: net, "random"),
+                         profiles=(StaticProfile("px", (3, 224, 224), (1, 4)),))
     with runner:
         got = runner.infer({"pixel_values": x}).result()["embedding"]
     assert got.shape == (4, 512)

@@ -10,7 +10,7 @@ import pytest
 
 from engines.models.open_nsfw import bundled_onnx_path, open_nsfw_spec
 from engines.profiles import StaticProfile
-from tests.conformance_inputs import conformance_batch
+from worker.devkit.conformance_inputs import conformance_batch
 
 ITEM = (224, 224, 3)
 
@@ -23,11 +23,11 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_one_graph_per_static_size_and_slot(data: tuple[np.ndarray, np.ndarray]) -> None:
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.runner import TorchRunner
 
     profiles = (StaticProfile("gpu", ITEM, (1, 8, 32)),)
     with TorchRunner(open_nsfw_spec(), profiles=profiles, slots=3) as r:
-        assert sorted(r._slots) == [1, 8, 32]
+        assert sorted(size for size, _ in r._slots) == [1, 8, 32]  # keys: (size, item shape)
         assert all(len(v) == 3 for v in r._slots.values())
         assert all(s.graph is not None for v in r._slots.values() for s in v)
 
@@ -38,7 +38,7 @@ def test_many_batches_in_flight_each_get_their_own_outputs(
     """More batches in flight than slots, on two streams: every result matches its input."""
     import torch
 
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.runner import TorchRunner
 
     x, ref = data
     profiles = (StaticProfile("gpu", ITEM, (8,)),)
@@ -52,7 +52,7 @@ def test_many_batches_in_flight_each_get_their_own_outputs(
 
 
 def test_accepts_a_cuda_python_stream(data: tuple[np.ndarray, np.ndarray]) -> None:
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.runner import TorchRunner
     from engines.cudart import Stream
 
     x, ref = data
@@ -68,7 +68,7 @@ def test_buffers_reused_without_growth(data: tuple[np.ndarray, np.ndarray]) -> N
     """2,000 batches through the same graphs: device memory does not grow, results stay right."""
     import torch
 
-    from engines.backends.torch_runner import TorchRunner
+    from engines.backends.torch.runner import TorchRunner
 
     x, ref = data
     profiles = (StaticProfile("gpu", ITEM, (8,)),)
@@ -93,7 +93,7 @@ def test_cached_torch_artifact_loads_and_refuses_another_device(tmp_path: Path) 
     from engines.cache import ArtifactMismatch, EngineCache, check_entry
     from engines.device import DeviceFingerprint
     from worker.config import load_config
-    from worker.engine_setup import engine_loader, engine_plan, make_runner
+    from worker.tasks.moderation.open_nsfw_engine import engine_loader, engine_plan, make_runner
 
     cfg = load_config(model={"backend": "torch"}, engines={"cache_dir": str(tmp_path)})
     runner, _plan = make_runner(cfg)

@@ -12,12 +12,18 @@ from __future__ import annotations
 import fcntl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engines.backends.tensorrt.shapes import optimization_profiles
+from engines.cache import BuildRecipe
 from engines.exceptions import BackendUnavailable, EngineError
 from engines.profiles import Profile
 from engines.spec import EngineSpec
+
+if TYPE_CHECKING:
+    from engines.assembly import EnginePlan
+
+CALIBRATION_BATCH = 8
 
 
 def trt_version() -> str:
@@ -33,6 +39,30 @@ class TrtBuildOptions:
     timing_cache: Path | None = None
     calibrator: Any = None  # tensorrt.IInt8Calibrator for int8
     compute_capability: tuple[int, int] | None = None  # to refuse fp8 where it cannot run
+
+
+def build_trt_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> None:
+    """The registry's builder: the plan's profiles and precision, INT8 calibrated on the
+    plan's calibration images, the timing cache shared per TensorRT version and GPU."""
+    p, spec = plan.params, plan.spec
+    calibrator = None
+    if p.precision == "int8" and p.calibration_dir is not None and plan.preprocess is not None:
+        from engines.backends.tensorrt.calibration import (
+            CalibrationBatches,
+            entropy_calibrator,
+            samples_from_folder,
+        )
+
+        samples = samples_from_folder(p.calibration_dir, plan.preprocess)
+        batches = CalibrationBatches(samples, CALIBRATION_BATCH, spec.inputs[0].shape[1:])
+        calibrator = entropy_calibrator(batches, spec.inputs[0].name,
+                                        out.with_name("calibration.cache"))
+    major, _, minor = recipe.device.arch.partition(".")
+    timing = p.timing_cache or plan.cache.root / (
+        f"timing-{recipe.backend_version}-{recipe.device.name.replace(' ', '_')}.cache")
+    options = TrtBuildOptions(p.precision, p.workspace_mb << 20, timing, calibrator,
+                              (int(major), int(minor)))
+    build_trt_plan(spec, plan.profiles, options, out)
 
 
 def _logger() -> Any:

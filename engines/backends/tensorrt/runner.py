@@ -10,16 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engines.backends.base import InferHandle, Outputs, Runner
+from engines.backends.base import EventHandle, InferHandle, Runner
 from engines.backends.tensorrt.shapes import OptShapes, optimization_profiles, profile_index_for
 from engines.cache import CacheEntry
 from engines.exceptions import BackendUnavailable, InferenceFailed
 from engines.profiles import Profile
 from engines.spec import EngineSpec
+
+if TYPE_CHECKING:
+    from engines.assembly import DeferredLoader, EnginePlan
+
+
+def make_trt_runner(plan: EnginePlan, engine: DeferredLoader | None) -> TrtRunner:
+    """The registry's runner factory: a TensorRT plan only exists as a build, so there is
+    always an engine loader (the registry marks the backend ``needs_artifact``)."""
+    if engine is None:
+        raise BackendUnavailable("the TensorRT runner needs its built plan (an engine loader)")
+    return TrtRunner(plan.spec, profiles=plan.profiles, engine=engine, slots=plan.params.slots)
 
 
 @dataclass
@@ -27,7 +38,7 @@ class _Slot:
     host_in: Any  # PinnedBuffer
     host_out: Any
     event: Any
-    pending: _TrtHandle | None = None
+    pending: EventHandle | None = None
 
 
 @dataclass
@@ -41,23 +52,6 @@ class _Context:
     next: int = 0
 
 
-class _TrtHandle:
-    __slots__ = ("_event", "_n", "_name", "_out", "_value")
-
-    def __init__(self, event: Any, out: Any, n: int, name: str) -> None:
-        self._event, self._out, self._n, self._name = event, out, n, name
-        self._value: Outputs | None = None
-
-    def done(self) -> bool:
-        return self._value is not None or bool(self._event.query())
-
-    def result(self, timeout: float | None = None) -> Outputs:
-        if self._value is None:
-            self._event.synchronize()
-            self._value = {self._name: self._out.array[: self._n].copy()}
-        return self._value
-
-
 class TrtRunner(Runner):
     backend = "tensorrt"
 
@@ -65,16 +59,11 @@ class TrtRunner(Runner):
                  engine: Callable[[], CacheEntry], slots: int = 2) -> None:
         super().__init__()
         self.spec, self.profiles, self._engine, self._slots = spec, profiles, engine, slots
-        self._hash = ""
         self._runtime: Any = None
         self._cuda_engine: Any = None
         self._contexts: list[_Context] = []
         self._stream: Any = None
         self._shapes: list[OptShapes] = []
-
-    @property
-    def engine_hash(self) -> str:
-        return self._hash
 
     def _activate(self) -> None:
         try:
@@ -133,7 +122,7 @@ class TrtRunner(Runner):
             raise InferenceFailed("TensorRT execute_async_v3 failed")
         memcpy_d2h(host_out, c.dev_out, n * c.out_per_item * 4, s)
         event.record(s)
-        slot.pending = _TrtHandle(event, host_out, n, out_name)
+        slot.pending = EventHandle(event, host_out, out_name, n)
         return slot.pending
 
     def _deactivate(self) -> None:

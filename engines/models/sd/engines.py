@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engines.assembly import EngineParams
 from engines.backends.base import Runner
 from engines.cache import BuildRecipe, EngineCache
 from engines.models.sd import COMPONENTS
 from engines.models.sd.arch import SdDims
-from engines.models.sd.build import sd_cache_loader, torch_net_loader
+from engines.models.sd.build import sd_plan
 from engines.models.sd.specs import (
     TEXT_SIZES,
     UNET_SIZES,
@@ -21,7 +22,6 @@ from engines.models.sd.specs import (
     Resolution,
     SdProfiles,
     sd_profiles,
-    sd_spec,
 )
 from engines.models.sd.tokenizer import Tokenizer
 from engines.models.sd.weights import SdWeights
@@ -39,6 +39,14 @@ class SdEngineOptions:
     text_sizes: tuple[int, ...] = TEXT_SIZES
     unet_sizes: tuple[int, ...] = UNET_SIZES
     vae_sizes: tuple[int, ...] = VAE_SIZES
+
+    def params(self, component: str, cache: EngineCache | None) -> EngineParams:
+        """One component's engine parameters (torch.compile: the UNet only)."""
+        return EngineParams(
+            backend=self.backend, precision=self.precision, device=self.device,
+            cache_dir=cache.root if cache is not None else None, use_cache=cache is not None,
+            slots=self.slots, intra_op_threads=self.intra_op_threads,
+            cuda_graphs=self.cuda_graphs, compile=self.compile and component == "unet")
 
 
 @dataclass
@@ -79,25 +87,7 @@ def make_sd_engines(weights: SdWeights, resolutions: tuple[Resolution, ...],
     profiles = sd_profiles(dims, resolutions, text_sizes=o.text_sizes, unet_sizes=o.unet_sizes,
                            vae_sizes=o.vae_sizes)
     engines = SdEngines(weights, dims, profiles, weights.tokenizer())
-    device = o.device if o.backend == "torch" else "cpu"
     for c in COMPONENTS:
-        spec = sd_spec(weights, c, o.precision)
-        cached = (sd_cache_loader(cache, weights, c, o.backend, device, o.precision, on_build)
-                  if cache is not None else None)
-        if o.backend == "onnxruntime":
-            from engines.backends.onnxruntime import OrtRunner
-
-            engines.runners[c] = OrtRunner(spec, intra_op_threads=o.intra_op_threads,
-                                           engine=cached)
-            continue
-        from engines.models.sd.runner import NetRunner
-
-        compile_cache = (cached.cache.entry_dir(cached.recipe).parent /
-                         f"inductor-{cached.recipe.key}.bin"
-                         if cached is not None and o.compile else None)
-        engines.runners[c] = NetRunner(
-            spec, net=torch_net_loader(weights, c, o.precision, cached),
-            profiles=profiles.of(c), precision=o.precision, device=device,
-            cuda_graphs=o.cuda_graphs, compile=o.compile and c == "unet",
-            compile_cache=compile_cache, slots=o.slots)
+        plan = sd_plan(weights, c, o.params(c, cache), profiles.of(c))
+        engines.runners[c] = plan.runner(on_build)
     return engines

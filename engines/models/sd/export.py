@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from engines.exceptions import EngineError
 from engines.loaders import OnnxModel
+from engines.onnx_export import OPSET
 
 if TYPE_CHECKING:
     from engines.models.sd.weights import SdWeights
-
-OPSET = 17
 
 
 def _example(component: str, weights: SdWeights) -> tuple[Any, ...]:

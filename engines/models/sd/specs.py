@@ -10,12 +10,13 @@ Profiles are static buckets (one CUDA graph each on the torch backend):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from engines.models.sd.arch import SdDims
 from engines.models.sd.export import OnnxFromNet
 from engines.models.sd.weights import SdWeights
 from engines.profiles import Profile, StaticProfile
-from engines.spec import EngineSpec, TensorSpec
+from engines.spec import EngineSpec, NativeNet, TensorSpec
 
 TEXT_SIZES = (2, 4, 8, 16)
 UNET_SIZES = (2, 4, 8, 16)
@@ -79,4 +80,19 @@ def sd_spec(weights: SdWeights, component: str, precision: str = "fp16") -> Engi
     inputs, outputs = io_specs(component, dims)
     return EngineSpec(model_id=f"{weights.name}.{component}",
                       onnx=OnnxFromNet(weights, component), inputs=inputs, outputs=outputs,
-                      precision=precision)
+                      precision=precision, native=_native(weights, component))
+
+
+def _native(weights: SdWeights, component: str) -> NativeNet:
+    """The network from the weights (built on the device it runs on), or its skeleton for the
+    cached state dict. Its graphs are large: captured at first use into one shared pool."""
+
+    def skeleton(device: str) -> Any:
+        from engines.models.sd import nets
+
+        # Every parameter is overwritten by the cached state dict: none is initialised first.
+        return nets.skeleton(component, weights.config(component), device, initialised=False)
+
+    return NativeNet(lambda device: (weights.load(component, device),
+                                     weights.identity(component)),
+                     skeleton, build_on_target=weights.random, shared_graph_pool=True)

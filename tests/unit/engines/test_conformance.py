@@ -19,11 +19,15 @@ import pytest
 from engines.backends.base import Runner
 from engines.models.open_nsfw import bundled_onnx_path, open_nsfw_spec
 from engines.profiles import Profile, RangeProfile, StaticProfile
-from tests.conformance_inputs import conformance_batch
+from worker.devkit.conformance_inputs import conformance_batch
 
 ITEM = (224, 224, 3)
 STATIC: tuple[Profile, ...] = (StaticProfile("gpu", ITEM, (1, 8, 32)),)
 RANGE: tuple[Profile, ...] = (RangeProfile("any", ITEM, ITEM, ITEM, 1, 8, 64),)
+
+
+def _torch_installed() -> str | None:
+    return "torch is not installed" if importlib.util.find_spec("torch") is None else None
 
 
 def _cuda() -> str | None:
@@ -59,11 +63,13 @@ def _ort_cached(cache: Path) -> Runner:
     return OrtRunner(spec, engine=loader)
 
 
-def _torch(precision: str, profiles: tuple[Profile, ...]) -> Callable[[Path], Runner]:
+def _torch(precision: str, profiles: tuple[Profile, ...], device: int | str = 0
+           ) -> Callable[[Path], Runner]:
     def make(_: Path) -> Runner:
-        from engines.backends.torch_runner import TorchRunner
+        from engines.backends.torch.runner import TorchRunner
 
-        return TorchRunner(open_nsfw_spec(), profiles=profiles, precision=precision)
+        return TorchRunner(open_nsfw_spec(), profiles=profiles, precision=precision,
+                           device=device)
 
     return make
 
@@ -89,6 +95,7 @@ RUNNERS = [
     pytest.param(_torch("fp32", STATIC), 1e-4, _cuda(), id="torch-fp32-cudagraphs"),
     pytest.param(_torch("fp16", STATIC), 1e-2, _cuda(), id="torch-fp16-cudagraphs"),
     pytest.param(_torch("fp16", RANGE), 1e-2, _cuda(), id="torch-fp16-eager-range"),
+    pytest.param(_torch("fp32", RANGE, "cpu"), 1e-5, _torch_installed(), id="torch-fp32-cpu"),
     pytest.param(_trt, 1e-2, _tensorrt(), id="tensorrt-fp16"),
 ]
 

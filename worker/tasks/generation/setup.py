@@ -41,8 +41,8 @@ def weights_from(g: GenerationSettings) -> SdWeights:
 def engine_options(g: GenerationSettings, intra_op_threads: int | None = None
                    ) -> SdEngineOptions:
     return SdEngineOptions(
-        backend=g.backend, precision=g.effective_precision,
-        device=g.device if g.backend == "torch" else "cpu", cuda_graphs=g.cuda_graphs,
+        backend=g.backend, precision=g.effective_precision, device=g.device,
+        cuda_graphs=g.cuda_graphs,
         compile=g.compile, intra_op_threads=intra_op_threads,
         text_sizes=tuple(g.text_batch_sizes), unet_sizes=tuple(g.unet_batch_sizes),
         vae_sizes=tuple(g.vae_batch_sizes))

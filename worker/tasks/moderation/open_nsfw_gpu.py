@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from engines.backends.base import Runner
-from engines.backends.torch_pipeline import TorchPipeline
-from engines.backends.torch_runner import TorchRunner
+from engines.backends.torch.pipeline import TorchPipeline
+from engines.backends.torch.runner import TorchRunner
 from engines.cudart import Event
 from engines.models.open_nsfw import LABELS
 from engines.profiles import Profile, StaticProfile
@@ -147,7 +147,7 @@ def make_open_nsfw_task(cfg: WorkerConfig, runner: Runner | None = None) -> Open
     """open_nsfw on its runner: built here from the config (and deactivated at close), or
     ``runner``, shared with the caller (left active). The GPU pipeline task on the torch
     backend, the plain task otherwise."""
-    from worker.engine_setup import engine_plan, make_runner
+    from worker.tasks.moderation.open_nsfw_engine import engine_plan, make_runner
 
     if runner is None:
         runner, plan = make_runner(cfg)

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gen_support import MISSING, make_engines
 
 from engines.cache import EngineCache
 from engines.models.sd.engines import SdEngines
+from tests.unit.tasks.generation.gen_support import MISSING, make_engines
 
 
 @pytest.fixture(scope="session")

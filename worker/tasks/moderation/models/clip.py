@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from engines.profiles import Profile
-from worker.clip_engines import ClipEngines
 from worker.config import WorkerConfig
 from worker.exceptions import JobRejected, NothingToScore
 from worker.tasks.batcher import Batch
+from worker.tasks.moderation.clip_engine import ClipEngines
 from worker.tasks.moderation.clip_images import preprocess_clip
 from worker.tasks.moderation.clip_scoring import PromptBank, prompt_bank
 from worker.tasks.moderation.images import ImageLimits, decode_image
@@ -61,7 +61,7 @@ class ClipModel(ModerationModel):
 
     @classmethod
     def create(cls, ctx: ModelContext) -> ClipModel:
-        from worker.clip_engines import make_clip_engines
+        from worker.tasks.moderation.clip_engine import make_clip_engines
 
         engines = make_clip_engines(ctx.cfg)
         engines.image.activate()

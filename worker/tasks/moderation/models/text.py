@@ -15,7 +15,6 @@ import numpy as np
 from engines.profiles import Profile
 from worker.config import WorkerConfig
 from worker.exceptions import TextTooLong
-from worker.moderation_engines import TextEngine
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.models.base import (
     Finished,
@@ -25,6 +24,7 @@ from worker.tasks.moderation.models.base import (
     tokenizers_missing,
 )
 from worker.tasks.moderation.parts import JobState, Part, job_text
+from worker.tasks.moderation.text_engine import TextEngine
 from worker.tasks.moderation.text_scoring import LabelBank, label_bank
 from worker.wire.moderation_jobs import ModerationJob
 
@@ -50,7 +50,7 @@ class TextModel(ModerationModel):
 
     @classmethod
     def create(cls, ctx: ModelContext) -> TextModel:
-        from worker.moderation_engines import make_text_engine
+        from worker.tasks.moderation.text_engine import make_text_engine
 
         engine = make_text_engine(ctx.cfg)
         engine.runner.activate()

@@ -83,7 +83,7 @@ def test_preprocess_centre_crops_the_long_side() -> None:
 
 
 def test_engines_from_config_score_an_image(tiny_clip: Path, tmp_path: Path) -> None:
-    from worker.clip_engines import make_clip_engines
+    from worker.tasks.moderation.clip_engine import make_clip_engines
 
     cfg = load_config(engines={"cache_dir": str(tmp_path)}, moderation={
         "clip": {"weights_dir": str(tiny_clip)}, "policies": {"p": POLICY.model_dump()}})

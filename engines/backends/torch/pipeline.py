@@ -11,7 +11,9 @@ so batch k+1's copy-in overlaps batch k's compute and batch k-1's copy-out. Noth
 allocated per batch. A slot is refilled only after its previous outputs were read (the ring
 applies backpressure by blocking ``acquire`` when all slots of a size are in flight).
 ``overlap=False`` runs the same work on one stream, synchronising after each stage: the
-serial baseline the benchmark compares against.
+serial baseline the benchmark compares against. With ``pixels=True`` the slots take uint8 RGB
+NHWC pixels and the graph starts with the spec's own pixel transform
+(:attr:`engines.spec.NativeNet.pixel_input`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from engines.backends.torch_runner import TorchRunner
+from engines.backends.torch.artifact import native_net
+from engines.backends.torch.graphs import capture
+from engines.backends.torch.runner import TorchRunner
 from engines.cudart import Event, PinnedBuffer, Stream, check, runtime
-from engines.exceptions import InferenceFailed
-
-# open_nsfw's BGR channel means, subtracted inside the graph for pixel input.
-MEAN_BGR = (104.0, 117.0, 123.0)
+from engines.exceptions import BackendUnavailable, InferenceFailed
 
 
 @dataclass
@@ -82,7 +83,7 @@ class TorchPipeline:
         self.compute: Stream | None = None
         self.d2h: Stream | None = None
         self._torch_compute: Any = None
-        self._mean: Any = None
+        self._pixels_to_input: Any = None
         self._lock = threading.Lock()
 
     @property
@@ -94,10 +95,13 @@ class TorchPipeline:
 
         if not self.runner.active:
             self.runner.activate()
+        if self.pixels:
+            make = native_net(self.runner.spec).pixel_input
+            if make is None:
+                raise BackendUnavailable(f"{self.runner.spec.model_id} takes no pixel input")
+            # Made before capture: a host-to-device copy cannot happen inside graph capture.
+            self._pixels_to_input = make(torch.device(self.runner.device))
         self.h2d, self.compute, self.d2h = Stream(), Stream(), Stream()
-        device = self.runner._net.conv1.weight.device
-        # Made before capture: a host-to-device copy cannot happen inside graph capture.
-        self._mean = torch.tensor(MEAN_BGR, device=device, dtype=torch.float32)
         self._torch_compute = torch.cuda.ExternalStream(self.compute.ptr)
         for size in self.sizes:
             self._slots[size] = [self._make_slot(size) for _ in range(self.slots_per_size)]
@@ -105,14 +109,14 @@ class TorchPipeline:
         torch.cuda.synchronize()
 
     def _forward(self, x: Any) -> Any:
-        if self.pixels:  # uint8 RGB NHWC -> float BGR minus mean, as open_nsfw expects
-            x = x.flip(-1).float() - self._mean
-        return self.runner._net(x)
+        if self._pixels_to_input is not None:  # uint8 RGB NHWC -> the network's input
+            x = self._pixels_to_input(x)
+        return self.runner.net(x)
 
     def _make_slot(self, size: int) -> PipelineSlot:
         import torch
 
-        device = self.runner._net.conv1.weight.device
+        device = torch.device(self.runner.device)
         shape = (size, *self.item_shape)
         dtype = np.uint8 if self.pixels else np.float32
         gen = torch.Generator(device=device).manual_seed(size)
@@ -120,15 +124,7 @@ class TorchPipeline:
             dev_in = torch.randint(0, 256, shape, device=device, dtype=torch.uint8, generator=gen)
         else:
             dev_in = torch.randn(shape, device=device, generator=gen) * 50
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.no_grad(), torch.cuda.stream(side):
-            for _ in range(3):  # cuDNN picks its kernels before capture
-                self._forward(dev_in)
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
-            dev_out = self._forward(dev_in)
+        graph, dev_out = capture(self._forward, [dev_in])
         host_in = PinnedBuffer(shape, dtype)
         host_out = PinnedBuffer(tuple(dev_out.shape), np.float32)
         return PipelineSlot(size, host_in, dev_in, dev_out, host_out, graph,

@@ -4,7 +4,7 @@ Why not a generic ONNX-to-torch conversion: it keeps the graph's NHWC transposes
 reads the shape tensor on the host, which breaks CUDA-graph capture. This re-implementation is
 exact (same ops, same padding, including TensorFlow's asymmetric max-pool padding) and runs NCHW
 convolutions in channels-last memory, which is what the input's NHWC layout already is.
-torch and onnx are imported here only; the module is loaded by the torch backend alone.
+Imports torch (and onnx, to read the weights); only the torch backend's path loads it.
 """
 
 from __future__ import annotations

@@ -7,13 +7,13 @@ import onnxruntime as ort
 import pytest
 
 from engines.models.open_nsfw import bundled_onnx_path, open_nsfw_spec
-from tests.conformance_inputs import conformance_batch
+from worker.devkit.conformance_inputs import conformance_batch
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
 
 
 def test_native_module_matches_onnx_exactly_in_float32() -> None:
-    from engines.models.open_nsfw_torch import build_module
+    from engines.models.open_nsfw.net import build_module
 
     x = conformance_batch(n_synthetic=16)
     ref = ort.InferenceSession(str(bundled_onnx_path()),
@@ -27,7 +27,7 @@ def test_native_module_matches_onnx_exactly_in_float32() -> None:
 
 
 def test_weights_come_from_the_onnx_initializers() -> None:
-    from engines.models.open_nsfw_torch import OpenNsfwNet, state_dict_from_onnx
+    from engines.models.open_nsfw.net import OpenNsfwNet, state_dict_from_onnx
 
     sd = state_dict_from_onnx(open_nsfw_spec().onnx().data)
     assert set(sd) == set(OpenNsfwNet().state_dict())

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gen_support import MISSING, needs_sd
 
 from engines.cache import EngineCache
 from engines.exceptions import ModelNotFound
@@ -17,6 +16,7 @@ from engines.models.sd.engines import SdEngineOptions, make_sd_engines
 from engines.models.sd.specs import Resolution
 from engines.models.sd.tokenizer import ClipTokenizer, HashTokenizer
 from engines.models.sd.weights import LocalSdWeights, RandomSdWeights
+from tests.unit.tasks.generation.gen_support import MISSING, needs_sd
 
 WORDS = ["a", "red", "car", "cat", "on", "mat"]
 

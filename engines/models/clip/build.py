@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engines.exceptions import EngineError, ModelNotFound
+from engines.onnx_export import ExportSpec
 from engines.weights import load_safetensors
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from engines.models.clip_torch import TowerConfig
+    from engines.models.clip.net import TowerConfig
 
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json")
-GRAPH_VERSION = "clip-towers-v1"
+CLIP_GRAPH_VERSION = "clip-towers-v1"
 # OpenAI CLIP's pixel statistics (every released CLIP uses them).
 MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
@@ -31,7 +32,7 @@ STD = (0.26862954, 0.26130258, 0.27577711)
 
 def vit_b32_vision() -> TowerConfig:
     """The ViT-B/32 image tower's architecture (for benchmarks on random weights)."""
-    from engines.models.clip_torch import TowerConfig
+    from engines.models.clip.net import TowerConfig
 
     return TowerConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
                        num_attention_heads=12, image_size=224, patch_size=32)
@@ -53,7 +54,7 @@ def check_folder(folder: Path, names: tuple[str, ...] = REQUIRED) -> None:
 
 
 def _tower(raw: dict[str, Any]) -> TowerConfig:
-    from engines.models.clip_torch import TowerConfig
+    from engines.models.clip.net import TowerConfig
 
     names = {f.name for f in fields(TowerConfig)}
     return TowerConfig(**{k: v for k, v in raw.items() if k in names})
@@ -82,7 +83,7 @@ def _trained_log_scale(weights: Path) -> float | None:
 
 def build_towers(folder: Path) -> tuple[nn.Module, nn.Module, ClipConfig]:
     """(image encoder, text encoder, config) in fp32 on the CPU with the folder's weights."""
-    from engines.models.clip_torch import ClipImageEncoder, ClipTextEncoder
+    from engines.models.clip.net import ClipImageEncoder, ClipTextEncoder
 
     check_folder(folder, REQUIRED[:2])
     state = load_safetensors(folder / "model.safetensors")
@@ -99,3 +100,50 @@ def build_towers(folder: Path) -> tuple[nn.Module, nn.Module, ClipConfig]:
                               f", unexpected {sorted(unexpected)[:4]}")
         net.eval()
     return image, text, cfg
+
+
+class ClipTowers:
+    """Builds both towers once and hands out each (the torch runners need one module each)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._built: tuple[Any, Any, ClipConfig] | None = None
+
+    def get(self, index: int) -> Any:
+        if self._built is None:
+            self._built = build_towers(self.folder)
+        return self._built[index]
+
+
+def pad_token_id(folder: Path) -> int:
+    """CLIP pads with its end-of-text token; any id works (attention is causal, the pooled
+    token is the last real one), but a real vocabulary id keeps every row valid."""
+    raw = json.loads((folder / "config.json").read_text()).get("text_config", {})
+    return int(raw.get("pad_token_id", 1) or 0)
+
+
+def image_export(folder: Path, size: int) -> ExportSpec:
+    def example() -> tuple[Any, ...]:
+        import torch
+
+        return (torch.randn(2, 3, size, size),)
+
+    return ExportSpec(build=lambda: build_towers(folder)[0], example=example,
+                      input_names=("pixel_values",), output_names=("embedding",),
+                      dynamic_axes={"pixel_values": {0: "batch"}, "embedding": {0: "batch"}},
+                      graph_version=f"{CLIP_GRAPH_VERSION}-image")
+
+
+def text_export(folder: Path) -> ExportSpec:
+    def example() -> tuple[Any, ...]:
+        import torch
+
+        ids = torch.tensor([[1, 5, 6, 2], [1, 2, 0, 0]], dtype=torch.int64)
+        return ids, torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.int64)
+
+    axes = {0: "batch", 1: "tokens"}
+    return ExportSpec(build=lambda: build_towers(folder)[1], example=example,
+                      input_names=("input_ids", "attention_mask"), output_names=("embedding",),
+                      dynamic_axes={"input_ids": axes, "attention_mask": axes,
+                                    "embedding": {0: "batch"}},
+                      graph_version=f"{CLIP_GRAPH_VERSION}-text")

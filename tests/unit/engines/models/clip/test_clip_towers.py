@@ -11,8 +11,7 @@ import pytest
 
 from engines.cache import EngineCache
 from engines.exceptions import ModelNotFound
-from engines.models.clip import build_towers, check_folder, read_config
-from engines.models.clip_specs import clip_specs
+from engines.models.clip import build_towers, check_folder, clip_specs, read_config
 from engines.profiles import StaticProfile
 from engines.tokens import TextTokenizer
 from tests.unit.tasks.moderation.clip.conftest import BOS, EOS, IMAGE_SIZE
@@ -87,13 +86,13 @@ def test_onnxruntime_equals_torch(tiny_clip: Path, tmp_path: Path, reference: An
 
 def test_torch_module_runner_cpu(tiny_clip: Path, tmp_path: Path, reference: Any,
                                  inputs: tuple[np.ndarray, dict[str, np.ndarray]]) -> None:
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.runner import TorchRunner
 
-    image_spec, _ = clip_specs(EngineCache(tmp_path), tiny_clip)
+    image_spec, _ = clip_specs(EngineCache(tmp_path), tiny_clip)  # the tower: spec.native
     pixels, feeds = inputs
-    runner = TorchModuleRunner(image_spec, lambda: build_towers(tiny_clip)[0],
-                               profiles=(StaticProfile("px", (3, IMAGE_SIZE, IMAGE_SIZE), (4,)),),
-                               identity=lambda: "tiny", precision="fp32", device="cpu")
+    runner = TorchRunner(image_spec,
+                         profiles=(StaticProfile("px", (3, IMAGE_SIZE, IMAGE_SIZE), (4,)),),
+                         precision="fp32", device="cpu")
     with runner:
         got = runner.infer({"pixel_values": pixels}).result()["embedding"]
     assert np.abs(got - _reference(reference, pixels, feeds)[0]).max() < 1e-5

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gen_support import SIZES, needs_sd
 
 from engines.cache import EngineCache
 from engines.exceptions import BackendUnavailable, InferenceFailed
@@ -15,6 +14,7 @@ from engines.models.sd.arch import SD15, TINY
 from engines.models.sd.engines import SdEngineOptions, SdEngines, make_sd_engines
 from engines.models.sd.specs import Resolution, io_specs, sd_profiles, sd_spec
 from engines.models.sd.weights import RandomSdWeights
+from tests.unit.tasks.generation.gen_support import SIZES, needs_sd
 
 
 def test_sd15_profiles_follow_the_latent_size() -> None:
@@ -124,11 +124,10 @@ def test_a_new_seed_builds_new_artifacts(engine_cache: EngineCache,
 
 @needs_sd
 def test_torch_runner_on_cpu_refuses_fp16() -> None:
-    from engines.models.sd.runner import NetRunner
+    from engines.backends.torch.runner import TorchRunner
 
     spec = sd_spec(RandomSdWeights(TINY), "vae")
-    runner = NetRunner(spec, net=lambda d: (None, "x"), profiles=(), precision="fp16",
-                       device="cpu")
+    runner = TorchRunner(spec, profiles=(), precision="fp16", device="cpu")
     with pytest.raises(BackendUnavailable, match="fp32"):
         runner.activate()
 

@@ -51,12 +51,11 @@ def test_padding_does_not_change_an_embedding(ort_text: Any, tokenizer: TextToke
 
 def test_torch_module_runner_cpu_mode(minilm_dir: Path, text_spec: EngineSpec, minilm_net: Any,
                                       tokenizer: TextTokenizer) -> None:
-    from engines.backends.torch_module_runner import TorchModuleRunner
+    from engines.backends.torch.runner import TorchRunner
 
     profiles = (StaticProfile("tok32", (32,), (1, 8)),)
-    runner = TorchModuleRunner(text_spec, lambda: minilm.build_encoder(minilm_dir),
-                               profiles=profiles, identity=lambda: minilm.WEIGHTS_SHA256,
-                               precision="fp32", device="cpu")
+    # The encoder comes from the spec (text_spec.native: the bundled folder's weights).
+    runner = TorchRunner(text_spec, profiles=profiles, precision="fp32", device="cpu")
     feeds = tokenizer.pad([tokenizer.first_chunk(t) for t in TEXTS[:2]], 32)
     with runner:
         got = runner.infer(feeds).result()["embedding"]

@@ -1,0 +1,93 @@
+"""The backends by name: what each one builds, for which device, and how it runs.
+
+A :class:`Backend` record names its artifact file and reaches its version, builder and runner
+factory through lazy references, so importing the registry imports no GPU library (onnxruntime,
+torch, tensorrt and cuda-python load when a backend is first used). Adding a backend is one
+module (a version function, a builder ``(plan, recipe, out)`` and a runner factory
+``(plan, engine loader)``) and one record in :data:`BACKENDS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engines.device import DeviceFingerprint, cpu_fingerprint, fingerprint_for
+from engines.exceptions import EngineError
+
+if TYPE_CHECKING:
+    from engines.assembly import DeferredLoader, EngineParams, EnginePlan
+    from engines.backends.base import Runner
+    from engines.cache import BuildRecipe
+
+
+def _lazy(target: str) -> Callable[..., Any]:
+    """``"module:function"``, imported on the first call."""
+    module, _, name = target.partition(":")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = target
+    return call
+
+
+def _no_flags(params: EngineParams) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    artifact_name: str  # the artifact's file name inside its cache entry
+    version: Callable[[], str]  # the installed library's version (part of the cache key)
+    fingerprint: Callable[[str], DeviceFingerprint]  # engine device ("cpu", "cuda:N") -> the
+    # fingerprint of what the artifact is built for (cpu vs cuda)
+    build: Callable[[EnginePlan, BuildRecipe, Path], None]  # write the artifact to a path
+    runner: Callable[[EnginePlan, DeferredLoader | None], Runner]  # a runner (not active)
+    precisions: tuple[str, ...]  # what it runs, its default first
+    from_onnx: bool  # the artifact is built from the spec's ONNX (not the native network)
+    static_profiles: bool  # runs static profiles best (a captured graph per batch size)
+    needs_artifact: bool = False  # runs only a built artifact: always through the cache
+    key_flags: Callable[[EngineParams], Mapping[str, Any]] = field(default=_no_flags)
+
+    def precision(self, requested: str | None) -> str:
+        """``requested`` where this backend runs it, else its default (onnxruntime runs
+        every model in fp32)."""
+        return requested if requested in self.precisions else self.precisions[0]
+
+
+def _trt_flags(params: EngineParams) -> dict[str, Any]:
+    return {"workspace_mb": params.workspace_mb}
+
+
+_ORT, _TORCH, _TRT = ("engines.backends.onnxruntime", "engines.backends.torch",
+                      "engines.backends.tensorrt")
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend(name="onnxruntime", artifact_name="model.ort.onnx",
+            version=_lazy(f"{_ORT}:ort_version"), fingerprint=lambda device: cpu_fingerprint(),
+            build=_lazy(f"{_ORT}:build_ort_engine"), runner=_lazy(f"{_ORT}:make_ort_runner"),
+            precisions=("fp32",), from_onnx=True, static_profiles=False),
+    Backend(name="torch", artifact_name="weights.pt",
+            version=_lazy(f"{_TORCH}.artifact:torch_version"), fingerprint=fingerprint_for,
+            build=_lazy(f"{_TORCH}.artifact:build_torch_engine"),
+            runner=_lazy(f"{_TORCH}.runner:make_torch_runner"),
+            precisions=("fp16", "fp32"), from_onnx=False, static_profiles=True),
+    Backend(name="tensorrt", artifact_name="engine.plan",
+            version=_lazy(f"{_TRT}.builder:trt_version"), fingerprint=fingerprint_for,
+            build=_lazy(f"{_TRT}.builder:build_trt_engine"),
+            runner=_lazy(f"{_TRT}.runner:make_trt_runner"),
+            precisions=("fp16", "fp32", "int8", "fp8"), from_onnx=True, static_profiles=False,
+            needs_artifact=True, key_flags=_trt_flags),
+)}
+
+
+def backend(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise EngineError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None

@@ -1,0 +1,126 @@
+"""CUDA-graph slots for :class:`engines.backends.torch.runner.TorchRunner`: capture and replay.
+
+A slot owns one captured graph with its static device inputs and output and their pinned host
+mirrors, for one batch size and item shape. Replay = host rows into the pinned inputs, then on
+one stream: host -> device copies, graph replay, device -> host copy, an event; the returned
+:class:`~engines.backends.base.EventHandle` waits for that event only. A slot is refilled only
+after its previous handle's outputs were read (``retire``), so batches in flight never share
+memory. Host inputs start as valid rows (id 1 for integer inputs such as token ids and masks,
+0 for float inputs), so the rows past a short batch are always finite to compute; their outputs
+are dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engines.backends.base import EventHandle
+from engines.exceptions import RunnerStateError
+
+
+@dataclass
+class GraphSlot:
+    graph: Any  # torch.cuda.CUDAGraph
+    dev_in: list[Any]
+    dev_out: Any
+    host_in: list[Any]  # pinned
+    host_out: Any  # pinned
+    event: Any
+    name: str  # the output tensor's name
+    pending: EventHandle | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.host_in[0].shape[0])
+
+    def fits(self, arrays: list[np.ndarray]) -> bool:
+        """Whether ``arrays`` (rows <= this slot's batch size) have this slot's item shapes."""
+        return arrays[0].shape[0] <= self.size and all(
+            tuple(h.shape[1:]) == a.shape[1:] for h, a in zip(self.host_in, arrays, strict=True))
+
+    def retire(self) -> None:
+        """Read the slot's previous outputs (if not yet) before its buffers are reused."""
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+    def launch(self, arrays: list[np.ndarray], stream: Any) -> EventHandle:
+        import torch
+
+        self.retire()
+        n = arrays[0].shape[0]
+        for host, a in zip(self.host_in, arrays, strict=True):
+            host[:n].numpy()[...] = a
+        with torch.cuda.stream(stream):
+            for dev, host in zip(self.dev_in, self.host_in, strict=True):
+                dev.copy_(host, non_blocking=True)
+            self.graph.replay()
+            self.host_out.copy_(self.dev_out, non_blocking=True)
+            self.event.record(stream)
+        self.pending = EventHandle(self.event, self.host_out, self.name, n)
+        return self.pending
+
+
+def sample_input(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Plausible inputs for warm-up and capture: id 1 for integer inputs; normal values for
+    float ones (x500 for a 1-D input: timesteps mid-range)."""
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        return np.ones(shape, dtype=dtype)
+    return np.random.default_rng(0).standard_normal(shape).astype(dtype) * (
+        500.0 if len(shape) == 1 else 1.0)
+
+
+def capture(fn: Any, dev_in: list[Any], *, pool: Any = None, warmup: int = 3
+            ) -> tuple[Any, Any]:
+    """(graph, its output tensor): ``fn`` warmed up on a side stream (cuDNN/cuBLAS choose
+    kernels, torch.compile compiles), then captured reading ``dev_in`` (into ``pool``, when
+    graphs share one)."""
+    import torch
+
+    device = dev_in[0].device
+    side = cuda_module().Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn(*dev_in)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: another batch thread may run other engines while this one captures.
+    with torch.no_grad(), torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        dev_out = fn(*dev_in)
+    return graph, dev_out
+
+
+def capture_graph(fn: Any, dev_in: list[Any], name: str, *, pool: Any = None, warmup: int = 3
+                  ) -> GraphSlot:
+    """A slot: :func:`capture` plus pinned host mirrors of the inputs and the output."""
+    import torch
+
+    graph, dev_out = capture(fn, dev_in, pool=pool, warmup=warmup)
+    host_in = [torch.full(tuple(t.shape), 0 if t.dtype.is_floating_point else 1,
+                          dtype=t.dtype, pin_memory=True) for t in dev_in]
+    host_out = torch.empty(tuple(dev_out.shape), dtype=dev_out.dtype, pin_memory=True)
+    return GraphSlot(graph, dev_in, dev_out, host_in, host_out, cuda_module().Event(), name)
+
+
+def as_torch_stream(stream: Any) -> Any:
+    """Accept a torch stream, or a raw CUDA stream handle (e.g. from cuda-python)."""
+    import torch
+
+    if isinstance(stream, torch.cuda.Stream):
+        return stream
+    if isinstance(stream, int) or hasattr(stream, "getPtr"):
+        ptr = int(stream.getPtr()) if hasattr(stream, "getPtr") else stream
+        return cuda_module().ExternalStream(ptr)
+    raise RunnerStateError(f"unsupported stream object {type(stream).__name__}")
+
+
+def cuda_module() -> Any:
+    """``torch.cuda`` as Any: its stream and event constructors are unannotated, and whether
+    mypy sees them depends on torch being installed where it runs."""
+    import torch
+
+    return torch.cuda

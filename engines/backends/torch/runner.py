@@ -1,0 +1,266 @@
+"""torch on CUDA or the CPU: one runner for every model's native network (open_nsfw, the MiniLM
+and CLIP towers, the SD nets), which it gets from the spec's :class:`~engines.spec.NativeNet`.
+
+On CUDA: fp16 or IEEE fp32, one CUDA graph per static (batch size, item shape) and in-flight
+slot, so several batches of one shape can be in flight without sharing buffers. ``infer``
+copies the batch into pinned host memory, enqueues H2D copy, graph replay and D2H copy and
+records an event; the handle's ``result()`` waits for that event only. A batch runs in the
+smallest graph of its item shape that holds it (rows padded); other shapes (range profiles)
+run eagerly on the same stream. Graphs are captured at ``activate``, each into its own memory
+pool and replayed on the caller's stream; a network that asks for a shared pool (large ones:
+SD) has its graphs captured at first use (``warm_up`` captures them all) into one pool and
+replayed in order on the runner's own stream. A shape whose capture fails (the network syncs
+with the host somewhere) runs eagerly from then on, with a warning.
+``device="cpu"``: fp32, eager, on a single-thread executor; the same plumbing, the reference the
+other backends are checked against. torch is imported lazily, in ``activate``.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engines.backends.base import EventHandle, FutureHandle, InferHandle, Outputs, Runner
+from engines.backends.torch.artifact import DTYPES, load_native, native_net
+from engines.backends.torch.graphs import (
+    GraphSlot,
+    as_torch_stream,
+    capture_graph,
+    cuda_module,
+    sample_input,
+)
+from engines.cache import CacheEntry
+from engines.exceptions import BackendUnavailable, InferenceFailed
+from engines.profiles import Profile, StaticProfile
+from engines.spec import EngineSpec
+
+if TYPE_CHECKING:
+    from engines.assembly import DeferredLoader, EnginePlan
+
+GraphKey = tuple[int, tuple[int, ...]]  # (batch size, the first input's item shape)
+
+
+def graph_shapes(spec: EngineSpec, key: GraphKey) -> list[tuple[int, ...]]:
+    """Every input's shape in the graph for ``key``: the first input carries the profile's item;
+    the others their spec's shape, or the same item where the spec leaves it open (a mask)."""
+    batch, item = key
+    rest = [(batch, *(t.shape[1:] if -1 not in t.shape[1:] else item)) for t in spec.inputs[1:]]
+    return [(batch, *item), *rest]
+
+
+def make_torch_runner(plan: EnginePlan, engine: DeferredLoader | None) -> TorchRunner:
+    """The registry's runner factory. A network without a skeleton is always built from its
+    weights (nothing to cache); torch.compile's cache sits next to the cached weights."""
+    p = plan.params
+    if native_net(plan.spec).skeleton is None:
+        engine = None
+    compile_cache = None
+    if engine is not None and p.compile:
+        cached = engine.resolve()
+        compile_cache = (cached.cache.entry_dir(cached.recipe).parent /
+                         f"inductor-{cached.recipe.key}.bin")
+    return TorchRunner(plan.spec, profiles=plan.profiles, precision=p.precision, engine=engine,
+                       device=p.device, slots=p.slots, cuda_graphs=p.cuda_graphs,
+                       compile=p.compile, compile_cache=compile_cache)
+
+
+class TorchRunner(Runner):
+    backend = "torch"
+
+    def __init__(self, spec: EngineSpec, *, profiles: tuple[Profile, ...] = (),
+                 precision: str = "fp16", engine: Callable[[], CacheEntry] | None = None,
+                 device: int | str = 0, slots: int = 2, cuda_graphs: bool = True,
+                 compile: bool = False, compile_cache: Path | None = None) -> None:
+        super().__init__()
+        if precision not in DTYPES:
+            raise BackendUnavailable(f"torch backend supports {sorted(DTYPES)}, not {precision}")
+        self.spec, self.profiles, self.precision = spec, profiles, precision
+        self.device = f"cuda:{device}" if isinstance(device, int) else device
+        self._engine, self._slots_per_key, self._graphs = engine, slots, cuda_graphs
+        self._compile, self._compile_cache = compile, compile_cache
+        self._static: set[GraphKey] = {(b, p.item_shape) for p in profiles
+                                       if isinstance(p, StaticProfile) for b in p.batch_sizes}
+        self._max_batch = max((p.max_batch for p in profiles), default=0)
+        self._slots: dict[GraphKey, list[GraphSlot]] = {}
+        self._next: dict[GraphKey, int] = {}
+        self._lock = threading.Lock()
+        self.compile_cache_error: str | None = None
+        self.graph_errors: dict[GraphKey, str] = {}
+        self._net: Any = None
+        self._fn: Any = None  # the network, or its torch.compile
+        self._stream: Any = None
+        self._pool: Any = None  # the graphs' shared memory pool, where the network wants one
+        self._cpu: ThreadPoolExecutor | None = None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def net(self) -> Any:
+        """The active network (for pipelines that capture their own graphs around it)."""
+        return self._net
+
+    @property
+    def default_stream(self) -> Any:
+        return self._stream
+
+    @property
+    def graph_keys(self) -> list[GraphKey]:
+        return sorted(self._slots)
+
+    def graph_count(self) -> int:
+        return sum(len(v) for v in self._slots.values())
+
+    def _activate(self) -> None:
+        try:
+            import torch
+        except ImportError as exc:
+            raise BackendUnavailable("torch does not import") from exc
+        native = native_net(self.spec)
+        if self.cuda and not torch.cuda.is_available():
+            raise BackendUnavailable("torch backend needs CUDA; none is available")
+        if not self.cuda and self.precision != "fp32":
+            raise BackendUnavailable("the torch runner on CPU runs fp32 only")
+        if self.cuda and self.precision == "fp32":
+            # torch lets cuDNN and cuBLAS use TF32 (10-bit mantissa) for "float32" by default,
+            # which is off from a float32 reference by ~2e-3. fp32 here means IEEE fp32.
+            # These flags are process-wide; an fp16 engine in the same process is unaffected.
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        module, self._hash = load_native(native, self.device, self.precision, self._engine)
+        net = module.to(device=self.device, dtype=getattr(torch, DTYPES[self.precision]))
+        if native.channels_last:
+            net = net.to(memory_format=torch.channels_last)
+        self._net = self._fn = net.eval()
+        if self._compile:
+            if self._compile_cache is not None and self._compile_cache.is_file():
+                torch.compiler.load_cache_artifacts(self._compile_cache.read_bytes())
+            self._fn = torch.compile(self._net, dynamic=False)
+        if not self.cuda:
+            self._cpu = ThreadPoolExecutor(1, thread_name_prefix=f"torch-{self.spec.model_id}")
+            return
+        self._stream = cuda_module().Stream(self.device)
+        if native.shared_graph_pool:
+            self._pool = torch.cuda.graph_pool_handle()  # graphs come at first use
+        elif self._graphs:
+            for key in sorted(self._static):
+                self._capture(key)
+
+    def warm_up(self) -> None:
+        """Run (capturing on CUDA) every static shape once; save torch.compile's cache."""
+        for key in sorted(self._static):
+            feeds = {t.name: sample_input(t.dtype, s)
+                     for t, s in zip(self.spec.inputs, graph_shapes(self.spec, key), strict=True)}
+            self.infer(feeds).result()
+        self._save_compile_cache()
+
+    def _save_compile_cache(self) -> None:
+        cache = self._compile_cache
+        if not self._compile or cache is None or cache.is_file():
+            return
+        import torch
+
+        try:
+            saved = torch.compiler.save_cache_artifacts()
+        except (RuntimeError, AttributeError) as exc:  # a cache miss later costs time only
+            self.compile_cache_error = str(exc)
+            return
+        if saved is not None:
+            tmp = cache.with_suffix(".tmp")
+            tmp.write_bytes(saved[0])
+            tmp.rename(cache)  # atomic: a second worker never reads half a file
+
+    def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle:
+        try:
+            arrays = [np.ascontiguousarray(feeds[t.name], dtype=t.dtype) for t in self.spec.inputs]
+        except KeyError as exc:
+            raise InferenceFailed(f"{self.spec.model_id}: missing input {exc}") from exc
+        n = int(arrays[0].shape[0])
+        if self.profiles and n > self._max_batch:
+            raise InferenceFailed(f"batch of {n} exceeds every profile of {self.spec.model_id}")
+        if self._cpu is not None:
+            return FutureHandle(self._cpu.submit(self._run_cpu, arrays))
+        caller = as_torch_stream(stream) if stream is not None else self._stream
+        try:
+            with self._lock:
+                slot = self._slot_for(arrays)
+                if slot is not None:
+                    # A shared pool is safe only while replays never overlap: its graphs all
+                    # replay in order on the runner's stream.
+                    return slot.launch(arrays, self._stream if self._pool is not None else caller)
+                return self._eager(arrays, caller)
+        except RuntimeError as exc:
+            raise InferenceFailed(f"torch inference failed: {exc}") from exc
+
+    def _slot_for(self, arrays: list[np.ndarray]) -> GraphSlot | None:
+        """The next slot of the smallest graph holding the batch (captured now if it is not
+        yet), or None: no graph for this shape (it runs eagerly)."""
+        if not self._graphs:
+            return None
+        n, item = arrays[0].shape[0], tuple(arrays[0].shape[1:])
+        key = min(((b, i) for b, i in self._static if i == item and b >= n), default=None)
+        if key is None or (key not in self._slots and not self._capture(key)):
+            return None
+        ring = self._slots[key]
+        i = self._next[key]
+        self._next[key] = (i + 1) % len(ring)
+        return ring[i] if ring[i].fits(arrays) else None
+
+    def _capture(self, key: GraphKey) -> bool:
+        """Capture ``slots`` graphs for ``key``; on failure the shape runs eagerly from now on."""
+        import torch
+
+        name = self.spec.outputs[0].name
+        shapes = graph_shapes(self.spec, key)
+        try:
+            ring = []
+            for i in range(self._slots_per_key):
+                dev_in = [torch.from_numpy(sample_input(t.dtype, s)).to(self.device)
+                          for t, s in zip(self.spec.inputs, shapes, strict=True)]
+                # Kernels are chosen (and compiled) by the first slot's warm-up runs already.
+                ring.append(capture_graph(self._fn, dev_in, name, pool=self._pool,
+                                          warmup=3 if i == 0 else 0))
+            torch.cuda.synchronize(self.device)  # inputs and capture done before any replay
+        except RuntimeError as exc:
+            self._static.discard(key)
+            self.graph_errors[key] = str(exc)
+            warnings.warn(f"{self.spec.model_id}: CUDA graph capture failed for {shapes}, "
+                          f"running it eagerly: {exc}", RuntimeWarning, stacklevel=2)
+            return False
+        self._slots[key], self._next[key] = ring, 0
+        return True
+
+    def _eager(self, arrays: list[np.ndarray], stream: Any) -> EventHandle:
+        import torch
+
+        hosts = [torch.from_numpy(a).pin_memory() for a in arrays]
+        with torch.no_grad(), torch.cuda.stream(stream):
+            out = self._fn(*[h.to(self.device, non_blocking=True) for h in hosts])
+            host_out = torch.empty(tuple(out.shape), dtype=out.dtype, pin_memory=True)
+            host_out.copy_(out, non_blocking=True)
+            event = cuda_module().Event()
+            event.record(stream)
+        # The host inputs stay alive until their asynchronous copies are done.
+        return EventHandle(event, host_out, self.spec.outputs[0].name, keepalive=hosts)
+
+    def _run_cpu(self, arrays: list[np.ndarray]) -> Outputs:
+        import torch
+
+        with torch.no_grad():
+            out = self._fn(*[torch.from_numpy(a) for a in arrays])
+        return {self.spec.outputs[0].name: out.numpy()}
+
+    def _deactivate(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
+        if self._cpu is not None:
+            self._cpu.shutdown(wait=True)
+        self._slots.clear()
+        self._net = self._fn = self._stream = self._pool = self._cpu = None
