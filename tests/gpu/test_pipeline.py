@@ -109,9 +109,9 @@ def test_gpu_task_scores_match_the_cpu_reference(preprocess: str) -> None:
     from worker.config import load_config
     from worker.devkit.conformance_inputs import synthetic_images
     from worker.tasks.batcher import Batch
-    from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
+    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan, make_runner
+    from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
     from worker.tasks.moderation.open_nsfw import Pending
-    from worker.tasks.moderation.open_nsfw_engine import engine_plan, make_runner
     from worker.tasks.moderation.open_nsfw_gpu import OpenNsfwGpuTask
     from worker.wire.moderation_jobs import ModerationJob
     from worker.wire.records import SourceRecord, SourceRef

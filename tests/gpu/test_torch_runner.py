@@ -93,7 +93,11 @@ def test_cached_torch_artifact_loads_and_refuses_another_device(tmp_path: Path) 
     from engines.cache import ArtifactMismatch, EngineCache, check_entry
     from engines.device import DeviceFingerprint
     from worker.config import load_config
-    from worker.tasks.moderation.open_nsfw_engine import engine_loader, engine_plan, make_runner
+    from worker.tasks.moderation.engine_setup.open_nsfw import (
+        engine_loader,
+        engine_plan,
+        make_runner,
+    )
 
     cfg = load_config(model={"backend": "torch"}, engines={"cache_dir": str(tmp_path)})
     runner, _plan = make_runner(cfg)

@@ -16,7 +16,7 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
-from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
 from worker.tools.demo import samples_dir
 from worker.tools.produce import produce_folder
 from worker.wire.moderation_codec import decode_result

@@ -3,7 +3,7 @@
 Cross-section rules live here, checked at start-up: a policy that runs CLIP needs
 ``moderation.clip.weights_dir`` (no CLIP weights ship with the worker). Whether the text model's
 package is installed is checked where the engines are made
-(:mod:`worker.tasks.moderation.policies`), so this
+(:mod:`worker.tasks.moderation.scoring.policies`), so this
 validation never depends on what is installed.
 """
 

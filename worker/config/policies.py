@@ -5,7 +5,7 @@ with ``descriptions`` is scored by the text model (calibrated similarity of the 
 descriptions) and by CLIP (zero-shot probability of the image for the label's prompts); the
 label ``nsfw`` is also scored by open_nsfw. Each label has review/block thresholds, optionally
 overridden per model, since the models' scores live on different scales. Everything here is
-checked at start-up; :mod:`worker.tasks.moderation.policies` turns scores into a verdict.
+checked at start-up; :mod:`worker.tasks.moderation.scoring.policies` turns scores into a verdict.
 """
 
 from __future__ import annotations

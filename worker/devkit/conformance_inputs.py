@@ -12,7 +12,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
 from worker.tools.demo import samples_dir
 
 

@@ -17,7 +17,7 @@ from engines.cache import CacheEntry, EngineCache, check_entry
 from engines.device import DeviceFingerprint, current_fingerprint
 from engines.exceptions import EngineError
 from worker.config import WorkerConfig, load_config
-from worker.tasks.moderation.open_nsfw_engine import engine_loader, engine_plan
+from worker.tasks.moderation.engine_setup.open_nsfw import engine_loader, engine_plan
 
 app = typer.Typer(no_args_is_help=True, help="Build, list, verify and prune cached engines.")
 ConfigOpt = Annotated[str | None, typer.Option("--config", "-c", help="TOML config file.")]

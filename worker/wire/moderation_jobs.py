@@ -50,9 +50,8 @@ class ModerationResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     source: SourceRef | None = None
-    # Image-and-text policies (worker.tasks.moderation.policies.Decision): the rule that decided,
-    # e.g.
-    # "block:text.violence" or "allow", and the models that ran, in the order they ran.
-    # Unset for open_nsfw-only results, which keep their v1 shape.
+    # Image-and-text policies (worker.tasks.moderation.scoring.policies.Decision): the rule
+    # that decided, e.g. "block:text.violence" or "allow", and the models that ran, in the
+    # order they ran. Unset for open_nsfw-only results, which keep their v1 shape.
     rule: str | None = None
     models: tuple[str, ...] = ()

@@ -13,8 +13,8 @@ import pytest
 
 from engines.backends.onnxruntime import OrtRunner
 from worker.config import WorkerConfig, load_config
+from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan
 from worker.tasks.moderation.open_nsfw import OpenNsfwTask
-from worker.tasks.moderation.open_nsfw_engine import engine_plan
 from worker.tasks.protocol import Answer, ConsumedBatch
 from worker.tasks.registry import TASKS, load_entry, make_task
 from worker.wire.moderation_codec import decode_result

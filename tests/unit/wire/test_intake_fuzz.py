@@ -1,11 +1,10 @@
 """Property-based fuzzing of the whole intake path.
 
-The intake is: msgpack decode + contract checks (worker.wire.moderation_codec), then image decode +
-bomb guards
-+ preprocessing (worker.tasks.moderation.images). Whatever the bytes, the only outcomes allowed are
-a job with a
-preprocessed image, or a JobRejected (which the loop dead-letters with its reason). Any other
-exception would crash the worker. tests/unit/test_codec.py fuzzes the codec alone with
+The intake is: msgpack decode + contract checks (worker.wire.moderation_codec), then image
+decode + bomb guards + preprocessing (worker.tasks.moderation.images.cpu). Whatever the bytes,
+the only outcomes allowed are a job with a preprocessed image, or a JobRejected (which the
+loop dead-letters with its reason). Any other exception would crash the worker.
+tests/unit/wire/test_moderation_codec.py fuzzes the codec alone with
 arbitrary bytes and maps; this file mutates *valid* jobs and images, where the interesting bugs
 live (a valid prefix, a plausible header, a corrupted body), and fuzzes nested documents.
 """
@@ -22,7 +21,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from worker.exceptions import ImageRejected, JobRejected
-from worker.tasks.moderation.images import ImageLimits, decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import ImageLimits, decode_image, preprocess_open_nsfw
 from worker.tasks.moderation.open_nsfw import no_image
 from worker.tools.produce import encode_job
 from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job

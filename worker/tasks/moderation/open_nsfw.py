@@ -24,8 +24,8 @@ from worker.config import WorkerConfig
 from worker.exceptions import JobRejected, NothingToScore, UnknownPolicy
 from worker.tasks.batched import BatchedTask
 from worker.tasks.batcher import Batch
-from worker.tasks.moderation.images import CROP, ImageLimits, decode_image, preprocess_open_nsfw
-from worker.tasks.moderation.verdict import verdict_for
+from worker.tasks.moderation.images.cpu import CROP, ImageLimits, decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.scoring.verdict import verdict_for
 from worker.tasks.protocol import source_ref
 from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job, encode_result
 from worker.wire.moderation_jobs import (

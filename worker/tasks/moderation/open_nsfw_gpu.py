@@ -25,9 +25,9 @@ from engines.spec import EngineSpec
 from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, JobRejected
 from worker.tasks.batcher import Batch
-from worker.tasks.moderation.images import crop_pixels, decode_image
+from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
 from worker.tasks.moderation.open_nsfw import OpenNsfwTask, Outcome, Pending, no_image
-from worker.tasks.moderation.verdict import verdict_for
+from worker.tasks.moderation.scoring.verdict import verdict_for
 from worker.wire.moderation_jobs import Status
 
 
@@ -87,7 +87,7 @@ class OpenNsfwGpuTask(OpenNsfwTask):
         if self._gpu_decode:
             import torch
 
-            from worker.tasks.moderation.gpu_preprocess import prepare_batch
+            from worker.tasks.moderation.images.gpu import prepare_batch
 
             stream = self._prep_stream()
             with torch.cuda.stream(stream):
@@ -147,7 +147,7 @@ def make_open_nsfw_task(cfg: WorkerConfig, runner: Runner | None = None) -> Open
     """open_nsfw on its runner: built here from the config (and deactivated at close), or
     ``runner``, shared with the caller (left active). The GPU pipeline task on the torch
     backend, the plain task otherwise."""
-    from worker.tasks.moderation.open_nsfw_engine import engine_plan, make_runner
+    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan, make_runner
 
     if runner is None:
         runner, plan = make_runner(cfg)

@@ -14,7 +14,7 @@ from engines.profiles import Profile
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.models.base import Finished, ModerationModel
 from worker.tasks.moderation.parts import JobState, Part, PartFailed, mark_started
-from worker.tasks.moderation.policies import Decision, ScoresByModel, evaluate
+from worker.tasks.moderation.scoring.policies import Decision, ScoresByModel, evaluate
 from worker.wire.moderation_jobs import ModerationResult, Status, Verdict
 
 

@@ -28,7 +28,7 @@ from worker.tasks.moderation.models.base import Finished, ModerationModel
 from worker.tasks.moderation.open_nsfw import Pending, moderation_headers
 from worker.tasks.moderation.part_runner import Models, decide
 from worker.tasks.moderation.parts import JobState, Part, job_text
-from worker.tasks.moderation.policies import Decision
+from worker.tasks.moderation.scoring.policies import Decision
 from worker.tasks.protocol import Answer, ConsumedBatch, TaskTopics, admit_each, source_ref
 from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job, encode_result
 from worker.wire.moderation_jobs import ModerationJob, ModerationResult

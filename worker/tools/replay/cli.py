@@ -128,8 +128,8 @@ def _report(cfg: Any, s: ReplaySummary, old_topic: str | None, report_dir: Path 
 
     from rich.console import Console
 
+    from worker.tools.replay.compare.report import build_report, tables
     from worker.tools.replay.kafka import Admin, admin_settings, replay_consumer_settings
-    from worker.tools.replay.report import build_report, tables
 
     out = report_dir or Path(f"replay-report-{s.replay_id}")
     out.mkdir(parents=True, exist_ok=True)

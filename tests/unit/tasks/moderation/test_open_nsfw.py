@@ -18,9 +18,9 @@ from engines.profiles import StaticProfile
 from worker.config import WorkerConfig, load_config
 from worker.exceptions import ImageRejected, JobRejected, NothingToScore, UnknownPolicy
 from worker.tasks.batcher import Batch, DynamicBatcher
-from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.engine_setup.open_nsfw import EnginePlan, engine_plan
+from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
 from worker.tasks.moderation.open_nsfw import OpenNsfwTask, Outcome, Pending
-from worker.tasks.moderation.open_nsfw_engine import EnginePlan, engine_plan
 from worker.wire.moderation_codec import result_to_dict
 from worker.wire.moderation_jobs import ModerationJob, Status, Verdict
 from worker.wire.records import SourceRecord, SourceRef

@@ -26,7 +26,7 @@ from worker.tasks.moderation.parts import JobState, Part
 from worker.wire.moderation_jobs import ModerationJob
 
 if TYPE_CHECKING:
-    from worker.tasks.moderation.text_engine import TextEngine
+    from worker.tasks.moderation.engine_setup.text import TextEngine
 
 # A part and what it came back with: the model's value for it, a JobRejected (the job goes to
 # the DLQ) or a PartFailed (the job gets an error result).

@@ -2,7 +2,7 @@
 (the job's text, first 77 tokens) for its text tower.
 
 Scores: zero-shot label probabilities of the image against each policy's prompts, and the
-image-caption consistency when the job has text (:mod:`worker.tasks.moderation.clip_scoring`).
+image-caption consistency when the job has text (:mod:`worker.tasks.moderation.scoring.clip`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from engines.profiles import Profile
 from worker.config import WorkerConfig
 from worker.exceptions import JobRejected, NothingToScore
 from worker.tasks.batcher import Batch
-from worker.tasks.moderation.clip_engine import ClipEngines
-from worker.tasks.moderation.clip_images import preprocess_clip
-from worker.tasks.moderation.clip_scoring import PromptBank, prompt_bank
-from worker.tasks.moderation.images import ImageLimits, decode_image
+from worker.tasks.moderation.engine_setup.clip import ClipEngines
+from worker.tasks.moderation.images.clip import preprocess_clip
+from worker.tasks.moderation.images.cpu import ImageLimits, decode_image
 from worker.tasks.moderation.models.base import (
     Finished,
     ModelContext,
@@ -29,6 +28,7 @@ from worker.tasks.moderation.models.base import (
     tokenizers_missing,
 )
 from worker.tasks.moderation.parts import JobState, Part, job_text
+from worker.tasks.moderation.scoring.clip import PromptBank, prompt_bank
 from worker.wire.moderation_jobs import ModerationJob
 
 IMAGE, CAPTION = "clip_image", "clip_text"  # part kinds, and keys of their values
@@ -61,7 +61,7 @@ class ClipModel(ModerationModel):
 
     @classmethod
     def create(cls, ctx: ModelContext) -> ClipModel:
-        from worker.tasks.moderation.clip_engine import make_clip_engines
+        from worker.tasks.moderation.engine_setup.clip import make_clip_engines
 
         engines = make_clip_engines(ctx.cfg)
         engines.image.activate()

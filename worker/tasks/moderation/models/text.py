@@ -2,7 +2,7 @@
 
 A job's text is chunked (``moderation.text``; more than ``max_chunks`` chunks is refused at
 intake), each chunk embedded, and each policy label scored by calibrated similarity to its
-descriptions, max over chunks (:mod:`worker.tasks.moderation.text_scoring`).
+descriptions, max over chunks (:mod:`worker.tasks.moderation.scoring.text`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from engines.profiles import Profile
 from worker.config import WorkerConfig
 from worker.exceptions import TextTooLong
 from worker.tasks.batcher import Batch
+from worker.tasks.moderation.engine_setup.text import TextEngine
 from worker.tasks.moderation.models.base import (
     Finished,
     ModelContext,
@@ -24,8 +25,7 @@ from worker.tasks.moderation.models.base import (
     tokenizers_missing,
 )
 from worker.tasks.moderation.parts import JobState, Part, job_text
-from worker.tasks.moderation.text_engine import TextEngine
-from worker.tasks.moderation.text_scoring import LabelBank, label_bank
+from worker.tasks.moderation.scoring.text import LabelBank, label_bank
 from worker.wire.moderation_jobs import ModerationJob
 
 KIND = "text"
@@ -50,7 +50,7 @@ class TextModel(ModerationModel):
 
     @classmethod
     def create(cls, ctx: ModelContext) -> TextModel:
-        from worker.tasks.moderation.text_engine import make_text_engine
+        from worker.tasks.moderation.engine_setup.text import make_text_engine
 
         engine = make_text_engine(ctx.cfg)
         engine.runner.activate()

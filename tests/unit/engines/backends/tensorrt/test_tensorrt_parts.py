@@ -54,7 +54,7 @@ def test_calibration_stops_at_max_batches_and_checks_shapes() -> None:
 
 
 def test_calibration_samples_come_from_real_images() -> None:
-    from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
+    from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
     from worker.tools.demo import samples_dir
 
     got = list(samples_from_folder(samples_dir(),

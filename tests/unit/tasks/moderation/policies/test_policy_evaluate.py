@@ -1,5 +1,4 @@
-"""worker.tasks.moderation.policies.evaluate: the allow / review / block rules and what a decision
-records."""
+"""scoring.policies.evaluate: the allow / review / block rules and what a decision records."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ from typing import Any
 import pytest
 
 from worker.config.policies import PolicySettings
-from worker.tasks.moderation.policies import evaluate
+from worker.tasks.moderation.scoring.policies import evaluate
 from worker.wire.moderation_jobs import Verdict
 
 POLICY = PolicySettings(

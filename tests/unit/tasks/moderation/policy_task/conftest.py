@@ -44,7 +44,7 @@ def mm_cfg(tiny_clip: Path, tmp_path_factory: pytest.TempPathFactory) -> WorkerC
 def image_side(mm_cfg: WorkerConfig) -> Iterator[tuple[Any, Any]]:
     """(open_nsfw OrtRunner, EnginePlan): real weights on the CPU, shared with the plug-in."""
     from engines.backends.onnxruntime import OrtRunner
-    from worker.tasks.moderation.open_nsfw_engine import engine_plan
+    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan
 
     plan = engine_plan(mm_cfg)
     with OrtRunner(plan.spec, intra_op_threads=2) as runner:

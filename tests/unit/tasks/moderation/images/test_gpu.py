@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from worker.exceptions import ImageRejected
-from worker.tasks.moderation.images import ImageLimits, crop_pixels, decode_image
+from worker.tasks.moderation.images.cpu import ImageLimits, crop_pixels, decode_image
 from worker.tools.demo import samples_dir
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
@@ -14,7 +14,7 @@ pytest.importorskip("torchvision", reason="torchvision is not installed")
 
 
 def test_matches_pillow_within_one_level_and_rejects_bad_rows() -> None:
-    from worker.tasks.moderation.gpu_preprocess import prepare_batch
+    from worker.tasks.moderation.images.gpu import prepare_batch
 
     files = sorted(p for p in samples_dir().iterdir() if p.suffix != ".md")
     datas = [p.read_bytes() for p in files] + [b"\xff\xd8\xff\xe0 truncated", b""]
@@ -30,7 +30,7 @@ def test_matches_pillow_within_one_level_and_rejects_bad_rows() -> None:
 
 
 def test_header_limits_apply_before_decoding() -> None:
-    from worker.tasks.moderation.gpu_preprocess import prepare_batch
+    from worker.tasks.moderation.images.gpu import prepare_batch
 
     data = (samples_dir() / "astronaut.jpg").read_bytes()
     out = torch.zeros((1, 224, 224, 3), dtype=torch.uint8)

@@ -2,7 +2,7 @@
 
 Matches the CLIPImageProcessor defaults of the released checkpoints (resize shortest edge,
 centre crop, rescale 1/255, normalise) so zero-shot scores are those the weights were trained
-for. Decoding (and its bomb guards) is :func:`worker.tasks.moderation.images.decode_image`.
+for. Decoding (and its bomb guards) is :func:`worker.tasks.moderation.images.cpu.decode_image`.
 """
 
 from __future__ import annotations

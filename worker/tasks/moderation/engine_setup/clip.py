@@ -12,7 +12,7 @@ from engines.profiles import Profile
 from engines.spec import EngineSpec
 from worker.config import WorkerConfig
 from worker.exceptions import ConfigError
-from worker.tasks.moderation.text_engine import TextEngine, tower_params
+from worker.tasks.moderation.engine_setup.text import TextEngine, tower_params
 
 
 @dataclass

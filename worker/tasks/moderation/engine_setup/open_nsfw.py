@@ -39,7 +39,7 @@ def engine_params(cfg: WorkerConfig, backend: str, precision: str) -> EnginePara
 
 def _calibration_sample(data: bytes) -> np.ndarray:
     """An INT8 calibration image, preprocessed as the worker preprocesses a job's image."""
-    from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
+    from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
 
     return preprocess_open_nsfw(decode_image(data))
 

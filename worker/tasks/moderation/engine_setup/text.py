@@ -20,8 +20,8 @@ from engines.profiles import Profile
 from engines.spec import EngineSpec
 from engines.tokens import TextTokenizer
 from worker.config import WorkerConfig
-from worker.tasks.moderation.open_nsfw_engine import engine_params
-from worker.tasks.moderation.text_scoring import embed_texts
+from worker.tasks.moderation.engine_setup.open_nsfw import engine_params
+from worker.tasks.moderation.scoring.text import embed_texts
 
 
 def engine_backend(cfg: WorkerConfig, explicit: str | None) -> str:

@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from worker.exceptions import JobRejected
-from worker.tools.replay.compare import Comparison, ResultView, compare, view_of
+from worker.tools.replay.compare.histogram import write_histogram
+from worker.tools.replay.compare.maths import Comparison, ResultView, compare, view_of
 from worker.tools.replay.exceptions import ReplayError
 from worker.tools.replay.headers import REPLAY_ID, as_dict
-from worker.tools.replay.histogram import write_histogram
 from worker.tools.replay.kafka import Admin, read_to_end
 from worker.tools.replay.state import ReplayState
 from worker.wire.moderation_codec import decode_result

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.tools.replay.compare import ResultView, compare, histogram, shift_stats, view_of
+from worker.tools.replay.compare.maths import ResultView, compare, histogram, shift_stats, view_of
 
 
 def _v(job: str, verdict: str | None, nsfw: float, status: str = "ok") -> ResultView:

@@ -8,7 +8,14 @@ import pytest
 from PIL import Image
 
 from worker.tools.replay import ReplayError
-from worker.tools.replay.histogram import BAR, HEIGHT, MARGIN_L, MARGIN_R, WIDTH, write_histogram
+from worker.tools.replay.compare.histogram import (
+    BAR,
+    HEIGHT,
+    MARGIN_L,
+    MARGIN_R,
+    WIDTH,
+    write_histogram,
+)
 
 
 def _bar_columns(img: Image.Image) -> set[int]:

@@ -1,4 +1,4 @@
-"""worker.tasks.moderation.verdict: nsfw score -> allow / review / block, thresholds inclusive."""
+"""scoring.verdict: nsfw score -> allow / review / block, thresholds inclusive."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from worker.config import Thresholds
-from worker.tasks.moderation.verdict import verdict_for
+from worker.tasks.moderation.scoring.verdict import verdict_for
 from worker.wire.moderation_jobs import Verdict
 
 DEFAULT = Thresholds()  # review 0.2, block 0.8

@@ -1,0 +1,1 @@
+"""worker/tasks/moderation/scoring."""
