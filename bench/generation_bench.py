@@ -341,7 +341,7 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
     from worker.devkit.local_kafka.admin import create_topics
     from worker.loop.worker import Worker
     from worker.tasks.registry import make_task
-    from worker.tools.generate import AnswerReader, send_jobs
+    from worker.tools.generate import AnswerReader, send_generation_jobs
 
     tag = uuid.uuid4().hex[:8]
     per_batch = max(1, 8 // args.e2e_images)
@@ -386,7 +386,7 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
                 jobs = e2e_jobs(args, f"r{r}-{tag}", args.e2e_jobs if r else 2 * per_batch)
                 with AnswerReader(cfg, g.results, g.dlq) as reader:
                     t0 = time.monotonic()
-                    send_jobs(cfg, g.jobs, jobs)
+                    send_generation_jobs(cfg, g.jobs, jobs)
                     answers = reader.wait({i for i, _ in jobs}, args.e2e_timeout)
                 if failure:
                     raise failure[0]

@@ -32,7 +32,7 @@ from worker.devkit.workers import (
     committed,
     end_offsets,
     fresh_topics,
-    produce,
+    produce_records,
     worker_config,
 )
 
@@ -62,7 +62,7 @@ def test_aborts_mid_stream_rewind_and_every_job_is_answered_exactly_once(
     cfg = worker_config(kafka_bootstrap, topics, processing={"guarantee": "exactly-once"},
                         kafka={"instance_id": "drill"}, batch={"max_batch_size": 8})
     good, bad, records = _jobs(600, bad_every=15, prefix="x-")
-    produce(kafka_bootstrap, topics.jobs, records)
+    produce_records(kafka_bootstrap, topics.jobs, records)
     rng = random.Random(6)
     stop = threading.Event()
     with TopicWatcher(kafka_bootstrap, topics.results) as watcher, ThreadedWorker(cfg) as tw:
@@ -107,7 +107,7 @@ def test_a_second_instance_with_the_same_id_fences_the_first_which_exits_non_zer
         fleet.own(watcher)
         first = fleet.start("same")
         assert fleet.wait_assigned("same", 90)
-        produce(kafka_bootstrap, topics.jobs, records)
+        produce_records(kafka_bootstrap, topics.jobs, records)
         watcher.start()
         deadline = time.monotonic() + 90
         while len(watcher.seen()) < 50:

@@ -36,7 +36,7 @@ from worker.devkit.workers import (
     end_offsets,
     fresh_topics,
     keys_of,
-    produce,
+    produce_records,
     read_topic,
     worker_config,
 )
@@ -128,7 +128,7 @@ def test_a_job_with_two_variants_gets_one_result_with_two_pngs_and_their_seeds(
                job("unseeded", num_images=2, scheduler="ddim", steps=2),
                job("late", num_images=2, deadline_ms=1)]
     with serve():
-        produce(kafka_bootstrap, topics.jobs, records)
+        produce_records(kafka_bootstrap, topics.jobs, records)
         got = results_for(kafka_bootstrap, topics.results, {"two", "unseeded", "late"})
     assert key_counts(read_all(kafka_bootstrap, topics.results, idle_s=1)) == {
         "two": 1, "unseeded": 1, "late": 1}, "one result per job"
@@ -171,10 +171,10 @@ def test_same_prompt_seed_scheduler_and_steps_give_byte_identical_pngs(
     with serve():
         # Sent apart, so each runs alone in its batch: the same batch shape both times.
         for key in ("first", "again"):
-            produce(kafka_bootstrap, topics.jobs, [job(key, **same)])
+            produce_records(kafka_bootstrap, topics.jobs, [job(key, **same)])
             results_for(kafka_bootstrap, topics.results, {key})
         # Sent together: usually one batch of two jobs (a different UNet batch size).
-        produce(kafka_bootstrap, topics.jobs, [job("mixed", **same),
+        produce_records(kafka_bootstrap, topics.jobs, [job("mixed", **same),
                                                job("other-seed", **(same | {"seed": 8}))])
         got = results_for(kafka_bootstrap, topics.results,
                           {"first", "again", "mixed", "other-seed"})
@@ -204,7 +204,7 @@ def test_invalid_jobs_go_to_the_generation_dlq_with_their_reason_and_nothing_is_
     }
     records = [rec for rec, _ in bad.values()] + [job("good-after", num_images=1)]
     with serve() as s:
-        produce(kafka_bootstrap, topics.jobs, records)
+        produce_records(kafka_bootstrap, topics.jobs, records)
         dead = read_topic(kafka_bootstrap, topics.dlq,
                           until=lambda m: set(bad) <= set(keys_of(m)), timeout=120)
         got = results_for(kafka_bootstrap, topics.results, {"good-after"})
@@ -228,7 +228,7 @@ def test_a_result_over_results_max_bytes_carries_blob_references(
     kafka_bootstrap: str, topics: Topics, serve: Any, tmp_path: Path
 ) -> None:
     with serve(generation={"results_max_bytes": 4096}):
-        produce(kafka_bootstrap, topics.jobs, [job("big", num_images=2, seed=3)])
+        produce_records(kafka_bootstrap, topics.jobs, [job("big", num_images=2, seed=3)])
         got = results_for(kafka_bootstrap, topics.results, {"big"})
     value = got["big"].value()
     assert len(value) <= 4096
@@ -255,7 +255,7 @@ def test_exactly_once_answers_a_job_once_for_a_read_committed_reader(
 ) -> None:
     with serve(processing={"guarantee": "exactly-once"},
                kafka={"instance_id": f"gen-{uuid.uuid4().hex[:6]}"}) as s:
-        produce(kafka_bootstrap, topics.jobs, [job("eos", num_images=2, seed=5),
+        produce_records(kafka_bootstrap, topics.jobs, [job("eos", num_images=2, seed=5),
                                                raw("eos-bad", scheduler="nope")])
         # Visible only once its transaction commits: read_topic reads read_committed.
         got = results_for(kafka_bootstrap, topics.results, {"eos"})

@@ -18,7 +18,7 @@ from tests.unit.tasks.moderation.clip.conftest import tiny_clip  # noqa: F401 - 
 from worker.devkit.workers import (
     ThreadedWorker,
     fresh_topics,
-    produce,
+    produce_records,
     read_topic,
     worker_config,
 )
@@ -82,7 +82,7 @@ def test_image_and_text_jobs_are_scored_by_every_model_of_their_policy(
         "bad-image-on-text-policy": (_job("bad-image-on-text-policy", image=photo,
                                           policy="captions"), "nothing_to_score"),
     }
-    produce(kafka_bootstrap, topics.jobs,
+    produce_records(kafka_bootstrap, topics.jobs,
             list(good.values()) + [record for record, _ in bad.values()])
 
     with ThreadedWorker(cfg):

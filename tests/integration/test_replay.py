@@ -28,7 +28,7 @@ from tests.integration.replay_support import (  # noqa: F401 - shared_runner is 
     shared_runner,
     sources,
 )
-from worker.devkit.workers import ThreadedWorker, committed, produce, worker_config
+from worker.devkit.workers import ThreadedWorker, committed, produce_records, worker_config
 from worker.devkit.workers import Topics as LiveTopics
 from worker.tools.produce import encode_job
 from worker.tools.replay import BadRange, UnknownPartition, UnknownTopic
@@ -207,7 +207,7 @@ def test_compare_counts_planted_changes(kafka_bootstrap: str, tmp_path: Path) ->
             time.sleep(0.2)
     # ...then some old verdicts are overwritten (a later record of the same job id wins).
     planted_block, planted_review = ids[:5], ids[5:7]
-    produce(kafka_bootstrap, t.old,
+    produce_records(kafka_bootstrap, t.old,
             [(i.encode(), _old_result(i, "block", 0.97), None) for i in planted_block]
             + [(i.encode(), _old_result(i, "review", 0.5), None) for i in planted_review])
 
@@ -242,7 +242,7 @@ def test_rejected_records_counted_and_sent_only_with_dlq_flag(
 ) -> None:
     t = replay_topics(kafka_bootstrap, partitions=1)
     good = produce_jobs(kafka_bootstrap, t.jobs, 3, partitions=1)
-    produce(kafka_bootstrap, t.jobs, [
+    produce_records(kafka_bootstrap, t.jobs, [
         (b"bad-image", encode_job("bad-image", b"\xff\xd8\xff\xe0 truncated"), None),
         (b"garbage", b"\xc1 not msgpack", None),
         # A valid text-only job: open_nsfw has nothing to score in it.
@@ -316,7 +316,7 @@ def test_replay_serves_image_and_text_policies_like_the_live_worker(
     records = [(k.encode(), msgpack.packb({"v": 1, "id": k, "text": v, "policy": "captions",
                                            "deadline_ms": 1}, use_bin_type=True), None)
                for k, v in texts.items()]
-    produce(kafka_bootstrap, t.jobs, records)
+    produce_records(kafka_bootstrap, t.jobs, records)
     cfg = replay_config(kafka_bootstrap, engines={"cache_dir": str(tmp_path / "engines")},
                         moderation={"policies": {"captions": {"models": ["text"], "labels": {
                             "violence": {"descriptions": ["threatening to hurt or kill "

@@ -14,7 +14,7 @@ from worker.devkit.workers import (
     end_offsets,
     fresh_topics,
     keys_of,
-    produce,
+    produce_records,
     read_topic,
     worker_config,
 )
@@ -75,7 +75,7 @@ def test_each_bad_job_class_goes_to_dlq_with_reason(kafka_bootstrap: str) -> Non
         records.append((good[i].encode(), encode_job(good[i], jpeg), None))
         records.append((key.encode(), value, original_headers))
     records.append((good[-1].encode(), encode_job(good[-1], jpeg), None))
-    produce(kafka_bootstrap, topics.jobs, records)
+    produce_records(kafka_bootstrap, topics.jobs, records)
 
     with ThreadedWorker(cfg) as tw:
         dead = read_topic(kafka_bootstrap, topics.dlq, until=lambda m: set(bad) <= set(keys_of(m)))

@@ -712,7 +712,7 @@ def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
         committed,
         end_offsets,
         fresh_topics,
-        produce,
+        produce_records,
         worker_config,
     )
 
@@ -730,7 +730,7 @@ def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
             gi += 1
         records.append((b.key.encode(), b.value, [("origin", b"flood")]))
     records.extend((k.encode(), good_job(k), None) for k in good[gi:])
-    produce(bootstrap, topics.jobs, records)
+    produce_records(bootstrap, topics.jobs, records)
     env = {f"KTW_LIMITS__{k.upper()}": str(v) for k, v in FLOOD_LIMITS.items()}
     with Fleet(cfg, log_dir, KTW_BATCH__MAX_BATCH_SIZE="16", **env) as fleet:
         t0 = time.monotonic()

@@ -114,7 +114,7 @@ class WorkerProcess:
         return "\n".join(kept[-lines:])
 
 
-def produce(bootstrap: str, topic: str,
+def produce_records(bootstrap: str, topic: str,
             records: Iterable[tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]],
             ) -> int:
     producer = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,

@@ -36,7 +36,7 @@ def _debug_jobs() -> bool:
     return logging.getLogger("worker").isEnabledFor(logging.DEBUG)
 
 
-class Outputs:
+class OutputBuilder:
     """Turns answers into outputs, with the per-job log lines and counters."""
 
     def __init__(self, topics: TaskTopics, worker_id: str, stats: Stats) -> None:

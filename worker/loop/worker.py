@@ -28,7 +28,7 @@ from worker.loop.assignment import Assignment
 from worker.loop.backpressure import Backpressure
 from worker.loop.commit.base import make_committer
 from worker.loop.intake import Intake
-from worker.loop.output import Outputs
+from worker.loop.output import OutputBuilder
 from worker.loop.stats import Stats
 from worker.tasks.protocol import Answer, Task
 from worker.wire.records import TopicPartitionKey
@@ -51,7 +51,7 @@ class Worker:
         self._consumer = Consumer(member_consumer_settings(cfg))
         self.committer = make_committer(cfg, self._consumer, self.assignment, task.remove)
         self._intake = Intake(self._consumer, self.assignment, self.committer, self.stats)
-        self._outputs = Outputs(self.topics, cfg.kafka.client_id, self.stats)
+        self._outputs = OutputBuilder(self.topics, cfg.kafka.client_id, self.stats)
         self._backpressure = Backpressure(self._consumer, cfg.batch, self.stats)
         self._stop = threading.Event()
         self._fatal: BaseException | None = None

@@ -14,12 +14,12 @@ import typer
 from worker.config import WorkerConfig, load_config
 from worker.exceptions import WorkerError
 from worker.logs import configure_logging
+from worker.tools.options import ConfigOpt
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Kafka worker for batched GPU/CPU inference (moderation and generation "
                        "jobs).")
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")]
 BootstrapOpt = Annotated[
     str | None, typer.Option("--bootstrap-servers", "-b", help="Kafka brokers host:port,...")
 ]
@@ -156,7 +156,7 @@ def demo(
 
 
 def _register_subcommands() -> None:
-    from worker.tools.engines_cli import app as engines_app
+    from worker.tools.engines_cli import engines_app
 
     app.add_typer(engines_app, name="engines")
 

@@ -18,13 +18,14 @@ from engines.device import DeviceFingerprint, current_fingerprint
 from engines.exceptions import EngineError
 from worker.config import WorkerConfig, load_config
 from worker.tasks.moderation.engine_setup.open_nsfw import engine_loader, engine_plan
+from worker.tools.options import ConfigOpt
 
-app = typer.Typer(no_args_is_help=True, help="Build, list, verify and prune cached engines.")
-ConfigOpt = Annotated[str | None, typer.Option("--config", "-c", help="TOML config file.")]
+engines_app = typer.Typer(no_args_is_help=True,
+                          help="Build, list, verify and prune cached engines.")
 console = Console()
 
 
-def _cfg(config: str | None, backend: str | None, precision: str | None) -> WorkerConfig:
+def _cfg(config: Path | None, backend: str | None, precision: str | None) -> WorkerConfig:
     model: dict[str, str] = {}
     if backend:
         model["backend"] = backend
@@ -33,7 +34,7 @@ def _cfg(config: str | None, backend: str | None, precision: str | None) -> Work
     return load_config(config, **({"model": model} if model else {}))
 
 
-@app.command()
+@engines_app.command()
 def build(
     config: ConfigOpt = None,
     backend: Annotated[str | None, typer.Option(help="onnxruntime | torch | tensorrt")] = None,
@@ -77,7 +78,7 @@ def _device_for(entry: CacheEntry, seen: dict[str, DeviceFingerprint | None]
     return seen[kind]
 
 
-@app.command("list")
+@engines_app.command("list")
 def list_(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] = None) -> None:
     """List cached engines and whether they fit this machine."""
     cache = _cache(cache_dir)
@@ -97,7 +98,7 @@ def list_(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] =
     console.print(table)
 
 
-@app.command()
+@engines_app.command()
 def verify(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] = None) -> None:
     """Re-hash every artifact against its sidecar and check it fits this machine."""
     cache = _cache(cache_dir)
@@ -116,7 +117,7 @@ def verify(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] 
     raise typer.Exit(1 if bad else 0)
 
 
-@app.command()
+@engines_app.command()
 def prune(
     cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] = None,
     older_than_days: Annotated[float | None, typer.Option(help="Also remove older ones.")] = None,

@@ -25,7 +25,7 @@ from worker.kafka import consumer_settings
 from worker.tools.produce import send_jobs as send_records
 from worker.tools.replay.headers import as_dict
 from worker.wire.generation_codec import encode_generation_job
-from worker.wire.generation_jobs import JOB_SCHEMA, SEED_MODULUS
+from worker.wire.generation_jobs import GENERATION_JOB_SCHEMA, SEED_MODULUS
 from worker.wire.moderation_codec import decode_result
 
 
@@ -78,9 +78,9 @@ def build_jobs(req: GenerateRequest, now_ms: int | None = None) -> list[tuple[st
     return out
 
 
-def send_jobs(cfg: WorkerConfig, topic: str, jobs: Iterable[tuple[str, bytes]]) -> int:
+def send_generation_jobs(cfg: WorkerConfig, topic: str, jobs: Iterable[tuple[str, bytes]]) -> int:
     """Produce ``jobs`` (key = job id) and wait until every one is acknowledged."""
-    return send_records(cfg, topic, jobs, JOB_SCHEMA)
+    return send_records(cfg, topic, jobs, GENERATION_JOB_SCHEMA)
 
 
 @dataclass(slots=True)
@@ -211,7 +211,7 @@ def run_generate(cfg: WorkerConfig, req: GenerateRequest, *, topic: str | None, 
     jobs_topic = topic or topics.jobs
     reader = AnswerReader(cfg, topics.results, topics.dlq) if wait else None
     try:
-        send_jobs(cfg, jobs_topic, jobs)
+        send_generation_jobs(cfg, jobs_topic, jobs)
         echo(f"sent {len(jobs)} job(s) ({_describe(req)}) to {jobs_topic}: "
              f"{', '.join(i for i, _ in jobs[:5])}{' ...' if len(jobs) > 5 else ''}")
         if reader is None:

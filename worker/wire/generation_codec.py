@@ -14,14 +14,21 @@ from typing import Any
 
 import msgpack
 
-from worker.exceptions import SchemaViolation, UnsupportedVersion
+from worker.exceptions import SchemaViolation
 from worker.tasks.generation.schedulers import SCHEDULERS
 from worker.wire.generation_jobs import SEED_MODULUS, GenerationJob, GenerationResult
+from worker.wire.moderation_jobs import SCHEMA_VERSION
 
 # The msgpack framing rules (no ext types, UTF-8 strings, a map at the top) are the same for
 # every payload of the contract, so they are shared rather than restated.
-from worker.wire.moderation_codec import INT64_MAX, MAX_ID_CHARS, _require_str, _type_name, _unpack
-from worker.wire.moderation_jobs import SCHEMA_VERSION
+from worker.wire.msgpack_map import (
+    INT64_MAX,
+    MAX_ID_CHARS,
+    check_envelope,
+    require_str,
+    type_name,
+    unpack_map,
+)
 
 MAX_PROMPT_CHARS = 2000
 MIN_SIDE, MAX_SIDE, SIDE_MULTIPLE = 64, 2048, 8
@@ -29,8 +36,9 @@ MAX_STEPS = 150
 MAX_GUIDANCE = 30.0
 MAX_IMAGES = 64
 MAX_SEED = SEED_MODULUS - 1
-JOB_FIELDS = frozenset({"v", "id", "prompt", "negative_prompt", "width", "height", "steps",
-                        "guidance_scale", "scheduler", "seed", "num_images", "deadline_ms"})
+GENERATION_JOB_FIELDS = frozenset({
+    "v", "id", "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale",
+    "scheduler", "seed", "num_images", "deadline_ms"})
 
 
 _DEFAULTS = GenerationJob(id="", prompt="")  # the defaults live on the dataclass, in one place
@@ -47,7 +55,7 @@ def _int(obj: dict[Any, Any], key: str, lo: int, hi: int, multiple: int = 1) -> 
     if value is None:
         return None
     if type(value) is not int:
-        raise SchemaViolation(f"field '{key}': expected integer, got {_type_name(value)}")
+        raise SchemaViolation(f"field '{key}': expected integer, got {type_name(value)}")
     if not lo <= value <= hi or value % multiple:
         extra = f" and a multiple of {multiple}" if multiple > 1 else ""
         raise SchemaViolation(f"field '{key}': {value} must be in [{lo}, {hi}]{extra}")
@@ -59,23 +67,14 @@ def _guidance(obj: dict[Any, Any]) -> float | None:
     if value is None:
         return None
     if type(value) not in (int, float):
-        raise SchemaViolation(f"field 'guidance_scale': expected number, got {_type_name(value)}")
+        raise SchemaViolation(f"field 'guidance_scale': expected number, got {type_name(value)}")
     if not 0.0 <= value <= MAX_GUIDANCE:  # also false for NaN
         raise SchemaViolation(f"field 'guidance_scale': {value} must be in [0, {MAX_GUIDANCE}]")
     return float(value)
 
 
 def _header(obj: dict[Any, Any]) -> None:
-    if "v" not in obj:
-        raise SchemaViolation("missing required field 'v'")
-    version = obj["v"]
-    if type(version) is not int:
-        raise SchemaViolation(f"field 'v': expected integer, got {_type_name(version)}")
-    if version != SCHEMA_VERSION:
-        raise UnsupportedVersion(f"schema version v={version} is not supported (this worker: 1)")
-    unknown = set(obj) - JOB_FIELDS
-    if unknown:
-        raise SchemaViolation(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}")
+    check_envelope(obj, GENERATION_JOB_FIELDS, SCHEMA_VERSION)
     for key in ("id", "prompt"):
         if key not in obj:
             raise SchemaViolation(f"missing required field '{key}'")
@@ -83,18 +82,18 @@ def _header(obj: dict[Any, Any]) -> None:
 
 def decode_generation_job(payload: bytes) -> GenerationJob:
     """Decode and validate one generation job; raise a :class:`JobRejected` subclass if bad."""
-    obj = _unpack(payload)
+    obj = unpack_map(payload)
     _header(obj)
-    job_id = _require_str(obj, "id", max_chars=MAX_ID_CHARS)
-    prompt = _require_str(obj, "prompt", max_chars=MAX_PROMPT_CHARS)
+    job_id = require_str(obj, "id", max_chars=MAX_ID_CHARS)
+    prompt = require_str(obj, "prompt", max_chars=MAX_PROMPT_CHARS)
     if not prompt.strip():
         raise SchemaViolation("field 'prompt': empty (only whitespace)")
     negative = ""
     if obj.get("negative_prompt") is not None:
-        negative = _require_str(obj, "negative_prompt", min_chars=0, max_chars=MAX_PROMPT_CHARS)
+        negative = require_str(obj, "negative_prompt", min_chars=0, max_chars=MAX_PROMPT_CHARS)
     scheduler = "ddim"
     if obj.get("scheduler") is not None:
-        scheduler = _require_str(obj, "scheduler", max_chars=16)
+        scheduler = require_str(obj, "scheduler", max_chars=16)
         if scheduler not in SCHEDULERS:
             raise SchemaViolation(f"field 'scheduler': unknown scheduler {scheduler!r} "
                                   f"(known: {', '.join(SCHEDULERS)})")
@@ -138,7 +137,7 @@ def encode_generation_job(job_id: str, prompt: str, *, negative_prompt: str | No
     return payload
 
 
-def result_to_dict(result: GenerationResult) -> dict[str, Any]:
+def generation_result_to_dict(result: GenerationResult) -> dict[str, Any]:
     images = []
     for im in result.images:
         doc: dict[str, Any] = {"index": im.index, "seed": im.seed, "width": im.width,
@@ -163,5 +162,5 @@ def result_to_dict(result: GenerationResult) -> dict[str, Any]:
     return out
 
 
-def encode_result(result: GenerationResult) -> bytes:
-    return msgpack.packb(result_to_dict(result), use_bin_type=True)
+def encode_generation_result(result: GenerationResult) -> bytes:
+    return msgpack.packb(generation_result_to_dict(result), use_bin_type=True)

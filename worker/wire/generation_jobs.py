@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from worker.wire.moderation_jobs import Status
 from worker.wire.records import SourceRef
 
-JOB_SCHEMA = "generation-job/v1"
-RESULT_SCHEMA = "generation-result/v1"
+GENERATION_JOB_SCHEMA = "generation-job/v1"
+GENERATION_RESULT_SCHEMA = "generation-result/v1"
 SEED_MODULUS = 2**32
 
 

@@ -13,12 +13,19 @@ from typing import Any
 
 import msgpack
 
-from worker.exceptions import MalformedPayload, SchemaViolation, UnsupportedVersion
+from worker.exceptions import SchemaViolation
 from worker.wire.moderation_jobs import SCHEMA_VERSION, ModerationJob, ModerationResult
+from worker.wire.msgpack_map import (
+    INT64_MAX,
+    MAX_ID_CHARS,
+    check_envelope,
+    require_str,
+    type_name,
+    unpack_map,
+)
 
 # Contract maxima (mirrored in schemas/moderation-job.schema.json). Operational limits from the
 # config may be stricter, never looser.
-MAX_ID_CHARS = 256
 MAX_TEXT_CHARS = 100_000
 MAX_IMAGE_BYTES = 64 * 1024 * 1024
 POLICY_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -26,7 +33,6 @@ POLICY_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 # pattern); a job needs an image, such a text, or both.
 TEXT_PRESENT = re.compile(r"\S")
 JOB_FIELDS = frozenset({"v", "id", "image", "text", "policy", "deadline_ms"})
-INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,67 +43,19 @@ class DecodeLimits:
     max_text_chars: int = 20_000
 
 
-def _type_name(value: object) -> str:
-    return type(value).__name__
-
-
-def _unpack(payload: bytes) -> dict[Any, Any]:
-    try:
-        obj = msgpack.unpackb(
-            payload,
-            raw=False,
-            strict_map_key=True,
-            # Refuse ext types (timestamps, custom) outright: the contract has none.
-            ext_hook=_reject_ext,
-        )
-    except UnicodeDecodeError as exc:
-        raise MalformedPayload(f"invalid UTF-8 in a msgpack string: {exc.reason}") from exc
-    except SchemaViolation:
-        raise
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
-        raise MalformedPayload(f"not a msgpack document: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise MalformedPayload(f"top level must be a msgpack map, got {_type_name(obj)}")
-    return obj
-
-
-def _reject_ext(code: int, data: bytes) -> object:
-    raise SchemaViolation(f"msgpack extension type {code} is not part of the contract")
-
-
-def _require_str(obj: dict[Any, Any], key: str, *, max_chars: int, min_chars: int = 1) -> str:
-    value = obj[key]
-    if not isinstance(value, str):
-        raise SchemaViolation(f"field '{key}': expected string, got {_type_name(value)}")
-    if not min_chars <= len(value) <= max_chars:
-        raise SchemaViolation(
-            f"field '{key}': length {len(value)} outside [{min_chars}, {max_chars}]"
-        )
-    return value
-
-
 def decode_moderation_job(payload: bytes, limits: DecodeLimits | None = None) -> ModerationJob:
     """Decode and validate one moderation job; raise a :class:`JobRejected` subclass if bad."""
     limits = limits or DecodeLimits()
-    obj = _unpack(payload)
-    if "v" not in obj:
-        raise SchemaViolation("missing required field 'v'")
-    version = obj["v"]
-    if type(version) is not int:
-        raise SchemaViolation(f"field 'v': expected integer, got {_type_name(version)}")
-    if version != SCHEMA_VERSION:
-        raise UnsupportedVersion(f"schema version v={version} is not supported (this worker: 1)")
-    unknown = set(obj) - JOB_FIELDS
-    if unknown:
-        raise SchemaViolation(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}")
+    obj = unpack_map(payload)
+    check_envelope(obj, JOB_FIELDS, SCHEMA_VERSION)
     if "id" not in obj:
         raise SchemaViolation("missing required field 'id'")
 
-    job_id = _require_str(obj, "id", max_chars=MAX_ID_CHARS)
+    job_id = require_str(obj, "id", max_chars=MAX_ID_CHARS)
     image = obj.get("image")
     if image is not None:
         if not isinstance(image, bytes):
-            raise SchemaViolation(f"field 'image': expected binary, got {_type_name(image)}")
+            raise SchemaViolation(f"field 'image': expected binary, got {type_name(image)}")
         if not image:
             raise SchemaViolation("field 'image': empty")
         max_image = min(limits.max_image_bytes, MAX_IMAGE_BYTES)
@@ -107,11 +65,11 @@ def decode_moderation_job(payload: bytes, limits: DecodeLimits | None = None) ->
 
     text = None
     if obj.get("text") is not None:
-        text = _require_str(obj, "text", min_chars=0,
+        text = require_str(obj, "text", min_chars=0,
                             max_chars=min(limits.max_text_chars, MAX_TEXT_CHARS))
     policy = "default"
     if obj.get("policy") is not None:
-        policy = _require_str(obj, "policy", max_chars=64)
+        policy = require_str(obj, "policy", max_chars=64)
         if not POLICY_NAME.fullmatch(policy):
             raise SchemaViolation(f"field 'policy': {policy!r} is not a valid policy name")
     deadline = obj.get("deadline_ms")
@@ -164,4 +122,4 @@ def decode_result(payload: bytes) -> dict[str, Any]:
     The map is what :func:`result_to_dict` wrote: optional fields (``verdict``, ``error``,
     ``source``, ``rule``, ``models``) only where set, ``models`` as a list.
     """
-    return _unpack(payload)
+    return unpack_map(payload)

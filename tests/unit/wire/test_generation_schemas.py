@@ -21,7 +21,11 @@ from hypothesis import strategies as st
 from worker.exceptions import JobRejected, MalformedPayload, SchemaViolation, UnsupportedVersion
 from worker.tasks.generation.schedulers import SCHEDULERS
 from worker.wire import generation_codec as codec
-from worker.wire.generation_codec import decode_generation_job, default_seed, result_to_dict
+from worker.wire.generation_codec import (
+    decode_generation_job,
+    default_seed,
+    generation_result_to_dict,
+)
 from worker.wire.generation_jobs import BlobRef, GeneratedImage, GenerationJob, GenerationResult
 from worker.wire.moderation_jobs import Status
 from worker.wire.records import SourceRef
@@ -50,7 +54,7 @@ def test_both_generation_schemas_have_examples(contract: Any) -> None:
 
 def test_codec_constants_mirror_the_job_schema(contract: Any) -> None:
     props = contract.schema("generation-job")["properties"]
-    assert set(props) == codec.JOB_FIELDS
+    assert set(props) == codec.GENERATION_JOB_FIELDS
     assert props["prompt"]["maxLength"] == codec.MAX_PROMPT_CHARS
     assert props["negative_prompt"]["maxLength"] == codec.MAX_PROMPT_CHARS
     for side in ("width", "height"):
@@ -99,7 +103,8 @@ def _result_from_example(doc: dict[str, Any]) -> GenerationResult:
 @pytest.mark.parametrize("path", RESULTS, ids=_ids(RESULTS))
 def test_result_to_dict_reproduces_the_result_example(contract: Any, path: Path) -> None:
     doc = _load(path)
-    assert result_to_dict(_result_from_example(doc)) == contract.to_wire("generation-result", doc)
+    wire = contract.to_wire("generation-result", doc)
+    assert generation_result_to_dict(_result_from_example(doc)) == wire
 
 
 def test_inline_png_example_is_a_png_of_the_stated_size(contract: Any) -> None:
@@ -134,12 +139,12 @@ def _image(**kw: Any) -> GeneratedImage:
 )
 def test_result_schema_rules(contract: Any, status: Status, images: Any, valid: bool) -> None:
     result = GenerationResult("j", status, "m", HASHES, True, images, {"total": 1.0})
-    assert (contract.errors("generation-result", result_to_dict(result)) == []) is valid
+    assert (contract.errors("generation-result", generation_result_to_dict(result)) == []) is valid
 
 
 def test_an_image_with_both_png_and_blob_is_refused(contract: Any) -> None:
     im = _image(png=b"\x89PNG\r\n\x1a\n", blob=BlobRef("file:///b", "0" * 64, 1))
-    doc = result_to_dict(GenerationResult("j", Status.OK, "m", HASHES, False, (im,)))
+    doc = generation_result_to_dict(GenerationResult("j", Status.OK, "m", HASHES, False, (im,)))
     doc["images"][0]["png"] = im.png  # the codec writes one form; the schema refuses both
     assert contract.errors("generation-result", doc) != []
 
@@ -211,7 +216,7 @@ def test_mutated_job_is_rejected_by_schema_and_codec(
 
 
 def test_null_optional_fields_take_the_defaults(contract: Any) -> None:
-    doc = {"v": 1, "id": "n", "prompt": "p", **{k: None for k in codec.JOB_FIELDS - {
+    doc = {"v": 1, "id": "n", "prompt": "p", **{k: None for k in codec.GENERATION_JOB_FIELDS - {
         "v", "id", "prompt"}}}
     assert contract.errors("generation-job", doc) == []
     job = decode_generation_job(msgpack.packb(doc))

@@ -13,14 +13,14 @@ from typing import Any
 
 from .broker import LocalKafka
 from .errors import LocalKafkaError
-from .jars import DEFAULT_VERSION, default_cache_dir, ensure_jars
+from .jars import DEFAULT_VERSION, ensure_jars, jar_cache_root
 
 __all__ = [
     "DEFAULT_VERSION",
     "LocalKafka",
     "LocalKafkaError",
-    "default_cache_dir",
     "ensure_jars",
+    "jar_cache_root",
     "kafka_from_env_or_local",
 ]
 

@@ -26,7 +26,7 @@ POM = Path(__file__).with_name("pom.xml")
 MVN_TIMEOUT_S = 900.0
 
 
-def default_cache_dir() -> Path:
+def jar_cache_root() -> Path:
     env = os.environ.get("KTW_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "kafka-trt-worker"
 
@@ -116,7 +116,7 @@ def ensure_jars(version: str = DEFAULT_VERSION, cache_dir: Path | None = None) -
     Safe to call concurrently from several processes: an fcntl lock serialises
     the download, and the loser re-checks the marker after acquiring it.
     """
-    libs = (cache_dir or default_cache_dir()) / f"kafka-{version}" / "libs"
+    libs = (cache_dir or jar_cache_root()) / f"kafka-{version}" / "libs"
     if _is_complete(libs, version):
         return libs
     libs.parent.mkdir(parents=True, exist_ok=True)

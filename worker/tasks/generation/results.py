@@ -11,14 +11,14 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from worker.tasks.generation.blobs import BlobStore, blob_key
-from worker.wire.generation_codec import encode_result
+from worker.wire.generation_codec import encode_generation_result
 from worker.wire.generation_jobs import GeneratedImage, GenerationResult
 
 
 def fit_result(result: GenerationResult, limit: int, blobs: BlobStore,
                clock: Callable[[], float]) -> GenerationResult:
     """``result`` unchanged if its encoding fits ``limit`` bytes, else with images in blobs."""
-    if len(encode_result(result)) <= limit:
+    if len(encode_generation_result(result)) <= limit:
         return result
     started = clock()
     images = []

@@ -48,7 +48,7 @@ class RowSpec:
 
 
 @dataclass
-class Chunk:
+class DenoiseChunk:
     rows: list[RowSpec]
     latent_shape: tuple[int, ...]
     unet: StaticProfile
@@ -113,7 +113,7 @@ def decode_latents(vae: Runner, profile: StaticProfile, x: np.ndarray
     return handles
 
 
-def denoise(unet: Runner, vae: Runner, chunks: list[Chunk],
+def denoise(unet: Runner, vae: Runner, chunks: list[DenoiseChunk],
             vae_profiles: dict[tuple[int, ...], StaticProfile]) -> None:
     """Run every chunk to its last step; enqueue each chunk's VAE decode as it finishes."""
     active = [c for c in chunks if not c.done]
@@ -126,6 +126,6 @@ def denoise(unet: Runner, vae: Runner, chunks: list[Chunk],
         active = [c for c in active if not c.done]
 
 
-def images_of(chunk: Chunk) -> np.ndarray:
+def images_of(chunk: DenoiseChunk) -> np.ndarray:
     """uint8 [n, H, W, 3] for the chunk's rows (waits for its VAE decode)."""
     return np.concatenate([h.result()["image"][:n] for h, n in chunk.decoded])

@@ -31,9 +31,9 @@ from worker.tasks.generation.png import encode_png
 from worker.tasks.generation.results import fit_result, images_for
 from worker.tasks.generation.schedulers import make_schedule
 from worker.tasks.protocol import source_ref
-from worker.wire.generation_codec import decode_generation_job, encode_result
+from worker.wire.generation_codec import decode_generation_job, encode_generation_result
 from worker.wire.generation_jobs import (
-    RESULT_SCHEMA,
+    GENERATION_RESULT_SCHEMA,
     GeneratedImage,
     GenerationJob,
     GenerationResult,
@@ -111,11 +111,12 @@ class GenerationTask(BatchedTask[GenerationPending]):
         return self.encode_result(result), headers
 
     def headers(self, result: GenerationResult) -> list[tuple[str, bytes]]:
-        return [("ktw.schema", RESULT_SCHEMA.encode()), ("ktw.model", result.model_id.encode()),
+        return [("ktw.schema", GENERATION_RESULT_SCHEMA.encode()),
+                ("ktw.model", result.model_id.encode()),
                 ("ktw.engine", result.engine_hashes.get("unet", "").encode())]
 
     def encode_result(self, result: GenerationResult) -> bytes:
-        return encode_result(result)
+        return encode_generation_result(result)
 
     def decode(self, payload: bytes) -> GenerationJob:
         job = decode_generation_job(payload)
@@ -213,7 +214,7 @@ class GenerationTask(BatchedTask[GenerationPending]):
         return {k: v * 1e3 for k, v in stamps.items()}, pngs
 
     def _chunks(self, items: list[GenerationPending], emb: dict[str, np.ndarray]
-                ) -> list[sampler.Chunk]:
+                ) -> list[sampler.DenoiseChunk]:
         groups: dict[tuple[tuple[int, ...], int], list[sampler.RowSpec]] = {}
         for pos, p in enumerate(items):
             j = p.job
@@ -227,7 +228,7 @@ class GenerationTask(BatchedTask[GenerationPending]):
         for (shape, _), rows in groups.items():
             unet = unets[shape]
             per = unet.max_batch // 2
-            chunks += [sampler.Chunk(rows[i:i + per], shape, unet)
+            chunks += [sampler.DenoiseChunk(rows[i:i + per], shape, unet)
                        for i in range(0, len(rows), per)]
         return chunks
 

@@ -13,7 +13,7 @@ from worker.config.generation import BlobSettings
 from worker.exceptions import ConfigError
 from worker.tasks.generation.blobs import LocalBlobStore, S3BlobStore, blob_key, make_blob_store
 from worker.tasks.generation.results import fit_result
-from worker.wire.generation_codec import encode_result
+from worker.wire.generation_codec import encode_generation_result
 from worker.wire.generation_jobs import GeneratedImage, GenerationResult
 from worker.wire.moderation_jobs import Status
 
@@ -53,7 +53,7 @@ def test_small_results_stay_inline() -> None:
 def test_large_results_move_every_image_to_the_store(tmp_path: Path) -> None:
     r = result(3)
     clock = iter([1.0, 1.25])
-    fitted = fit_result(r, len(encode_result(r)) - 1, LocalBlobStore(tmp_path),
+    fitted = fit_result(r, len(encode_generation_result(r)) - 1, LocalBlobStore(tmp_path),
                         lambda: next(clock))
     assert all(im.png is None and im.blob is not None for im in fitted.images)
     assert [im.index for im in fitted.images] == [0, 1, 2]

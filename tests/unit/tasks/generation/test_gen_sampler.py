@@ -104,9 +104,10 @@ def reference(r: sampler.RowSpec) -> np.ndarray:
     return x
 
 
-def run(rows: list[sampler.RowSpec], per_chunk: int = 4) -> tuple[list[sampler.Chunk], list[Any]]:
+def run(rows: list[sampler.RowSpec], per_chunk: int = 4
+        ) -> tuple[list[sampler.DenoiseChunk], list[Any]]:
     log: list[tuple[str, int]] = []
-    chunks = [sampler.Chunk(rows[i:i + per_chunk], SHAPE, UNET)
+    chunks = [sampler.DenoiseChunk(rows[i:i + per_chunk], SHAPE, UNET)
               for i in range(0, len(rows), per_chunk)]
     sampler.denoise(unet_runner(log), vae_runner(log), chunks, {SHAPE: VAE})
     return chunks, log
@@ -165,8 +166,8 @@ def test_pad_rows_repeats_the_first_row() -> None:
 
 def test_chunks_of_different_step_counts_finish_independently() -> None:
     log: list[tuple[str, int]] = []
-    short = sampler.Chunk([row(0, steps=2)], SHAPE, UNET)
-    long = sampler.Chunk([row(1, steps=5)], SHAPE, UNET)
+    short = sampler.DenoiseChunk([row(0, steps=2)], SHAPE, UNET)
+    long = sampler.DenoiseChunk([row(1, steps=5)], SHAPE, UNET)
     sampler.denoise(unet_runner(log), vae_runner(log), [short, long], {SHAPE: VAE})
     assert (short.k, long.k) == (2, 5)
     assert sum(1 for what, _ in log if what == "unet.infer") == 7

@@ -21,7 +21,7 @@ from engines.models.sd.engines import SdEngines
 from worker.tasks.batcher import Batch, DynamicBatcher
 from worker.tasks.generation.blobs import LocalBlobStore
 from worker.tasks.generation.task import GenerationOutcome, GenerationPending, GenerationTask
-from worker.wire.generation_codec import result_to_dict
+from worker.wire.generation_codec import generation_result_to_dict
 from worker.wire.generation_jobs import GenerationResult
 from worker.wire.moderation_jobs import Status
 from worker.wire.records import SourceRef
@@ -70,7 +70,7 @@ def test_result_is_valid_and_holds_a_png_of_the_job_size(task: GenerationTask,
                                                           contract: Any) -> None:
     r = only(task, payload(width=128, height=64))
     assert r.status is Status.OK and r.random_weights and r.model_id == "tiny-random-s0"
-    assert contract.errors("generation-result", result_to_dict(r)) == []
+    assert contract.errors("generation-result", generation_result_to_dict(r)) == []
     (im,) = r.images
     assert (im.index, im.seed, im.width, im.height) == (0, 42, 128, 64)
     px = pixels(im.png)
@@ -152,7 +152,7 @@ def test_large_results_go_to_the_blob_store_idempotently(torch_engines: SdEngine
     assert all(im.png is None and im.blob is not None for im in first.images)
     assert [im.blob for im in first.images] == [im.blob for im in again.images]
     assert len(t.encode_result(first)) <= 4096 and "blob" in first.timings_ms
-    assert contract.errors("generation-result", result_to_dict(first)) == []
+    assert contract.errors("generation-result", generation_result_to_dict(first)) == []
     for im in first.images:
         assert im.blob is not None
         path = Path(im.blob.uri.removeprefix("file://"))
@@ -188,14 +188,14 @@ def test_an_engine_failure_answers_every_job_with_an_error(torch_engines: SdEngi
     for o in outcomes:
         assert o.result is not None and o.result.status is Status.ERROR
         assert o.result.images == () and "device lost" in (o.result.error or "")
-        assert contract.errors("generation-result", result_to_dict(o.result)) == []
+        assert contract.errors("generation-result", generation_result_to_dict(o.result)) == []
 
 
 def test_expired_result(task: GenerationTask, contract: Any) -> None:
     p = task.pending(payload(deadline_ms=1_000), SourceRef("generation.jobs", 3, 9))
     r = task.expired_result(p, now_ms=2_500)
     assert r.status is Status.EXPIRED and "1500 ms" in (r.error or "")
-    assert contract.errors("generation-result", result_to_dict(r)) == []
+    assert contract.errors("generation-result", generation_result_to_dict(r)) == []
 
 
 def test_batcher_queues_jobs_per_resolution(task: GenerationTask) -> None:

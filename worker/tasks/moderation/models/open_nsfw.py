@@ -20,7 +20,7 @@ from worker.tasks.moderation.open_nsfw import IMAGE_ITEM_SHAPE, Outcome, Pending
 from worker.tasks.moderation.parts import JobState, Part, PartFailed
 from worker.wire.moderation_jobs import ModerationJob, Status
 
-KIND = "open_nsfw"
+OPEN_NSFW_KIND = "open_nsfw"
 
 
 class ImageScorer(Protocol):
@@ -55,10 +55,10 @@ class OpenNsfwModel(ModerationModel):
         return bool(job.image)
 
     def profiles(self) -> Mapping[str, tuple[Profile, ...]]:
-        return {KIND: self._profiles}
+        return {OPEN_NSFW_KIND: self._profiles}
 
     def parts(self, state: JobState) -> list[Part]:
-        return [Part(state, self.name, KIND, IMAGE_ITEM_SHAPE, key=KIND)]
+        return [Part(state, self.name, OPEN_NSFW_KIND, IMAGE_ITEM_SHAPE, key=OPEN_NSFW_KIND)]
 
     def run(self, kind: str, batch: Batch[Part]) -> list[Finished]:
         copies = [dataclasses.replace(part.state.pending, job=dataclasses.replace(
@@ -78,7 +78,7 @@ class OpenNsfwModel(ModerationModel):
         return done
 
     def scores(self, policy: str, values: Mapping[Hashable, Any]) -> dict[str, float]:
-        return dict(values[KIND])
+        return dict(values[OPEN_NSFW_KIND])
 
     def identity(self) -> tuple[str, str]:
         return "open_nsfw", self.scorer.engine_hash

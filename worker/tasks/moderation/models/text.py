@@ -28,7 +28,7 @@ from worker.tasks.moderation.parts import JobState, Part, job_text
 from worker.tasks.moderation.scoring.text import LabelBank, label_bank
 from worker.wire.moderation_jobs import ModerationJob
 
-KIND = "text"
+TEXT_KIND = "text"
 
 
 class TextModel(ModerationModel):
@@ -71,11 +71,11 @@ class TextModel(ModerationModel):
                               f"{self.max_chunks}")
 
     def profiles(self) -> Mapping[str, tuple[Profile, ...]]:
-        return {KIND: self.engine.profiles}
+        return {TEXT_KIND: self.engine.profiles}
 
     def parts(self, state: JobState) -> list[Part]:
         chunks = self.engine.tokenizer.chunks(state.pending.job.text or "")
-        return [Part(state, self.name, KIND, (c.bucket,), key=i, payload=c)
+        return [Part(state, self.name, TEXT_KIND, (c.bucket,), key=i, payload=c)
                 for i, c in enumerate(chunks)]
 
     def run(self, kind: str, batch: Batch[Part]) -> list[Finished]:

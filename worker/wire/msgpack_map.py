@@ -1,0 +1,70 @@
+"""A msgpack document as the contract allows it: one map, no extension types, checked fields.
+
+Shared by every job codec (:mod:`worker.wire.moderation_codec`,
+:mod:`worker.wire.generation_codec`): each raises a :class:`JobRejected` subclass, which the
+loop dead-letters with its reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from worker.exceptions import MalformedPayload, SchemaViolation, UnsupportedVersion
+
+MAX_ID_CHARS = 256
+INT64_MAX = 2**63 - 1
+
+
+def type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def unpack_map(payload: bytes) -> dict[Any, Any]:
+    try:
+        obj = msgpack.unpackb(
+            payload,
+            raw=False,
+            strict_map_key=True,
+            # Refuse ext types (timestamps, custom) outright: the contract has none.
+            ext_hook=_reject_ext,
+        )
+    except UnicodeDecodeError as exc:
+        raise MalformedPayload(f"invalid UTF-8 in a msgpack string: {exc.reason}") from exc
+    except SchemaViolation:
+        raise
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+        raise MalformedPayload(f"not a msgpack document: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise MalformedPayload(f"top level must be a msgpack map, got {type_name(obj)}")
+    return obj
+
+
+def _reject_ext(code: int, data: bytes) -> object:
+    raise SchemaViolation(f"msgpack extension type {code} is not part of the contract")
+
+
+def require_str(obj: dict[Any, Any], key: str, *, max_chars: int, min_chars: int = 1) -> str:
+    value = obj[key]
+    if not isinstance(value, str):
+        raise SchemaViolation(f"field '{key}': expected string, got {type_name(value)}")
+    if not min_chars <= len(value) <= max_chars:
+        raise SchemaViolation(
+            f"field '{key}': length {len(value)} outside [{min_chars}, {max_chars}]"
+        )
+    return value
+
+
+def check_envelope(obj: dict[Any, Any], fields: frozenset[str], version: int) -> None:
+    """``v`` present, an integer, the version this worker speaks; no field outside ``fields``."""
+    if "v" not in obj:
+        raise SchemaViolation("missing required field 'v'")
+    v = obj["v"]
+    if type(v) is not int:
+        raise SchemaViolation(f"field 'v': expected integer, got {type_name(v)}")
+    if v != version:
+        raise UnsupportedVersion(f"schema version v={v} is not supported (this worker: {version})")
+    unknown = set(obj) - fields
+    if unknown:
+        raise SchemaViolation(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}")
