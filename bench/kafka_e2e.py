@@ -1,0 +1,117 @@
+"""The open_nsfw worker end to end through a real Apache Kafka broker on the GPU machine.
+
+Starts a single-node Apache Kafka 4.x (KRaft) with :class:`LocalKafka` from jars and a JDK
+that were carried to the machine (``bench/device_kafka.sh`` does the carrying), sized for the
+machine (network/io threads, segment size: recorded in the JSON), then runs, in one process
+and one run: the engine alone from device memory (the ceiling), the worker end to end with
+pre-produced JPEG jobs (sustained frames/s, K worker processes), produce-to-result latency at
+half the best sustained rate, and the naive per-message worker. The figures come from
+``bench/pipeline_bench.py``'s functions, so Tansu and Kafka runs measure the same thing.
+
+``--code-root DIR`` imports the worker and the benchmark functions from another checkout (an
+older commit), so two commits are compared on one machine, broker and run:
+
+    python bench/kafka_e2e.py --out $OUT [--code-root .before] [--procs 1,4] [--jobs 40000]
+
+Needs ``JAVA_HOME`` (a JDK >= 17) and ``KTW_CACHE_DIR`` holding ``kafka-<v>/libs`` (the jars).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parents[1]
+
+# The bench broker: more network and io threads than the default 3/8 for 16 host cores,
+# segments large enough that a 40k-job run never rolls one.
+BROKER = {"num.network.threads": "8", "num.io.threads": "16",
+          "log.segment.bytes": str(512 << 20), "socket.send.buffer.bytes": str(1 << 20),
+          "socket.receive.buffer.bytes": str(1 << 20)}
+
+
+def _local_kafka() -> Any:
+    try:
+        from worker.devkit.local_kafka import LocalKafka
+    except ImportError:  # an older checkout
+        from worker.local_kafka import LocalKafka  # type: ignore[no-redef]
+    return LocalKafka
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--code-root", type=Path, default=HERE)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--jobs", type=int, default=40_000)
+    ap.add_argument("--procs", default="1,4", help="worker processes per sustained run")
+    ap.add_argument("--preprocess", default="gpu")
+    ap.add_argument("--naive-jobs", type=int, default=1000)
+    ap.add_argument("--engine-sizes", default="1,8,32,128,256")
+    ap.add_argument("--skip-latency", action="store_true")
+    args = ap.parse_args()
+    root = args.code_root.resolve()
+    sys.path.insert(0, str(root))
+    import numpy as np
+    import torch
+
+    from bench.common import environment, write
+    from bench.pipeline_bench import end_to_end, engine_ceiling, jpeg_photos, naive
+
+    try:
+        from worker.logs import configure_logging
+
+        configure_logging("WARNING")
+    except ImportError:
+        pass
+    torch.backends.cudnn.benchmark = False
+    record: dict[str, Any] = {
+        "benchmark": "kafka_e2e_open_nsfw", "env": environment(),
+        "code_root": str(root), "code_commit": os.environ.get("BENCH_CODE_COMMIT", "unknown"),
+        "params": {"jobs": args.jobs, "procs": args.procs, "preprocess": args.preprocess,
+                   "naive_jobs": args.naive_jobs},
+    }
+    photos = jpeg_photos(4096, seed=0)
+    record["params"]["mean_jpeg_bytes"] = float(np.mean([len(p) for p in photos]))
+    sizes = [int(s) for s in args.engine_sizes.split(",")]
+    record["engine"] = engine_ceiling(sizes, 30)
+    print("engine:", [(r["batch"], round(r["img_s"])) for r in record["engine"]], flush=True)
+    broker = _local_kafka()(num_partitions=8, extra_config=BROKER)
+    t0 = time.monotonic()
+    bootstrap = broker.start(timeout=180)
+    record["broker"] = {"kind": "Apache Kafka (KRaft, single node)", "version": broker.version,
+                        "settings": BROKER, "start_s": round(time.monotonic() - t0, 1),
+                        "java_home": os.environ.get("JAVA_HOME", "")}
+    try:
+        runs = []
+        for procs in (int(p) for p in args.procs.split(",")):
+            r = end_to_end(bootstrap, photos, args.jobs, args.preprocess, None, procs)
+            runs.append(r)
+            print("sustained:", r, flush=True)
+        record["sustained"] = runs
+        best = max(runs, key=lambda r: r["sustained_fps"])
+        if not args.skip_latency:
+            half = best["sustained_fps"] / 2
+            record["half_load"] = end_to_end(bootstrap, photos, min(int(half * 10), 100_000),
+                                             args.preprocess, half,
+                                             int(best["worker_processes"]))
+            print("half load:", record["half_load"], flush=True)
+        if args.naive_jobs:
+            record["naive"] = naive(bootstrap, photos, args.naive_jobs)
+            print("naive:", record["naive"], flush=True)
+        ceiling = max(r["img_s"] for r in record["engine"])
+        record["summary"] = {"engine_best_img_s": ceiling, "sustained_best_fps":
+                             best["sustained_fps"], "of_engine": best["sustained_fps"] / ceiling}
+        if "naive" in record:
+            record["summary"]["vs_naive"] = best["sustained_fps"] / record["naive"]["fps"]
+    finally:
+        broker.stop()
+    print("summary:", record.get("summary"), flush=True)
+    print("wrote", write("kafka-e2e", record, args.out))
+
+
+if __name__ == "__main__":
+    main()
