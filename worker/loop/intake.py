@@ -33,6 +33,7 @@ class Intake:
         msgs = self._consumer.consume(num_messages=max(1, min(1000, room)), timeout=timeout_s)
         consumed_at = time.monotonic()
         records: list[SourceRecord] = []
+        owned, begin, append = self._assignment.owned, self._committer.begin, records.append
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -43,12 +44,12 @@ class Intake:
                 log.warning("consumer_error", error=err.str(), code=err.code())
                 continue
             topic, partition, offset = _coordinates(msg)
-            if (topic, partition) not in self._assignment:
+            if (topic, partition) not in owned:
                 # Fetched before a revoke or loss served in the same consume() call: its new
                 # owner reads it.
                 continue
-            self._committer.begin(topic, partition, offset)
-            records.append(source_record(msg, topic, partition, offset))
+            begin(topic, partition, offset)
+            append(source_record(msg, topic, partition, offset))
         self._stats.consumed += len(records)
         return ConsumedBatch(records, dict(self._assignment.epochs), consumed_at)
 

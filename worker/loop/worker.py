@@ -143,11 +143,13 @@ class Worker:
                                           force=force))
 
     def _emit(self, answers: list[Answer]) -> None:
-        for a in answers:
-            # Stale: its partition was revoked, lost or rewound since intake; the new owner
-            # (or the replay after the rewind) answers it.
-            if self.assignment.is_current((a.ref.topic, a.ref.partition), a.epoch):
-                self.committer.emit(self._outputs.of_answer(a))
+        if not answers:
+            return
+        # Stale: its partition was revoked, lost or rewound since intake; the new owner (or
+        # the replay after the rewind) answers it.
+        current = self.assignment.is_current
+        fresh = [a for a in answers if current((a.ref.topic, a.ref.partition), a.epoch)]
+        self.committer.emit(self._outputs.of_answers(fresh))
 
     def _check_batch_time(self, took_ms: float, size: int) -> None:
         if took_ms > self.cfg.processing.max_batch_ms:

@@ -142,7 +142,8 @@ class BatchedTask(abc.ABC, Generic[P]):
 
     def _answer(self, p: Any, result: Any) -> Answer:
         value, headers = self.encode(result)
-        return Answer(p.ref, p.record, p.epoch, result.id, result.status.value,
+        # StrEnum members are str: the status is stored as it is (no .value lookup per job).
+        return Answer(p.ref, p.record, p.epoch, result.id, str.__str__(result.status),
                       result.id.encode(), value, headers)
 
 

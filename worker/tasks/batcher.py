@@ -89,14 +89,21 @@ class DynamicBatcher(Generic[T]):
         self.expire_deadlines = expire_deadlines
         self._queues = {p.name: _ProfileQueue[T](p) for p in profiles}
         self.profiles = profiles
+        # Item shape -> its profile: jobs of one kind share a few shapes, so the profile
+        # search runs once per shape instead of once per job.
+        self._fits: dict[tuple[int, ...], Profile | None] = {}
 
     def __len__(self) -> int:
         return sum(q.count for q in self._queues.values())
 
     def add(self, item: T) -> Profile:
-        profile = profile_for(self.profiles, item.item_shape)
+        shape = item.item_shape
+        try:
+            profile = self._fits[shape]
+        except KeyError:
+            profile = self._fits[shape] = profile_for(self.profiles, shape)
         if profile is None:
-            raise NoProfileFits(f"no engine profile accepts an input of shape {item.item_shape}")
+            raise NoProfileFits(f"no engine profile accepts an input of shape {shape}")
         q = self._queues[profile.name]
         key = item.partition_key
         if key not in q.by_partition:

@@ -18,6 +18,8 @@ from worker.exceptions import JobRejected, OversizedMessage, SchemaViolation
 from worker.wire.moderation_jobs import Status
 from worker.wire.records import Headers, SourceRecord, SourceRef, TopicPartitionKey
 
+_EXPIRED = Status.EXPIRED.value  # (an enum's .value is a descriptor call: once, here)
+
 
 @dataclass(frozen=True, slots=True)
 class TaskTopics:
@@ -42,7 +44,7 @@ class Answer:
 
     @property
     def expired(self) -> bool:
-        return self.status == Status.EXPIRED.value
+        return self.status == _EXPIRED
 
 
 @dataclass(frozen=True, slots=True)

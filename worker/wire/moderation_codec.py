@@ -14,7 +14,13 @@ from typing import Any
 import msgpack
 
 from worker.exceptions import SchemaViolation
-from worker.wire.moderation_jobs import SCHEMA_VERSION, ModerationJob, ModerationResult
+from worker.wire.moderation_jobs import (
+    SCHEMA_VERSION,
+    ModerationJob,
+    ModerationResult,
+    Status,
+    Verdict,
+)
 from worker.wire.msgpack_map import (
     INT64_MAX,
     MAX_ID_CHARS,
@@ -82,20 +88,26 @@ def decode_moderation_job(payload: bytes, limits: DecodeLimits | None = None) ->
     return ModerationJob(id=job_id, image=image, text=text, policy=policy, deadline_ms=deadline)
 
 
+# An enum member's ``.value`` is a descriptor call (~0.3 us); a dict lookup by member is not.
+_STATUS = {m: m.value for m in Status}
+_VERDICT = {m: m.value for m in Verdict}
+
+
 def result_to_dict(result: ModerationResult) -> dict[str, Any]:
     """The result as a plain map (the msgpack payload), omitting absent optional fields."""
     out: dict[str, Any] = {
         "v": SCHEMA_VERSION,
         "id": result.id,
-        "status": result.status.value,
+        "status": _STATUS[result.status],
         "policy": result.policy,
         "model_id": result.model_id,
         "engine_hash": result.engine_hash,
         "scores": dict(result.scores),
-        "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()},
+        "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()}
+        if result.timings_ms else {},
     }
     if result.verdict is not None:
-        out["verdict"] = result.verdict.value
+        out["verdict"] = _VERDICT[result.verdict]
     if result.error is not None:
         out["error"] = result.error
     if result.source is not None:

@@ -46,9 +46,11 @@ class AtLeastOnce:
     def begin(self, topic: str, partition: int, offset: int) -> None:
         self._tracker.begin(topic, partition, offset)
 
-    def emit(self, out: Output) -> None:
-        self._producer.produce(out.topic, key=out.key, value=out.value, headers=out.headers,
-                               on_delivery=partial(self._delivered, out.ref))
+    def emit(self, outs: list[Output]) -> None:
+        produce, delivered = self._producer.produce, self._delivered
+        for out in outs:
+            produce(out.topic, key=out.key, value=out.value, headers=out.headers,
+                    on_delivery=partial(delivered, out.ref))
 
     def _delivered(self, ref: SourceRef, err: ck.KafkaError | None, _msg: ck.Message) -> None:
         if err is not None:

@@ -34,8 +34,9 @@ class Committer(Protocol):
     def begin(self, topic: str, partition: int, offset: int) -> None:
         """A record was consumed: track its offset until its output is done with."""
 
-    def emit(self, out: Output) -> None:
-        """Produce one output; its source offset finishes when the guarantee says so."""
+    def emit(self, outs: list[Output]) -> None:
+        """Produce these outputs, in order; each source offset finishes when the guarantee
+        says so."""
 
     def tick(self, *, force: bool = False) -> None:
         """Serve delivery reports, settle failures, commit when the interval is due (now when

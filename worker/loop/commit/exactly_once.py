@@ -60,16 +60,17 @@ class ExactlyOnce:
             # offsets may already be in the open transaction. Abort and rewind.
             self.request_abort(f"{topic}[{partition}] re-delivered offset {offset}")
 
-    def emit(self, out: Output) -> None:
-        for ready in self._release.complete(out):
-            if self._txn.failed is not None:
-                return  # doomed: the rewind that follows redoes these records
-            try:
-                self._txn.produce(ready, partial(self._delivered, self._txn.sequence))
-            except TransactionError as exc:
-                if exc.fatal:
-                    raise
-                return  # abortable: marked failed; tick() aborts and rewinds
+    def emit(self, outs: list[Output]) -> None:
+        for out in outs:
+            for ready in self._release.complete(out):
+                if self._txn.failed is not None:
+                    break  # doomed: the rewind that follows redoes these records
+                try:
+                    self._txn.produce(ready, partial(self._delivered, self._txn.sequence))
+                except TransactionError as exc:
+                    if exc.fatal:
+                        raise
+                    break  # abortable: marked failed; tick() aborts and rewinds
 
     def _delivered(self, sequence: int, err: ck.KafkaError | None, _msg: ck.Message) -> None:
         txn = self._txn

@@ -69,7 +69,10 @@ class OffsetTracker:
 
     def begin(self, topic: str, partition: int, offset: int) -> bool:
         """Track a consumed record; True if it went backwards (an unexpected re-delivery)."""
-        return self._parts.setdefault((topic, partition), _PartitionOffsets()).begin(offset)
+        part = self._parts.get((topic, partition))
+        if part is None:  # (setdefault would build a throwaway _PartitionOffsets per record)
+            part = self._parts[(topic, partition)] = _PartitionOffsets()
+        return part.begin(offset)
 
     def partitions(self) -> list[TopicPartitionKey]:
         return list(self._parts)
