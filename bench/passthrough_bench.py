@@ -187,7 +187,8 @@ class InstantTask:
                                      verdict=Verdict.ALLOW, scores={"sfw": 1.0, "nsfw": 0.0},
                                      source=ref)
                 out.append(Answer(ref, it.record, it.epoch, r.id, "ok", r.id.encode(),
-                                  encode_result(r), self._headers))
+                                  encode_result(r), self._headers, None, it.consumed_at, now,
+                                  now))
         return out
 
     def collect(self, *, block: bool) -> list[Any]:
@@ -253,7 +254,8 @@ def through_worker(bootstrap: str, tag: str, n: int, profile_to: Path | None
     worker.stop()
     th.join(120)
     out: dict[str, Any] = {"results": results, "seconds": took, "msg_s": results / took,
-                           "cpu_us_per_msg": cpu / max(results, 1) * 1e6}
+                           "cpu_us_per_msg": cpu / max(results, 1) * 1e6,
+                           "hops": worker.hops.summary()}
     if prof is not None and profile_to is not None:
         prof.dump_stats(str(profile_to.with_suffix(".prof")))
         s = io.StringIO()

@@ -266,7 +266,7 @@ def worker_cfg(bootstrap: str, tag: str, preprocess: str) -> Any:
 
 
 def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready: Any,
-                 stop: Any) -> None:
+                 stop: Any, hops: Any) -> None:
     """One worker process: the Python loop is per process, so K processes share one GPU."""
     from worker.logs import configure_logging
     from worker.loop.worker import Worker
@@ -283,6 +283,7 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
         time.sleep(0.02)
     worker.stop()
     th.join(60)
+    hops.put(worker.hops.summary())  # where each job's time went, hop by hop
 
 
 def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
@@ -301,7 +302,9 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     members = [(ctx.Value("q", 0), ctx.Event()) for _ in range(procs)]
-    children = [ctx.Process(target=_worker_proc, args=(bootstrap, tag, preprocess, c, r, stop))
+    hops = ctx.Queue()
+    children = [ctx.Process(target=_worker_proc,
+                            args=(bootstrap, tag, preprocess, c, r, stop, hops))
                 for c, r in members]
     results: dict[str, float] = {}
     produced: dict[str, float] = {}
@@ -322,11 +325,17 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
         progress.append((time.perf_counter(), sum(int(c.value) for c, _ in members)))
         reader.join(0.05)
     stop.set()
+    per_process = []
+    for _ in children:
+        try:
+            per_process.append(hops.get(timeout=90))
+        except Exception:  # noqa: BLE001 - a worker that died reports nothing
+            per_process.append({})
     for ch in children:
         ch.join(90)
     ts = np.array(sorted(results.values()), dtype=np.float64) * 1e3
     out: dict[str, Any] = {"jobs": n, "answered": len(results), "preprocess": preprocess,
-                           "worker_processes": procs}
+                           "worker_processes": procs, "hops": per_process}
     if rate is None:
         # Sustained rate from the worker's own counter between 10% and 90% of the jobs.
         t10 = next(t for t, c in progress if c >= 0.1 * n)

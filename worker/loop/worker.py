@@ -27,6 +27,7 @@ from worker.kafka import Consumer, member_consumer_settings, transactional_id
 from worker.loop.assignment import Assignment
 from worker.loop.backpressure import Backpressure
 from worker.loop.commit.base import make_committer
+from worker.loop.hops import HopTimes
 from worker.loop.intake import Intake
 from worker.loop.output import OutputBuilder
 from worker.loop.stats import Stats
@@ -48,8 +49,10 @@ class Worker:
         task.on_batch_done = self._check_batch_time
         self.stats = Stats()
         self.assignment = Assignment()
+        self.hops = HopTimes()
         self._consumer = Consumer(member_consumer_settings(cfg))
-        self.committer = make_committer(cfg, self._consumer, self.assignment, task.remove)
+        self.committer = make_committer(cfg, self._consumer, self.assignment, task.remove,
+                                        self.hops)
         self._intake = Intake(self._consumer, self.assignment, self.committer, self.stats)
         self._outputs = OutputBuilder(self.topics, cfg.kafka.client_id, self.stats)
         self._backpressure = Backpressure(self._consumer, cfg.batch, self.stats)
@@ -100,7 +103,9 @@ class Worker:
         room = self.cfg.batch.high_watermark - self.committer.pending()
         batch = self._intake.consume(room, self.cfg.batch.poll_timeout_ms / 1e3)
         if batch.records:
-            self._emit(self.task.admit(batch))
+            rejected = self.task.admit(batch)
+            self.hops.add("intake", time.monotonic() - batch.consumed_at)
+            self._emit(rejected)
         self._schedule(force=False)
         self._emit(self.task.collect(block=False))
         self._backpressure.update(self.committer.pending())
@@ -149,6 +154,12 @@ class Worker:
         # the replay after the rewind) answers it.
         current = self.assignment.is_current
         fresh = [a for a in answers if current((a.ref.topic, a.ref.partition), a.epoch)]
+        now, add = time.monotonic(), self.hops.add
+        for a in fresh:
+            if a.done_at:
+                add("queue", a.batched_at - a.consumed_at)
+                add("engine", a.done_at - a.batched_at)
+                add("output", now - a.done_at)
         self.committer.emit(self._outputs.of_answers(fresh))
 
     def _check_batch_time(self, took_ms: float, size: int) -> None:

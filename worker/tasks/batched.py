@@ -116,14 +116,17 @@ class BatchedTask(abc.ABC, Generic[P]):
             # An exception here is a bug in the task, not a bad job: it stops the worker
             # without committing those offsets.
             outcomes = fut.result()
+            done = time.monotonic()
             if self.on_batch_done is not None:
-                self.on_batch_done((time.monotonic() - started) * 1e3, size)
+                self.on_batch_done((done - started) * 1e3, size)
             for outcome in outcomes:
                 p = outcome.pending
                 if outcome.rejection is not None:
                     answers.append(Answer(p.ref, p.record, p.epoch, rejection=outcome.rejection))
                 elif outcome.result is not None:
-                    answers.append(self._answer(p, outcome.result))
+                    a = self._answer(p, outcome.result)
+                    a.consumed_at, a.batched_at, a.done_at = p.consumed_at, started, done
+                    answers.append(a)
         self._in_flight = pending
         return answers
 

@@ -11,7 +11,7 @@ admitted per engine profile, submits batches without blocking the loop, and hand
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from worker.exceptions import JobRejected, OversizedMessage, SchemaViolation
@@ -41,6 +41,11 @@ class Answer:
     value: bytes | None = None
     headers: Headers | None = None
     rejection: JobRejected | None = None
+    # time.monotonic() at fetch, batch formed and engine done, where the task can tell (else
+    # 0.0): the loop's per-hop timings (worker.loop.hops).
+    consumed_at: float = field(default=0.0, compare=False)
+    batched_at: float = field(default=0.0, compare=False)
+    done_at: float = field(default=0.0, compare=False)
 
     @property
     def expired(self) -> bool:

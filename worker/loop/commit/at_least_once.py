@@ -22,6 +22,7 @@ from worker.config import WorkerConfig
 from worker.exceptions import DeliveryFailed, KafkaIOError
 from worker.kafka import Consumer, Producer, producer_settings
 from worker.loop.commit.offsets import OffsetTracker
+from worker.loop.hops import HopTimes
 from worker.loop.output import Output
 from worker.wire.records import SourceRef, TopicPartitionKey
 
@@ -32,8 +33,10 @@ ASYNC_COMMIT_STALE_S = 60.0
 
 
 class AtLeastOnce:
-    def __init__(self, cfg: WorkerConfig, consumer: Consumer) -> None:
+    def __init__(self, cfg: WorkerConfig, consumer: Consumer, hops: HopTimes | None = None
+                 ) -> None:
         self.cfg, self._consumer = cfg, consumer
+        self._hops = hops or HopTimes()
         self._producer = Producer(producer_settings(cfg))
         self._tracker = OffsetTracker()
         self.fatal: BaseException | None = None
@@ -47,12 +50,14 @@ class AtLeastOnce:
         self._tracker.begin(topic, partition, offset)
 
     def emit(self, outs: list[Output]) -> None:
-        produce, delivered = self._producer.produce, self._delivered
+        produce, delivered, now = self._producer.produce, self._delivered, time.monotonic()
         for out in outs:
             produce(out.topic, key=out.key, value=out.value, headers=out.headers,
-                    on_delivery=partial(delivered, out.ref))
+                    on_delivery=partial(delivered, out.ref, now))
 
-    def _delivered(self, ref: SourceRef, err: ck.KafkaError | None, _msg: ck.Message) -> None:
+    def _delivered(self, ref: SourceRef, produced_at: float, err: ck.KafkaError | None,
+                   _msg: ck.Message) -> None:
+        self._hops.add("delivery", time.monotonic() - produced_at)
         if err is not None:
             # librdkafka already retried for message.timeout.ms; never commit past this record.
             self.fatal = DeliveryFailed(

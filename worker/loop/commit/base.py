@@ -17,6 +17,7 @@ import confluent_kafka as ck
 from worker.config import WorkerConfig
 from worker.kafka import Consumer
 from worker.loop.assignment import Assignment
+from worker.loop.hops import HopTimes
 from worker.loop.output import Output
 from worker.wire.records import TopicPartitionKey
 
@@ -71,26 +72,27 @@ class Committer(Protocol):
 
 
 def make_committer(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
-                   drop_work: DropWork) -> Committer:
+                   drop_work: DropWork, hops: HopTimes) -> Committer:
     """The committer of ``processing.guarantee``."""
-    return COMMITTERS[cfg.processing.guarantee](cfg, consumer, assignment, drop_work)
+    return COMMITTERS[cfg.processing.guarantee](cfg, consumer, assignment, drop_work, hops)
 
 
 def _at_least_once(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
-                   drop_work: DropWork) -> Committer:
+                   drop_work: DropWork, hops: HopTimes) -> Committer:
     from worker.loop.commit.at_least_once import AtLeastOnce
 
-    return AtLeastOnce(cfg, consumer)
+    return AtLeastOnce(cfg, consumer, hops)
 
 
 def _exactly_once(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
-                  drop_work: DropWork) -> Committer:
+                  drop_work: DropWork, hops: HopTimes) -> Committer:
     from worker.loop.commit.exactly_once import ExactlyOnce
 
     return ExactlyOnce(cfg, consumer, assignment, drop_work)
 
 
-COMMITTERS: dict[str, Callable[[WorkerConfig, Consumer, Assignment, DropWork], Committer]] = {
+COMMITTERS: dict[str, Callable[[WorkerConfig, Consumer, Assignment, DropWork, HopTimes],
+                               Committer]] = {
     "at-least-once": _at_least_once,
     "exactly-once": _exactly_once,
 }

@@ -1,0 +1,41 @@
+"""Where a job's time goes, hop by hop, from the consumer's fetch to the broker's ack.
+
+Hops (seconds, one sample per job unless said otherwise):
+
+- ``intake``: fetch -> admitted (consume() returned -> the task admitted the consumed batch;
+  one sample per consumed batch);
+- ``queue``: fetch -> batch formed (the job waited in the batcher, intake included);
+- ``engine``: batch formed -> engine done (preprocessing, the engine, and the wait for a free
+  slot; as the loop sees it when it collects the batch);
+- ``output``: engine done -> result produced (encoding waited for, the loop's turn);
+- ``delivery``: result produced -> delivery acknowledged (at-least-once; under exactly-once
+  outputs become visible when their transaction commits, so there is no per-record ack).
+
+Samples are kept in bounded windows (the most recent ``keep`` per hop), so a long-running worker
+holds a constant amount; :meth:`HopTimes.summary` gives p50 / p99 in milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+HOPS = ("intake", "queue", "engine", "output", "delivery")
+
+
+class HopTimes:
+    def __init__(self, keep: int = 100_000) -> None:
+        self._samples: dict[str, deque[float]] = {h: deque(maxlen=keep) for h in HOPS}
+
+    def add(self, hop: str, seconds: float) -> None:
+        self._samples[hop].append(seconds)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for hop, window in self._samples.items():
+            if not window:
+                continue
+            xs = sorted(window)
+            n = len(xs)
+            out[hop] = {"n": n, "p50_ms": xs[n // 2] * 1e3,
+                        "p99_ms": xs[min(n - 1, (n * 99) // 100)] * 1e3}
+        return out
