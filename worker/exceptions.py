@@ -85,11 +85,14 @@ class OversizedMessage(JobRejected):
 
 
 class KafkaIOError(WorkerError):
-    """A Kafka operation failed. ``recoverable`` follows librdkafka's retriable flag."""
+    """A Kafka operation failed. ``recoverable`` follows librdkafka's retriable flag; ``code``
+    is librdkafka's error code where there is one."""
 
-    def __init__(self, message: str, *, recoverable: bool = False) -> None:
+    def __init__(self, message: str, *, recoverable: bool = False, code: int | None = None
+                 ) -> None:
         super().__init__(message)
         self.recoverable = recoverable
+        self.code = code
 
 
 class DeliveryFailed(KafkaIOError):

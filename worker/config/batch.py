@@ -32,6 +32,11 @@ class BatchSettings(Section):
 
 class LimitsSettings(Section):
     max_message_bytes: int = Field(25 * 1024 * 1024, ge=1024)
+    # A DLQ record is the original record plus our headers; one larger than this (key, value
+    # and headers) is dead-lettered by reference instead: its value replaced by a small JSON
+    # document naming the source record (topic, partition, offset, size, sha256). The default
+    # fits Kafka's default max.message.bytes (1 MiB) with room for the headers.
+    dlq_inline_max_bytes: int = Field(1_000_000, ge=1024)
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     max_image_pixels: int = Field(40_000_000, ge=64)
     max_image_side: int = Field(16_384, ge=8)

@@ -157,7 +157,8 @@ def producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
 def _wrap(exc: ck.KafkaException, what: str) -> KafkaIOError:
     err = exc.args[0] if exc.args else None
     if isinstance(err, ck.KafkaError):
-        return KafkaIOError(f"{what}: {err.str()}", recoverable=err.retriable())
+        return KafkaIOError(f"{what}: {err.str()}", recoverable=err.retriable(),
+                            code=err.code())
     return KafkaIOError(f"{what}: {exc}")
 
 

@@ -31,6 +31,9 @@ class Output:
     value: bytes | None
     headers: Headers | None
     kind: str  # "result" | "dlq"
+    # A DLQ output's rejected record and why: a DLQ topic that refuses the record as too large
+    # gets it again by reference (worker.wire.dlq.dead_letter_by_reference).
+    rejected: tuple[SourceRecord, JobRejected] | None = None
 
 
 def _debug_jobs() -> bool:
@@ -40,8 +43,10 @@ def _debug_jobs() -> bool:
 class OutputBuilder:
     """Turns answers into outputs, with the per-job log lines and counters."""
 
-    def __init__(self, topics: TaskTopics, worker_id: str, stats: Stats) -> None:
+    def __init__(self, topics: TaskTopics, worker_id: str, stats: Stats, *,
+                 dlq_inline_max_bytes: int | None = None) -> None:
         self.topics, self.worker_id, self.stats = topics, worker_id, stats
+        self.dlq_inline_max_bytes = dlq_inline_max_bytes
 
     def of_answers(self, answers: list[Answer]) -> list[Output]:
         """One output per answer, in order. Per-job log lines cost ~10 us each even when
@@ -68,11 +73,13 @@ class OutputBuilder:
         return outs
 
     def dead_letter(self, src: SourceRecord, error: JobRejected) -> Output:
-        record = dead_letter(src, error, self.worker_id)
+        record = dead_letter(src, error, self.worker_id,
+                             inline_max_bytes=self.dlq_inline_max_bytes)
         ref = SourceRef(src.topic, src.partition, src.offset)
         log.warning("job_dead_lettered",
                     key=src.key.decode("utf-8", "replace") if src.key else None,
                     topic=ref.topic, partition=ref.partition, offset=ref.offset,
                     reason=error.reason, error=str(error)[:300])
         self.stats.dead_lettered += 1
-        return Output(ref, self.topics.dlq, record.key, record.value, record.headers, "dlq")
+        return Output(ref, self.topics.dlq, record.key, record.value, record.headers, "dlq",
+                      (src, error))

@@ -54,7 +54,8 @@ class Worker:
         self.committer = make_committer(cfg, self._consumer, self.assignment, task.remove,
                                         self.hops)
         self._intake = Intake(self._consumer, self.assignment, self.committer, self.stats)
-        self._outputs = OutputBuilder(self.topics, cfg.kafka.client_id, self.stats)
+        self._outputs = OutputBuilder(self.topics, cfg.kafka.client_id, self.stats,
+                                      dlq_inline_max_bytes=cfg.limits.dlq_inline_max_bytes)
         self._backpressure = Backpressure(self._consumer, cfg.batch, self.stats)
         self._stop = threading.Event()
         self._fatal: BaseException | None = None

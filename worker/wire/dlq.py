@@ -1,7 +1,10 @@
-"""Dead-letter records: the original key, value and headers untouched, plus why and whence."""
+"""Dead-letter records: the original key, value and headers untouched, plus why and whence;
+or, for a record too large to copy, a reference to it (:func:`dead_letter_by_reference`)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 from worker.exceptions import JobRejected
@@ -9,6 +12,8 @@ from worker.wire.records import Headers, SourceRecord
 
 HEADER_PREFIX = "ktw.dlq."
 MAX_MESSAGE_CHARS = 1000
+MAX_REFERENCE_KEY = 4096  # a larger key is left out of a by-reference DLQ record too
+
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
@@ -17,8 +22,39 @@ class DeadLetter:
     headers: Headers
 
 
-def dead_letter(record: SourceRecord, error: JobRejected, worker_id: str) -> DeadLetter:
-    """Build the DLQ record for one rejected Kafka record (see schemas/dlq-record.schema.json)."""
+def record_bytes(record: SourceRecord) -> int:
+    """Key, value and header bytes of a record (what the producer's size limit counts)."""
+    headers = sum(len(k) + len(v or b"") for k, v in record.headers or [])
+    return len(record.key or b"") + len(record.value or b"") + headers
+
+
+def dead_letter(record: SourceRecord, error: JobRejected, worker_id: str, *,
+                inline_max_bytes: int | None = None) -> DeadLetter:
+    """Build the DLQ record for one rejected Kafka record (see schemas/dlq-record.schema.json):
+    the original, or a reference to it when the original is over ``inline_max_bytes``."""
+    if inline_max_bytes is not None and record_bytes(record) > inline_max_bytes:
+        return dead_letter_by_reference(record, error, worker_id)
+    return DeadLetter(key=record.key, value=record.value,
+                      headers=list(record.headers or []) + _ours(record, error, worker_id))
+
+
+def dead_letter_by_reference(record: SourceRecord, error: JobRejected, worker_id: str
+                             ) -> DeadLetter:
+    """A DLQ record for a record too large to copy: the value is a JSON reference to the source
+    record, its original headers are left out, and ``ktw.dlq.value`` says so. The key is kept
+    when it is small (it usually is the job id)."""
+    value = record.value or b""
+    ref = {"ref": "kafka", "topic": record.topic, "partition": record.partition,
+           "offset": record.offset, "bytes": len(value),
+           "sha256": hashlib.sha256(value).hexdigest(),
+           "headers": len(record.headers or []), "record_bytes": record_bytes(record)}
+    key = record.key if record.key is None or len(record.key) <= MAX_REFERENCE_KEY else None
+    headers = [*_ours(record, error, worker_id), (HEADER_PREFIX + "value", b"reference")]
+    return DeadLetter(key=key, value=json.dumps(ref, separators=(",", ":")).encode(),
+                      headers=headers)
+
+
+def _ours(record: SourceRecord, error: JobRejected, worker_id: str) -> Headers:
     message = str(error)
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[: MAX_MESSAGE_CHARS - 3] + "..."
@@ -33,6 +69,4 @@ def dead_letter(record: SourceRecord, error: JobRejected, worker_id: str) -> Dea
     }
     if record.timestamp_ms is not None:
         ours["source.timestamp"] = str(record.timestamp_ms)
-    out: Headers = list(record.headers or [])
-    out.extend((HEADER_PREFIX + k, v.encode("utf-8", "backslashreplace")) for k, v in ours.items())
-    return DeadLetter(key=record.key, value=record.value, headers=out)
+    return [(HEADER_PREFIX + k, v.encode("utf-8", "backslashreplace")) for k, v in ours.items()]

@@ -138,3 +138,34 @@ def test_unencodable_characters_do_not_crash_the_dead_letter() -> None:
     raw = dict(dl.headers)["ktw.dlq.error.message"]
     assert raw is not None
     assert raw.startswith(b"lone surrogate ")
+
+
+def test_a_record_over_the_inline_limit_is_dead_lettered_by_reference() -> None:
+    import hashlib
+    import json
+
+    from worker.wire.dlq import dead_letter_by_reference, record_bytes
+
+    rec = _record(value=b"v" * 5000, headers=ORIGINAL_HEADERS)
+    assert record_bytes(rec) > 5000
+    whole = dead_letter(rec, OversizedMessage("too big"), "w1", inline_max_bytes=10_000)
+    assert whole.value == rec.value, "under the limit: the original, untouched"
+    ref = dead_letter(rec, OversizedMessage("too big"), "w1", inline_max_bytes=4096)
+    assert ref == dead_letter_by_reference(rec, OversizedMessage("too big"), "w1")
+    doc = json.loads(ref.value or b"")
+    assert doc == {"ref": "kafka", "topic": rec.topic, "partition": rec.partition,
+                   "offset": rec.offset, "bytes": 5000,
+                   "sha256": hashlib.sha256(b"v" * 5000).hexdigest(),
+                   "headers": len(ORIGINAL_HEADERS), "record_bytes": record_bytes(rec)}
+    h = dict(ref.headers)
+    assert h[HEADER_PREFIX + "value"] == b"reference"
+    assert h[HEADER_PREFIX + "error.reason"] == b"oversized"
+    assert "traceparent" not in h, "the original headers stay behind with the value"
+    assert ref.key == rec.key
+
+
+def test_a_large_key_is_left_out_of_a_reference() -> None:
+    from worker.wire.dlq import MAX_REFERENCE_KEY, dead_letter_by_reference
+
+    rec = _record(key=b"k" * (MAX_REFERENCE_KEY + 1))
+    assert dead_letter_by_reference(rec, SchemaViolation("x"), "w1").key is None

@@ -24,7 +24,8 @@ from worker.kafka import Consumer, Producer, producer_settings
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.hops import HopTimes
 from worker.loop.output import Output
-from worker.wire.records import SourceRef, TopicPartitionKey
+from worker.wire.dlq import dead_letter_by_reference
+from worker.wire.records import TopicPartitionKey
 
 log = structlog.get_logger("worker")
 
@@ -42,6 +43,7 @@ class AtLeastOnce:
         self.fatal: BaseException | None = None
         self._last_commit = time.monotonic()
         self._commit_sent: float | None = None  # when the unanswered async commit was sent
+        self._again: list[Output] = []  # DLQ records refused as too large, by reference
 
     def start(self) -> None:
         self._producer.open()
@@ -52,12 +54,35 @@ class AtLeastOnce:
     def emit(self, outs: list[Output]) -> None:
         produce, delivered, now = self._producer.produce, self._delivered, time.monotonic()
         for out in outs:
-            produce(out.topic, key=out.key, value=out.value, headers=out.headers,
-                    on_delivery=partial(delivered, out.ref, now))
+            try:
+                produce(out.topic, key=out.key, value=out.value, headers=out.headers,
+                        on_delivery=partial(delivered, out, now))
+            except KafkaIOError as exc:  # refused before sending: over the producer's limit
+                if exc.code != ck.KafkaError.MSG_SIZE_TOO_LARGE or out.rejected is None:
+                    raise
+                small = self._by_reference(out, str(exc))
+                produce(small.topic, key=small.key, value=small.value, headers=small.headers,
+                        on_delivery=partial(delivered, small, now))
 
-    def _delivered(self, ref: SourceRef, produced_at: float, err: ck.KafkaError | None,
+    def _by_reference(self, out: Output, why: str) -> Output:
+        """A DLQ output the DLQ topic (or the producer) refuses as too large, by reference."""
+        assert out.rejected is not None
+        src, error = out.rejected
+        small = dead_letter_by_reference(src, error, self.cfg.kafka.client_id)
+        log.warning("dlq_record_too_large", topic=out.topic, partition=out.ref.partition,
+                    offset=out.ref.offset, bytes=len(out.value or b""), error=why)
+        return Output(out.ref, out.topic, small.key, small.value, small.headers, "dlq")
+
+    def _delivered(self, out: Output, produced_at: float, err: ck.KafkaError | None,
                    _msg: ck.Message) -> None:
         self._hops.add("delivery", time.monotonic() - produced_at)
+        ref = out.ref
+        if err is not None and err.code() == ck.KafkaError.MSG_SIZE_TOO_LARGE \
+                and out.rejected is not None:
+            # The DLQ topic takes smaller records than the jobs topic: dead-letter by
+            # reference (at the next tick: never produce from inside a delivery report).
+            self._again.append(self._by_reference(out, err.str()))
+            return
         if err is not None:
             # librdkafka already retried for message.timeout.ms; never commit past this record.
             self.fatal = DeliveryFailed(
@@ -70,6 +95,9 @@ class AtLeastOnce:
 
     def tick(self, *, force: bool = False) -> None:
         self._producer.poll(0)
+        if self._again:
+            again, self._again = self._again, []
+            self.emit(again)
         self._commit(force=force)
 
     def _commit(self, *, force: bool, only: Iterable[TopicPartitionKey] | None = None) -> None:
@@ -114,7 +142,7 @@ class AtLeastOnce:
         log.debug("committed", offsets={f"{t}[{p}]": o for (t, p), o in accepted.items()})
 
     def revoked(self, keys: set[TopicPartitionKey]) -> None:
-        self._producer.flush(self.cfg.commit.drain_timeout_s)
+        self._flush()
         self._commit(force=True, only=keys)
 
     def lost(self, keys: set[TopicPartitionKey]) -> None:
@@ -123,8 +151,16 @@ class AtLeastOnce:
     def forget(self, keys: set[TopicPartitionKey]) -> None:
         self._tracker.drop(keys)
 
-    def drain(self, *, failed: bool) -> None:
+    def _flush(self) -> int:
         undelivered = self._producer.flush(self.cfg.commit.drain_timeout_s)
+        if self._again:  # refused as too large during the flush: send them by reference
+            again, self._again = self._again, []
+            self.emit(again)
+            undelivered = self._producer.flush(self.cfg.commit.drain_timeout_s)
+        return undelivered
+
+    def drain(self, *, failed: bool) -> None:
+        undelivered = self._flush()
         if undelivered:
             log.error("undelivered_at_shutdown", count=undelivered)
         # Only delivered records count as finished: committing them is safe even after a

@@ -26,7 +26,8 @@ from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.commit.ordered import OrderedRelease
 from worker.loop.commit.transactions import Transactions
 from worker.loop.output import Output
-from worker.wire.records import TopicPartitionKey
+from worker.wire.dlq import dead_letter_by_reference
+from worker.wire.records import SourceRef, TopicPartitionKey
 
 log = structlog.get_logger("worker")
 
@@ -47,6 +48,9 @@ class ExactlyOnce:
         self._rewind_needed = False
         self._last_commit = time.monotonic()
         self.rewinds = 0
+        # Sources whose DLQ record a transaction failed on as too large: sent by reference
+        # when the rewind brings them back.
+        self._too_large: set[SourceRef] = set()
 
     def start(self) -> None:
         self._producer.open()
@@ -62,21 +66,48 @@ class ExactlyOnce:
 
     def emit(self, outs: list[Output]) -> None:
         for out in outs:
+            if out.rejected is not None and out.ref in self._too_large:
+                out = self._by_reference(out)
             for ready in self._release.complete(out):
                 if self._txn.failed is not None:
                     break  # doomed: the rewind that follows redoes these records
                 try:
-                    self._txn.produce(ready, partial(self._delivered, self._txn.sequence))
+                    self._txn.produce(ready, partial(self._delivered, self._txn.sequence, ready))
                 except TransactionError as exc:
                     if exc.fatal:
                         raise
+                    self._note_too_large(ready, exc.code)
                     break  # abortable: marked failed; tick() aborts and rewinds
 
-    def _delivered(self, sequence: int, err: ck.KafkaError | None, _msg: ck.Message) -> None:
+    def _note_too_large(self, out: Output, code: int | None) -> None:
+        """A DLQ record refused as too large: the transaction aborts and the rewind redoes the
+        record, which then goes by reference (instead of failing the same way forever)."""
+        if code != ck.KafkaError.MSG_SIZE_TOO_LARGE:
+            return
+        # A refused batch leaves a gap in the idempotent producer's sequence numbers, so
+        # later transactions on the client fail (OUT_OF_ORDER_SEQUENCE_NUMBER): abort by reset.
+        self._txn.fail("a record too large for its topic", timed_out=True)
+        if out.rejected is not None:
+            self._too_large.add(out.ref)
+            log.warning("dlq_record_too_large", topic=out.topic, partition=out.ref.partition,
+                        offset=out.ref.offset, bytes=len(out.value or b""))
+
+    def _by_reference(self, out: Output) -> Output:
+        assert out.rejected is not None
+        self._too_large.discard(out.ref)
+        src, error = out.rejected
+        small = dead_letter_by_reference(src, error, self.cfg.kafka.client_id)
+        return Output(out.ref, out.topic, small.key, small.value, small.headers, "dlq")
+
+    def _delivered(self, sequence: int, out: Output, err: ck.KafkaError | None,
+                   _msg: ck.Message) -> None:
         txn = self._txn
         if err is None or sequence != txn.sequence or err.code() in _PURGED:
             return  # fine, or a purged record of a transaction being (or already) aborted
-        log.warning("transactional_delivery_failed", error=err.str())
+        self._note_too_large(out, err.code())
+        log.warning("transactional_delivery_failed", error=err.str(), topic=out.topic,
+                    partition=out.ref.partition, offset=out.ref.offset, kind=out.kind,
+                    code=err.code())
         txn.fail(f"delivery failed: {err.str()}",
                  timed_out=err.code() == ck.KafkaError._MSG_TIMED_OUT)
 

@@ -123,7 +123,8 @@ class Transactions:
 
     def fail(self, reason: str, *, timed_out: bool = False) -> None:
         """The open transaction can no longer commit (e.g. a delivery failed): abort it.
-        ``timed_out``: the failure was a timeout, so the abort resets the client."""
+        ``timed_out``: the failure was a timeout (or left the client's sequence numbers broken),
+        so the abort resets the client."""
         if self.failed is None:
             self.failed = reason
         self._suspect = self._suspect or timed_out
