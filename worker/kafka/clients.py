@@ -146,6 +146,10 @@ def producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
             "enable.idempotence": True,
             "linger.ms": 5,
             "compression.type": "lz4",
+            # Keyed records go where Java's (and every murmur2 client's) default partitioner
+            # puts them (librdkafka's default, consistent_random, hashes with CRC32): a result
+            # lands on the partition a Java or Node producer would pick for the same job id.
+            "partitioner": "murmur2_random",
             # A DLQ record carries the original value, which may be as large as any job.
             "message.max.bytes": max(1_048_576, cfg.limits.max_message_bytes + 65_536),
         }
