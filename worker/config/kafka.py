@@ -15,6 +15,17 @@ def _default_client_id() -> str:
     return f"trt-worker-{socket.gethostname()}-{os.getpid()}"
 
 
+# librdkafka settings the worker sets itself and a pass-through table may not change: offsets
+# are committed by the worker only after results are acknowledged (auto commit off), outputs are
+# idempotent and fully acknowledged, exactly-once reads committed data only and owns the
+# transactional id, and results are partitioned like Java's producer.
+GUARANTEED = frozenset({
+    "enable.auto.commit", "enable.auto.offset.store", "isolation.level", "acks",
+    "request.required.acks", "enable.idempotence", "transactional.id", "group.id",
+    "group.instance.id", "partitioner",
+})
+
+
 class KafkaSettings(Section):
     bootstrap_servers: str = ""
     group_id: str = "trt-worker"
@@ -40,10 +51,23 @@ class KafkaSettings(Section):
     # Broker-side limit for an open transaction (the broker's transaction.max.timeout.ms,
     # 15 min by default, caps it). Checked against the commit interval and max batch time.
     transaction_timeout_ms: int = Field(60_000, ge=1_000, le=900_000)
-    # librdkafka settings passed through unchanged (both clients / consumer / producer only).
+    # librdkafka settings passed through unchanged (both clients / consumer / producer only),
+    # except those the delivery guarantees and the wire contract rest on (GUARANTEED).
     extra: dict[str, str] = Field(default_factory=dict)
     consumer_extra: dict[str, str] = Field(default_factory=dict)
     producer_extra: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _no_guarantee_overrides(self) -> KafkaSettings:
+        for table in ("extra", "consumer_extra", "producer_extra"):
+            refused = sorted(set(getattr(self, table)) & GUARANTEED)
+            if refused:
+                raise ValueError(
+                    f"{table} may not set {', '.join(refused)}: the worker's delivery "
+                    "guarantees (or its partitioning contract) rest on them; use the "
+                    "worker's own settings (processing.guarantee, kafka.group_id, "
+                    "kafka.static_membership, kafka.instance_id)")
+        return self
 
 
 class TopicsSettings(Section):

@@ -34,8 +34,11 @@ def dead_letter(record: SourceRecord, error: JobRejected, worker_id: str, *,
     the original, or a reference to it when the original is over ``inline_max_bytes``."""
     if inline_max_bytes is not None and record_bytes(record) > inline_max_bytes:
         return dead_letter_by_reference(record, error, worker_id)
+    # The original headers in their order, but none in our namespace: a record must not be
+    # able to forge the reason or the source a DLQ reader (or a redrive) goes by.
+    copied = [(k, v) for k, v in record.headers or [] if not k.startswith(HEADER_PREFIX)]
     return DeadLetter(key=record.key, value=record.value,
-                      headers=list(record.headers or []) + _ours(record, error, worker_id))
+                      headers=copied + _ours(record, error, worker_id))
 
 
 def dead_letter_by_reference(record: SourceRecord, error: JobRejected, worker_id: str

@@ -48,12 +48,21 @@ def test_exactly_once_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "transactional.id" not in producer_settings(cfg)
 
 
-def test_extra_settings_still_win_over_the_guarantee_defaults() -> None:
+def test_extra_settings_win_over_defaults_but_not_over_the_guarantees() -> None:
     cfg = load_config(None, processing={"guarantee": "exactly-once"},
-                      kafka={"consumer_extra": {"isolation.level": "read_uncommitted"},
-                             "producer_extra": {"transaction.timeout.ms": "90000"}})
-    assert member_consumer_settings(cfg)["isolation.level"] == "read_uncommitted"
+                      kafka={"producer_extra": {"transaction.timeout.ms": "90000",
+                                                "linger.ms": "1"}})
+    assert member_consumer_settings(cfg)["isolation.level"] == "read_committed"
     assert transactional_producer_settings(cfg)["transaction.timeout.ms"] == "90000"
+    assert producer_settings(cfg)["linger.ms"] == "1"
+    for table, key, value in (("consumer_extra", "isolation.level", "read_uncommitted"),
+                              ("consumer_extra", "enable.auto.commit", "true"),
+                              ("producer_extra", "acks", "1"),
+                              ("producer_extra", "enable.idempotence", "false"),
+                              ("extra", "partitioner", "consistent_random")):
+        with pytest.raises(ConfigError) as info:
+            load_config(None, kafka={table: {key: value}})
+        assert f"{table} may not set {key}" in str(info.value)
 
 
 def test_transaction_timeout_must_cover_twice_an_interval_plus_a_batch() -> None:

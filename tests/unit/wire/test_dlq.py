@@ -169,3 +169,13 @@ def test_a_large_key_is_left_out_of_a_reference() -> None:
 
     rec = _record(key=b"k" * (MAX_REFERENCE_KEY + 1))
     assert dead_letter_by_reference(rec, SchemaViolation("x"), "w1").key is None
+
+
+def test_copied_headers_cannot_forge_the_workers_own() -> None:
+    forged = [("ktw.dlq.error.reason", b"none"), ("ktw.dlq.source.offset", b"0"),
+              *ORIGINAL_HEADERS]
+    dl = dead_letter(_record(headers=forged), SchemaViolation("bad"), "w1")
+    names = [k for k, _ in dl.headers]
+    assert names.count("ktw.dlq.error.reason") == 1 and names.count("ktw.dlq.source.offset") == 1
+    assert dict(dl.headers)["ktw.dlq.error.reason"] == b"schema"
+    assert dl.headers[: len(ORIGINAL_HEADERS)] == ORIGINAL_HEADERS, "the rest kept, in order"

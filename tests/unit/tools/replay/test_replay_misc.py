@@ -59,8 +59,7 @@ def test_headers_round_trip() -> None:
 
 
 def test_client_settings_never_commit_and_produce_idempotently() -> None:
-    cfg = load_config(None, kafka={"bootstrap_servers": "b:9092", "group_id": "live",
-                                   "producer_extra": {"enable.idempotence": "false"}})
+    cfg = load_config(None, kafka={"bootstrap_servers": "b:9092", "group_id": "live"})
     c = replay_consumer_settings(cfg, "rid")
     assert c["group.id"] == "ktw-replay-rid" != "live"
     assert c["enable.auto.commit"] is False and c["enable.auto.offset.store"] is False
