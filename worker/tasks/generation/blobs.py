@@ -8,14 +8,13 @@ result never points at an object another attempt could change.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
 from worker.config.generation import BlobSettings
 from worker.exceptions import ConfigError
+from worker.files import write_atomic
 from worker.wire.generation_jobs import BlobRef
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -39,19 +38,9 @@ class LocalBlobStore:
 
     def put(self, key: str, data: bytes, content_type: str) -> BlobRef:
         path = self.root / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Temp file + rename: a reader never sees a partial image, and concurrent writers of
-        # the same key (a redelivered job) both leave the complete, identical file.
-        fd, tmp = tempfile.mkstemp(prefix=".", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        # A reader never sees a partial image, and concurrent writers of the same key (a
+        # redelivered job) both leave the complete, identical file.
+        write_atomic(path, data)
         return BlobRef(path.resolve().as_uri(), hashlib.sha256(data).hexdigest(), len(data),
                        content_type)
 

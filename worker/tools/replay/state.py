@@ -13,14 +13,13 @@ never a torn one.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worker.files import write_atomic
 from worker.tools.replay.exceptions import ReplayError, StateMismatch
 from worker.tools.replay.ledger import PartitionLedger
 
@@ -146,26 +145,8 @@ def load_state(path: Path) -> ReplayState | None:
 def save_state(path: Path, state: ReplayState) -> None:
     """Atomically replace ``path`` with ``state`` (temp file + fsync + rename + dir fsync)."""
     try:
-        _write_atomic(path, json.dumps(state.to_json(), indent=1).encode("utf-8"))
+        write_atomic(path, json.dumps(state.to_json(), indent=1).encode("utf-8"), sync_dir=True)
     except OSError as exc:
         raise ReplayError(f"cannot write state file {path}: {exc}") from exc
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    directory = path.parent if str(path.parent) else Path(".")
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
