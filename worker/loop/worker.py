@@ -23,7 +23,7 @@ import structlog
 
 from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, KafkaIOError, ProducerFenced, TransactionError
-from worker.kafka import Consumer, member_consumer_settings, transactional_id
+from worker.kafka import Consumer, member_consumer_settings
 from worker.loop.assignment import Assignment
 from worker.loop.backpressure import Backpressure
 from worker.loop.commit.base import make_committer
@@ -81,12 +81,11 @@ class Worker:
         self._consumer.open(on_commit=self.committer.on_commit)
         self._consumer.subscribe([self.topics.jobs], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
-        exactly_once = self.cfg.processing.guarantee == "exactly-once"
         log.info("worker_started", task=self.cfg.processing.task, topic=self.topics.jobs,
                  group=self.cfg.kafka.group_id, model=self.task.model_id,
                  engine=self.task.engine_hash, client_id=self.cfg.kafka.client_id,
                  guarantee=self.cfg.processing.guarantee,
-                 transactional_id=transactional_id(self.cfg) if exactly_once else None)
+                 transactional_id=self.committer.transactional_id)
         try:
             while not self._stop.is_set():
                 self.step()

@@ -41,6 +41,7 @@ class AtLeastOnce:
         self._producer = Producer(producer_settings(cfg))
         self._tracker = OffsetTracker()
         self.fatal: BaseException | None = None
+        self.transactional_id: str | None = None
         self._last_commit = time.monotonic()
         self._commit_sent: float | None = None  # when the unanswered async commit was sent
         self._again: list[Output] = []  # DLQ records refused as too large, by reference

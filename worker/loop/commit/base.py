@@ -28,6 +28,8 @@ DropWork = Callable[[set[TopicPartitionKey]], None]
 class Committer(Protocol):
     # Set when a failure must stop the loop without committing past it (read every step).
     fatal: BaseException | None
+    # The producer's transactional.id, where it has one (for the start-up log line).
+    transactional_id: str | None
 
     def start(self) -> None:
         """Open the producer (and fence an earlier incarnation, where that matters)."""

@@ -19,7 +19,7 @@ import structlog
 
 from worker.config import WorkerConfig
 from worker.exceptions import TransactionError
-from worker.kafka import Consumer, Producer, transactional_producer_settings
+from worker.kafka import Consumer, Producer, transactional_id, transactional_producer_settings
 from worker.loop.assignment import Assignment
 from worker.loop.commit.base import DropWork
 from worker.loop.commit.offsets import OffsetTracker
@@ -44,6 +44,7 @@ class ExactlyOnce:
         self._tracker = OffsetTracker()
         self._release = OrderedRelease(self._tracker)
         self.fatal: BaseException | None = None
+        self.transactional_id: str | None = transactional_id(cfg)
         self._abort_request: str | None = None
         self._rewind_needed = False
         self._last_commit = time.monotonic()
