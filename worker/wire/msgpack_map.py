@@ -15,6 +15,10 @@ from worker.exceptions import MalformedPayload, SchemaViolation, UnsupportedVers
 
 MAX_ID_CHARS = 256
 INT64_MAX = 2**63 - 1
+# Bounds on what unpacking may build (see unpack_map): a job is one flat map of at most a dozen
+# fields; a result holds a few small maps and at most 64 images.
+MAX_CONTAINER_LEN = 1024
+MAX_CONTAINERS = 1024
 
 
 def type_name(value: object) -> str:
@@ -22,6 +26,19 @@ def type_name(value: object) -> str:
 
 
 def unpack_map(payload: bytes) -> dict[Any, Any]:
+    """The payload as a map. Bounded before anything large is built: an empty map or array
+    costs one byte on the wire and ~60 in memory, so a 1 MB array of empty maps would cost
+    ~73 MB and a second of the loop's time. Containers are capped in length
+    (``MAX_CONTAINER_LEN``, checked from their headers) and in number (``MAX_CONTAINERS``,
+    counted as they are built): no contract document comes near either."""
+    budget = [MAX_CONTAINERS]
+
+    def counted(container: Any) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise SchemaViolation(f"more than {MAX_CONTAINERS} nested maps or arrays")
+        return container
+
     try:
         obj = msgpack.unpackb(
             payload,
@@ -29,6 +46,10 @@ def unpack_map(payload: bytes) -> dict[Any, Any]:
             strict_map_key=True,
             # Refuse ext types (timestamps, custom) outright: the contract has none.
             ext_hook=_reject_ext,
+            max_map_len=MAX_CONTAINER_LEN,
+            max_array_len=MAX_CONTAINER_LEN,
+            object_hook=counted,
+            list_hook=counted,
         )
     except UnicodeDecodeError as exc:
         raise MalformedPayload(f"invalid UTF-8 in a msgpack string: {exc.reason}") from exc
