@@ -60,13 +60,9 @@ def main() -> None:
 
     from bench.common import environment, write
     from bench.pipeline_bench import end_to_end, engine_ceiling, jpeg_photos, naive
+    from worker.logs import configure_logging  # (the same module in every checkout so far)
 
-    try:
-        from worker.logs import configure_logging
-
-        configure_logging("WARNING")
-    except ImportError:
-        pass
+    configure_logging("WARNING")
     torch.backends.cudnn.benchmark = False
     record: dict[str, Any] = {
         "benchmark": "kafka_e2e_open_nsfw", "env": environment(),

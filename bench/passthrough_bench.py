@@ -160,7 +160,7 @@ class InstantTask:
         self._headers = [("ktw.schema", b"moderation-result/v1")]
 
     def warm_up(self) -> None:
-        pass
+        """No engine to warm."""
 
     def admit(self, batch: Any) -> list[Any]:
         from worker.tasks.protocol import admit_each
@@ -204,13 +204,13 @@ class InstantTask:
         return 0
 
     def wait(self, timeout: float) -> None:
-        pass
+        """Nothing is ever in flight: answers come back from schedule()."""
 
     def ready(self) -> bool:
         return True
 
     def close(self) -> None:
-        pass
+        """No engine or pool to close."""
 
 
 def through_worker(bootstrap: str, tag: str, n: int, profile_to: Path | None

@@ -115,8 +115,7 @@ class TransactionError(KafkaIOError):
 
     def __init__(self, message: str, *, code: int | None = None, recoverable: bool = False,
                  abortable: bool = False, fatal: bool = False) -> None:
-        super().__init__(message, recoverable=recoverable and not fatal)
-        self.code = code
+        super().__init__(message, recoverable=recoverable and not fatal, code=code)
         self.abortable = abortable and not fatal
         self.fatal = fatal or not (self.recoverable or self.abortable)
 

@@ -51,7 +51,8 @@ class Intake:
             begin(topic, partition, offset)
             append(source_record(msg, topic, partition, offset))
         self._stats.consumed += len(records)
-        return ConsumedBatch(records, dict(self._assignment.epochs), consumed_at)
+        # The live epochs: the task reads them while it admits, before any rebalance can run.
+        return ConsumedBatch(records, self._assignment.epochs, consumed_at)
 
 
 def _coordinates(msg: ck.Message) -> tuple[str, int, int]:

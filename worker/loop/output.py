@@ -14,7 +14,7 @@ import structlog
 from worker.exceptions import JobRejected
 from worker.loop.stats import Stats
 from worker.tasks.protocol import Answer, TaskTopics
-from worker.wire.dlq import dead_letter
+from worker.wire.dlq import dead_letter, dead_letter_by_reference
 from worker.wire.records import Headers, SourceRecord, SourceRef
 
 log = structlog.get_logger("worker")
@@ -34,6 +34,15 @@ class Output:
     # A DLQ output's rejected record and why: a DLQ topic that refuses the record as too large
     # gets it again by reference (worker.wire.dlq.dead_letter_by_reference).
     rejected: tuple[SourceRecord, JobRejected] | None = None
+
+
+def by_reference(out: Output, worker_id: str) -> Output:
+    """A DLQ output the DLQ topic (or the producer) refused as too large, as a reference to the
+    source record (:func:`worker.wire.dlq.dead_letter_by_reference`)."""
+    assert out.rejected is not None
+    src, error = out.rejected
+    small = dead_letter_by_reference(src, error, worker_id)
+    return Output(out.ref, out.topic, small.key, small.value, small.headers, "dlq")
 
 
 def _debug_jobs() -> bool:

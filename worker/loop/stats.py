@@ -27,11 +27,13 @@ class Stats:
             "pauses": self.pauses,
         }
 
-    def maybe_log(self, log: Any, **extra: Any) -> None:
+    def due(self) -> bool:
+        """True once ``every_s`` has passed since the last line (checked every step: cheap)."""
+        return time.monotonic() - self._last_log >= self.every_s
+
+    def log_line(self, log: Any, **extra: Any) -> None:
         now = time.monotonic()
         elapsed = now - self._last_log
-        if elapsed < self.every_s:
-            return
         rate = (self.consumed - self._last_consumed) / elapsed
         self._last_log, self._last_consumed = now, self.consumed
         log.info("worker_stats", rate_per_s=round(rate, 1), **self.totals(), **extra)

@@ -110,8 +110,9 @@ class Worker:
         self._emit(self.task.collect(block=False))
         self._backpressure.update(self.committer.pending())
         self.committer.tick()
-        self.stats.maybe_log(log, pending=self.committer.pending(),
-                             paused=self._backpressure.paused, **self.guarantee_totals())
+        if self.stats.due():  # (the totals are built only when the line is written)
+            self.stats.log_line(log, pending=self.committer.pending(),
+                                paused=self._backpressure.paused, **self.guarantee_totals())
 
     def _raise_fatal(self) -> None:
         fatal = self._fatal or self.committer.fatal

@@ -21,9 +21,28 @@ from worker.config import BatchSettings
 from worker.exceptions import SchemaViolation
 from worker.tasks.batcher import Batch, Batchable, DynamicBatcher, NoProfileFits
 from worker.tasks.protocol import Answer, ConsumedBatch, TaskTopics, admit_each
-from worker.wire.records import Headers, SourceRecord, TopicPartitionKey
+from worker.wire.records import Headers, SourceRecord, SourceRef, TopicPartitionKey
 
 P = TypeVar("P", bound=Batchable)
+
+
+class QueuedJob:
+    """The batcher's view of a consumed job, for a task's item dataclass to inherit: its
+    deadline and its source partition (from the item's ``job`` and ``ref``). The item adds
+    ``item_shape``, which picks its engine profile."""
+
+    __slots__ = ()
+    ref: SourceRef
+    job: Any
+
+    @property
+    def deadline_ms(self) -> int | None:
+        deadline: int | None = self.job.deadline_ms
+        return deadline
+
+    @property
+    def partition_key(self) -> tuple[str, int]:
+        return (self.ref.topic, self.ref.partition)
 
 
 class BatchedTask(abc.ABC, Generic[P]):
@@ -145,8 +164,8 @@ class BatchedTask(abc.ABC, Generic[P]):
 
     def _answer(self, p: Any, result: Any) -> Answer:
         value, headers = self.encode(result)
-        # StrEnum members are str: the status is stored as it is (no .value lookup per job).
-        return Answer(p.ref, p.record, p.epoch, result.id, str.__str__(result.status),
+        # A StrEnum member is a str: stored as it is (no .value lookup per job).
+        return Answer(p.ref, p.record, p.epoch, result.id, result.status,
                       result.id.encode(), value, headers)
 
 

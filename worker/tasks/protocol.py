@@ -55,7 +55,8 @@ class Answer:
 @dataclass(frozen=True, slots=True)
 class ConsumedBatch:
     """Records of one ``consume()`` call, in the order they came, with their partitions'
-    epochs at intake (an answer whose partition moved on since is discarded as stale)."""
+    epochs, read at admission (an answer whose partition moved on since is discarded as
+    stale)."""
 
     records: Sequence[SourceRecord]
     epochs: Mapping[TopicPartitionKey, int]

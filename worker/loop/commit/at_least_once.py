@@ -23,8 +23,7 @@ from worker.exceptions import DeliveryFailed, KafkaIOError
 from worker.kafka import Consumer, Producer, producer_settings
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.hops import HopTimes
-from worker.loop.output import Output
-from worker.wire.dlq import dead_letter_by_reference
+from worker.loop.output import Output, by_reference
 from worker.wire.records import TopicPartitionKey
 
 log = structlog.get_logger("worker")
@@ -66,13 +65,9 @@ class AtLeastOnce:
                         on_delivery=partial(delivered, small, now))
 
     def _by_reference(self, out: Output, why: str) -> Output:
-        """A DLQ output the DLQ topic (or the producer) refuses as too large, by reference."""
-        assert out.rejected is not None
-        src, error = out.rejected
-        small = dead_letter_by_reference(src, error, self.cfg.kafka.client_id)
         log.warning("dlq_record_too_large", topic=out.topic, partition=out.ref.partition,
                     offset=out.ref.offset, bytes=len(out.value or b""), error=why)
-        return Output(out.ref, out.topic, small.key, small.value, small.headers, "dlq")
+        return by_reference(out, self.cfg.kafka.client_id)
 
     def _delivered(self, out: Output, produced_at: float, err: ck.KafkaError | None,
                    _msg: ck.Message) -> None:

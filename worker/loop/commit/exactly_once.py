@@ -25,8 +25,7 @@ from worker.loop.commit.base import DropWork
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.commit.ordered import OrderedRelease
 from worker.loop.commit.transactions import Transactions
-from worker.loop.output import Output
-from worker.wire.dlq import dead_letter_by_reference
+from worker.loop.output import Output, by_reference
 from worker.wire.records import SourceRef, TopicPartitionKey
 
 log = structlog.get_logger("worker")
@@ -68,7 +67,8 @@ class ExactlyOnce:
     def emit(self, outs: list[Output]) -> None:
         for out in outs:
             if out.rejected is not None and out.ref in self._too_large:
-                out = self._by_reference(out)
+                self._too_large.discard(out.ref)
+                out = by_reference(out, self.cfg.kafka.client_id)
             for ready in self._release.complete(out):
                 if self._txn.failed is not None:
                     break  # doomed: the rewind that follows redoes these records
@@ -92,13 +92,6 @@ class ExactlyOnce:
             self._too_large.add(out.ref)
             log.warning("dlq_record_too_large", topic=out.topic, partition=out.ref.partition,
                         offset=out.ref.offset, bytes=len(out.value or b""))
-
-    def _by_reference(self, out: Output) -> Output:
-        assert out.rejected is not None
-        self._too_large.discard(out.ref)
-        src, error = out.rejected
-        small = dead_letter_by_reference(src, error, self.cfg.kafka.client_id)
-        return Output(out.ref, out.topic, small.key, small.value, small.headers, "dlq")
 
     def _delivered(self, sequence: int, out: Output, err: ck.KafkaError | None,
                    _msg: ck.Message) -> None:

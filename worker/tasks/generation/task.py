@@ -22,7 +22,7 @@ from engines.models.sd.engines import SdEngines
 from engines.profiles import RangeProfile
 from worker.config.generation import GenerationSettings
 from worker.exceptions import JobRejected
-from worker.tasks.batched import BatchedTask
+from worker.tasks.batched import BatchedTask, QueuedJob
 from worker.tasks.batcher import Batch
 from worker.tasks.generation import sampler
 from worker.tasks.generation.blobs import BlobStore
@@ -43,7 +43,7 @@ from worker.wire.records import Headers, SourceRecord, SourceRef
 
 
 @dataclass(slots=True)
-class GenerationPending:
+class GenerationPending(QueuedJob):
     ref: SourceRef
     job: GenerationJob
     consumed_at: float  # time.monotonic()
@@ -52,15 +52,8 @@ class GenerationPending:
     # The source partition's epoch at intake (see worker.tasks.moderation.open_nsfw.Pending).
     epoch: int = 0
 
-    # The batcher's view (worker.tasks.batcher.Batchable): one queue per resolution.
-    @property
-    def deadline_ms(self) -> int | None:
-        return self.job.deadline_ms
-
-    @property
-    def partition_key(self) -> tuple[str, int]:
-        return (self.ref.topic, self.ref.partition)
-
+    # The batcher's view (worker.tasks.batcher.Batchable): QueuedJob and this, one queue per
+    # resolution.
     @property
     def item_shape(self) -> tuple[int, ...]:
         return self.latent_shape

@@ -22,7 +22,7 @@ from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 from worker.config import WorkerConfig
 from worker.exceptions import JobRejected, NothingToScore, UnknownPolicy
-from worker.tasks.batched import BatchedTask
+from worker.tasks.batched import BatchedTask, QueuedJob
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.images.cpu import CROP, ImageLimits, decode_image, preprocess_open_nsfw
 from worker.tasks.moderation.scoring.verdict import verdict_for
@@ -39,7 +39,7 @@ from worker.wire.records import Headers, SourceRecord, SourceRef
 
 
 @dataclass(slots=True)
-class Pending:
+class Pending(QueuedJob):
     """A consumed, decoded job waiting for its result."""
 
     ref: SourceRef
@@ -50,15 +50,7 @@ class Pending:
     # revoked, lost or rewound since is stale and discarded.
     epoch: int = 0
 
-    # The batcher's view of a job (worker.tasks.batcher.Batchable).
-    @property
-    def deadline_ms(self) -> int | None:
-        return self.job.deadline_ms
-
-    @property
-    def partition_key(self) -> tuple[str, int]:
-        return (self.ref.topic, self.ref.partition)
-
+    # The batcher's view of a job (worker.tasks.batcher.Batchable): QueuedJob and this.
     @property
     def item_shape(self) -> tuple[int, ...]:
         return IMAGE_ITEM_SHAPE
