@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Everything the tests exercise on a CPU machine (torch runs on the CPU there; CUDA tests skip).
-EXTRAS ?= dev,gpu,text,clip,gen
+EXTRAS ?= dev,gpu,text,clip,gen,otel
 
 .PHONY: demo test lint unit integration jars clean
 
@@ -35,3 +35,8 @@ integration: $(STAMP) jars
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: deploy-check
+deploy-check: $(STAMP)  ## deploy/: installs pinned helm, kubeconform, hadolint, ... into deploy/tools/bin, then tests/deploy
+	PYTHON=$(BIN)/python bash deploy/tools/install.sh
+	DEPLOY_CHECK_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q tests/deploy

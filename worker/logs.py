@@ -11,6 +11,8 @@ import sys
 
 import structlog
 
+from worker.observe.events import count_events
+
 _SHARED: list[structlog.typing.Processor] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,
@@ -30,6 +32,7 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
             # Drop below-level events before any other processor runs: per-job debug lines
             # must cost nothing on the hot path when the level is INFO or above.
             structlog.stdlib.filter_by_level,
+            count_events,
             *_SHARED,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,

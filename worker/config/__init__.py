@@ -27,14 +27,16 @@ from worker.config.generation import GenerationSettings
 from worker.config.kafka import KafkaSettings, TopicsSettings
 from worker.config.model import BACKEND_PRECISIONS, ModelSettings, ProfileSettings, Thresholds
 from worker.config.moderation import ModerationSettings
+from worker.config.observe import MetricsSettings, TracingSettings
 from worker.config.processing import CommitSettings, LogSettings, ProcessingSettings
 from worker.exceptions import ConfigError
 
 __all__ = [
     "BACKEND_PRECISIONS", "BatchSettings", "CommitSettings", "EngineSettings",
-    "GenerationSettings", "KafkaSettings", "LimitsSettings", "LogSettings", "ModelSettings",
+    "GenerationSettings", "KafkaSettings", "LimitsSettings", "LogSettings", "MetricsSettings",
+    "ModelSettings",
     "ModerationSettings", "ProcessingSettings", "ProfileSettings", "Thresholds",
-    "TopicsSettings", "WorkerConfig", "load_config",
+    "TopicsSettings", "TracingSettings", "WorkerConfig", "load_config",
 ]
 
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("ktw_config_file", default=None)
@@ -58,6 +60,8 @@ class WorkerConfig(BaseSettings):
     # Text-to-image jobs: SD engines, sizes, steps, blobs (worker/config/generation.py).
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
 
     @model_validator(mode="after")
     def _transaction_budget(self) -> WorkerConfig:

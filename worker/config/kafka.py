@@ -40,11 +40,15 @@ class KafkaSettings(Section):
     # produce-to-result latency when a broker holds fetches; frames want it short.
     fetch_wait_max_ms: int = Field(20, ge=1, le=10_000)
     max_poll_interval_ms: int = Field(300_000, ge=10_000)
-    # Identity of this worker instance, stable across its restarts and unique among live
-    # workers of the group (a StatefulSet pod name; the host name by default). Exactly-once
-    # derives the producer's transactional.id from it; static_membership also uses it as
-    # group.instance.id (KIP-345: a restarted instance takes its partitions back at once).
-    instance_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+    # Identity of this worker instance, unique among live workers of the group: host name and
+    # process id by default, so several processes per host never share one. Set it to something
+    # stable across restarts (a StatefulSet pod name, deploy/helm) for static membership, which
+    # uses it as group.instance.id (KIP-345: a restarted instance takes its partitions back at
+    # once), and for exactly-once, whose transactional.id derives from it: a restart with the
+    # same id fences its predecessor's open transaction at once instead of after
+    # transaction_timeout_ms.
+    instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+                             min_length=1, max_length=200)
     static_membership: bool = False
     # transactional.id = "<prefix>.<group_id>.<instance_id>" (exactly-once only).
     transactional_id_prefix: str = Field("ktw", min_length=1, max_length=100)

@@ -12,6 +12,7 @@ import collections
 import functools
 import io
 import random
+import re
 import struct
 import subprocess
 import threading
@@ -167,7 +168,7 @@ def malformed_corpus(n: int, seed: int = 6) -> list[BadJob]:
 # --- feeding and reading ------------------------------------------------------------------------
 
 # The test's own clients recover from a frozen broker as fast as the worker's do (see
-# worker.kafka.clients._common), so a recovery time measured through them is the worker's.
+# worker.kafka.clients.common_settings), so a recovery time measured through them is the worker's.
 CLIENT_RECOVERY = {"metadata.recovery.rebootstrap.trigger.ms": 5_000}
 
 
@@ -625,12 +626,26 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
     }
     if tail is not None or code != 0:
         figures["worker_log_tail"] = tail or proc.log_tail()
+        figures["exit_reason"] = exit_reason(proc.log_text())
     figures.update(_audit_outputs(bootstrap, topics, good, bad))
     time.sleep(0.5)
     figures["offsets_committed_to_end"] = (
         committed(bootstrap, topics.group, topics.jobs, partitions)
         == end_offsets(bootstrap, topics.jobs, partitions))
     return figures
+
+
+# What a worker's log says when it stopped badly: its own failure events, a Python traceback's
+# last line, or faulthandler's "Timeout" header (a drain that outlived shutdown_timeout_s).
+_EXIT_CLUES = re.compile(r'"event": "(worker_failed|shutdown_failed|consumer_close_failed)"'
+                         r'|^Timeout \(|^\w+(Error|Exception)\b')
+
+
+def exit_reason(text: str) -> str:
+    """One line saying why a worker exited non-zero, for the first line of a test's failure
+    message (CI shows little more than that line)."""
+    clues = [line for line in text.splitlines() if _EXIT_CLUES.search(line)]
+    return clues[-1][:400] if clues else "no failure event in its log"
 
 
 def stopped_totals(text: str) -> dict[str, Any]:

@@ -66,6 +66,8 @@ def worker_env(cfg: WorkerConfig, **extra: str) -> dict[str, str]:
             "KTW_COMMIT__SHUTDOWN_TIMEOUT_S": str(cfg.commit.shutdown_timeout_s),
             "KTW_PROCESSING__GUARANTEE": cfg.processing.guarantee,
             "KTW_KAFKA__TRANSACTION_TIMEOUT_MS": str(cfg.kafka.transaction_timeout_ms),
+            # Several workers share the test machine: no metrics port unless a test asks.
+            "KTW_METRICS__PORT": "0",
             "PYTHONUNBUFFERED": "1",
         }
     )

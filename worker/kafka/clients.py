@@ -41,7 +41,7 @@ def source_record(msg: ck.Message, topic: str, partition: int, offset: int) -> S
                         ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else None)
 
 
-def _common(k: KafkaSettings) -> dict[str, Any]:
+def common_settings(k: KafkaSettings) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "bootstrap.servers": k.bootstrap_servers,
         "client.id": k.client_id,
@@ -72,7 +72,7 @@ def _common(k: KafkaSettings) -> dict[str, Any]:
 
 def consumer_settings(cfg: WorkerConfig) -> dict[str, Any]:
     k = cfg.kafka
-    conf = _common(k)
+    conf = common_settings(k)
     conf.update(
         {
             "group.id": k.group_id,
@@ -97,9 +97,15 @@ def consumer_settings(cfg: WorkerConfig) -> dict[str, Any]:
     return conf
 
 
-def member_consumer_settings(cfg: WorkerConfig) -> dict[str, Any]:
-    """The worker's own group member: ``consumer_settings`` plus the guarantee's needs."""
+def member_consumer_settings(cfg: WorkerConfig, on_stats: Callable[[str], None] | None = None
+                             ) -> dict[str, Any]:
+    """The worker's own group member: ``consumer_settings`` plus the guarantee's needs, and
+    librdkafka's statistics every ``metrics.statistics_interval_ms`` into ``on_stats`` (the
+    consumer lag per partition comes from them)."""
     conf = consumer_settings(cfg)
+    if on_stats is not None and cfg.metrics.statistics_interval_ms > 0:
+        conf["statistics.interval.ms"] = cfg.metrics.statistics_interval_ms
+        conf["stats_cb"] = on_stats
     if cfg.processing.guarantee == "exactly-once":
         # Never read the aborted output of an upstream transactional producer. (librdkafka's
         # default too; stated because exactly-once depends on it.)
@@ -139,7 +145,7 @@ def transactional_producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
 
 def producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
     k = cfg.kafka
-    conf = _common(k)
+    conf = common_settings(k)
     conf.update(
         {
             "acks": "all",
@@ -158,7 +164,7 @@ def producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
     return conf
 
 
-def _wrap(exc: ck.KafkaException, what: str) -> KafkaIOError:
+def kafka_io_error(exc: ck.KafkaException, what: str) -> KafkaIOError:
     err = exc.args[0] if exc.args else None
     if isinstance(err, ck.KafkaError):
         return KafkaIOError(f"{what}: {err.str()}", recoverable=err.retriable(),
@@ -245,14 +251,14 @@ class Consumer:
         try:
             return self.client.consume(num_messages=num_messages, timeout=timeout)
         except ck.KafkaException as exc:
-            raise _wrap(exc, "consume failed") from exc
+            raise kafka_io_error(exc, "consume failed") from exc
 
     def commit(self, offsets: list[ck.TopicPartition]) -> None:
         """Commit these positions; returns once the coordinator answered (or raises)."""
         try:
             self.client.commit(offsets=offsets, asynchronous=False)
         except ck.KafkaException as exc:
-            raise _wrap(exc, "commit failed") from exc
+            raise kafka_io_error(exc, "commit failed") from exc
 
     def commit_async(self, offsets: list[ck.TopicPartition]) -> None:
         """Send a commit and return at once; the ``on_commit`` callback given to :meth:`open`
@@ -260,7 +266,7 @@ class Consumer:
         try:
             self.client.commit(offsets=offsets, asynchronous=True)
         except ck.KafkaException as exc:
-            raise _wrap(exc, "commit failed") from exc
+            raise kafka_io_error(exc, "commit failed") from exc
 
     def assignment(self) -> list[ck.TopicPartition]:
         return list(self.client.assignment())
@@ -272,14 +278,15 @@ class Consumer:
         try:
             return self.client.consumer_group_metadata()
         except ck.KafkaException as exc:
-            raise _wrap(exc, "consumer_group_metadata failed") from exc
+            raise kafka_io_error(exc, "consumer_group_metadata failed") from exc
 
     def seek(self, partition: ck.TopicPartition) -> None:
         """Move an assigned partition's fetch position; records fetched before are discarded."""
         try:
             self.client.seek(partition)
         except ck.KafkaException as exc:
-            raise _wrap(exc, f"seek {partition.topic}[{partition.partition}] failed") from exc
+            where = f"{partition.topic}[{partition.partition}]"
+            raise kafka_io_error(exc, f"seek {where} failed") from exc
 
     def pause(self, partitions: list[ck.TopicPartition]) -> None:
         if partitions:
@@ -289,10 +296,22 @@ class Consumer:
         if partitions:
             self.client.resume(partitions)
 
+    def serve(self, timeout: float) -> None:
+        """Serve callbacks (commit reports, rebalances) for up to ``timeout`` seconds without
+        taking records: the assignment is paused first. For waits at shutdown only."""
+        try:
+            self.client.pause(self.client.assignment())
+            self.client.poll(timeout)
+        except ck.KafkaException as exc:
+            raise kafka_io_error(exc, "consumer poll failed") from exc
+
     def close(self) -> None:
+        """Leave the group and release the client (the rebalance callbacks run from here)."""
         if self._client is not None:
             try:
                 self._client.close()
+            except ck.KafkaException as exc:
+                raise kafka_io_error(exc, "consumer close failed") from exc
             finally:
                 self._client = None
 
@@ -323,7 +342,9 @@ class Producer:
 
     def _error(self, exc: ck.KafkaException, what: str) -> KafkaIOError:
         """``exc`` wrapped: a TransactionError for a transactional producer, else KafkaIOError."""
-        return self._txn_error(exc, what) if self.transactional else _wrap(exc, f"{what} failed")
+        if self.transactional:
+            return self._txn_error(exc, what)
+        return kafka_io_error(exc, f"{what} failed")
 
     @property
     def client(self) -> ck.Producer:

@@ -12,12 +12,19 @@ Hops (seconds, one sample per job unless said otherwise):
   outputs become visible when their transaction commits, so there is no per-record ack).
 
 Samples are kept in bounded windows (the most recent ``keep`` per hop), so a long-running worker
-holds a constant amount; :meth:`HopTimes.summary` gives p50 / p99 in milliseconds.
+holds a constant amount; :meth:`HopTimes.summary` gives p50 / p99 in milliseconds. Every sample
+also lands in a cumulative histogram per hop (``buckets``), exported to Prometheus as
+``trt_worker_hop_seconds``.
 """
 
 from __future__ import annotations
 
+import time
+from bisect import bisect_left
 from collections import deque
+from typing import Any
+
+from worker.observe.buckets import LATENCY_BOUNDS, Buckets
 
 HOPS = ("intake", "queue", "engine", "output", "delivery")
 
@@ -25,9 +32,23 @@ HOPS = ("intake", "queue", "engine", "output", "delivery")
 class HopTimes:
     def __init__(self, keep: int = 100_000) -> None:
         self._samples: dict[str, deque[float]] = {h: deque(maxlen=keep) for h in HOPS}
+        self.buckets = {h: Buckets(LATENCY_BOUNDS) for h in HOPS}
 
     def add(self, hop: str, seconds: float) -> None:
         self._samples[hop].append(seconds)
+        b = self.buckets[hop]  # Buckets.observe inlined: ~4 samples per job on the hot path
+        b.counts[bisect_left(b.bounds, seconds)] += 1
+        b.sum += seconds
+
+    def answered(self, answers: list[Any]) -> None:
+        """The queue, engine and output hops of answers the engine ran (worker.tasks.protocol
+        .Answer: consumed_at, batched_at, done_at), as they are produced."""
+        now, add = time.monotonic(), self.add
+        for a in answers:
+            if a.done_at:
+                add("queue", a.batched_at - a.consumed_at)
+                add("engine", a.done_at - a.batched_at)
+                add("output", now - a.done_at)
 
     def summary(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}

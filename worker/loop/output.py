@@ -16,6 +16,7 @@ from worker.loop.stats import Stats
 from worker.tasks.protocol import Answer, TaskTopics
 from worker.wire.dlq import dead_letter, dead_letter_by_reference
 from worker.wire.records import Headers, SourceRecord, SourceRef
+from worker.wire.trace import trace_headers
 
 log = structlog.get_logger("worker")
 
@@ -77,7 +78,10 @@ class OutputBuilder:
                           partition=a.ref.partition, offset=a.ref.offset, status=a.status)
             assert a.value is not None
             n_results += 1
-            outs.append(Output(a.ref, results, a.key, a.value, a.headers or [], "result"))
+            headers = a.headers or []
+            if a.record.headers:  # a W3C traceparent on the job goes onto its result
+                headers = headers + trace_headers(a.record.headers)
+            outs.append(Output(a.ref, results, a.key, a.value, headers, "result"))
         self.stats.results += n_results
         return outs
 
@@ -90,5 +94,6 @@ class OutputBuilder:
                     topic=ref.topic, partition=ref.partition, offset=ref.offset,
                     reason=error.reason, error=str(error)[:300])
         self.stats.dead_lettered += 1
+        self.stats.dead_by_reason[error.reason] += 1
         return Output(ref, self.topics.dlq, record.key, record.value, record.headers, "dlq",
                       (src, error))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ class Stats:
     dead_lettered: int = 0
     expired: int = 0
     pauses: int = 0
+    dead_by_reason: Counter[str] = field(default_factory=Counter)
     _last_log: float = field(default_factory=time.monotonic)
     _last_consumed: int = 0
 

@@ -31,6 +31,8 @@ from worker.loop.hops import HopTimes
 from worker.loop.intake import Intake
 from worker.loop.output import OutputBuilder
 from worker.loop.stats import Stats
+from worker.observe.spans import make_spans
+from worker.observe.vitals import Vitals
 from worker.tasks.protocol import Answer, Task
 from worker.wire.records import TopicPartitionKey
 
@@ -46,17 +48,19 @@ class Worker:
 
             task = make_task(cfg)
         self.cfg, self.task, self.topics = cfg, task, task.topics
-        task.on_batch_done = self._check_batch_time
+        task.on_batch_done = self._batch_done
         self.stats = Stats()
+        self.vitals = Vitals()  # heartbeat, warm-up, rebalances, batches, lag (worker.observe)
+        self.spans = make_spans(cfg)  # None unless tracing.otlp_endpoint is set
         self.assignment = Assignment()
         self.hops = HopTimes()
-        self._consumer = Consumer(member_consumer_settings(cfg))
+        self._consumer = Consumer(member_consumer_settings(cfg, on_stats=self.vitals.on_stats))
         self.committer = make_committer(cfg, self._consumer, self.assignment, task.remove,
                                         self.hops)
         self._intake = Intake(self._consumer, self.assignment, self.committer, self.stats)
         self._outputs = OutputBuilder(self.topics, cfg.kafka.client_id, self.stats,
                                       dlq_inline_max_bytes=cfg.limits.dlq_inline_max_bytes)
-        self._backpressure = Backpressure(self._consumer, cfg.batch, self.stats)
+        self.backpressure = Backpressure(self._consumer, cfg.batch, self.stats)
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
         self.slow_batches = 0
@@ -64,6 +68,7 @@ class Worker:
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
         """Ask the loop to drain and exit (safe from signal handlers and other threads)."""
+        self.vitals.stopping = True
         self._stop.set()
 
     def request_abort(self, reason: str = "requested") -> None:
@@ -77,10 +82,12 @@ class Worker:
 
     def run(self) -> None:
         self.task.warm_up()
+        self.vitals.warm = True
         self.committer.start()
         self._consumer.open(on_commit=self.committer.on_commit)
         self._consumer.subscribe([self.topics.jobs], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self.vitals.subscribed = True
         log.info("worker_started", task=self.cfg.processing.task, topic=self.topics.jobs,
                  group=self.cfg.kafka.group_id, model=self.task.model_id,
                  engine=self.task.engine_hash, client_id=self.cfg.kafka.client_id,
@@ -100,6 +107,7 @@ class Worker:
             self._shutdown()
 
     def step(self) -> None:
+        self.vitals.beat = time.monotonic()
         room = self.cfg.batch.high_watermark - self.committer.pending()
         batch = self._intake.consume(room, self.cfg.batch.poll_timeout_ms / 1e3)
         if batch.records:
@@ -108,16 +116,19 @@ class Worker:
             self._emit(rejected)
         self._schedule(force=False)
         self._emit(self.task.collect(block=False))
-        self._backpressure.update(self.committer.pending())
+        self.backpressure.update(self.committer.pending())
         self.committer.tick()
         if self.stats.due():  # (the totals are built only when the line is written)
             self.stats.log_line(log, pending=self.committer.pending(),
-                                paused=self._backpressure.paused, **self.guarantee_totals())
+                                paused=self.backpressure.paused, **self.guarantee_totals())
+
+    @property
+    def fatal_error(self) -> BaseException | None:
+        return self._fatal or self.committer.fatal
 
     def _raise_fatal(self) -> None:
-        fatal = self._fatal or self.committer.fatal
-        if fatal is not None:
-            raise fatal
+        if self.fatal_error is not None:
+            raise self.fatal_error
 
     def _shutdown(self) -> None:
         log.info("worker_draining", pending=self.committer.pending(),
@@ -135,11 +146,22 @@ class Worker:
             raise
         finally:
             try:
-                self._consumer.close()
+                self._close_consumer()
                 self.committer.close(failed=self._fatal is not None)
             finally:
                 self.task.close()
+                if self.spans is not None:
+                    self.spans.close()
                 log.info("worker_stopped", **self.stats.totals(), **self.guarantee_totals())
+
+    def _close_consumer(self) -> None:
+        try:
+            self._consumer.close()
+        except KafkaIOError as exc:
+            # The group leave failed (a coordinator lost in a broker stall): what was drained
+            # is committed or repeated by the next owner; the group evicts this member by its
+            # session timeout. Not worth a non-zero exit and a restart.
+            log.error("consumer_close_failed", error=str(exc)[:500])
 
     # -- schedule / emit -------------------------------------------------------------------
     def _schedule(self, *, force: bool) -> None:
@@ -155,15 +177,15 @@ class Worker:
         # the replay after the rewind) answers it.
         current = self.assignment.is_current
         fresh = [a for a in answers if current((a.ref.topic, a.ref.partition), a.epoch)]
-        now, add = time.monotonic(), self.hops.add
-        for a in fresh:
-            if a.done_at:
-                add("queue", a.batched_at - a.consumed_at)
-                add("engine", a.done_at - a.batched_at)
-                add("output", now - a.done_at)
+        self.hops.answered(fresh)
+        if self.spans is not None:
+            self.spans.jobs(fresh)
         self.committer.emit(self._outputs.of_answers(fresh))
 
-    def _check_batch_time(self, took_ms: float, size: int) -> None:
+    def _batch_done(self, took_ms: float, size: int, profile: str, capacity: int) -> None:
+        self.vitals.batch_done(took_ms / 1e3, size, profile, capacity)
+        if self.spans is not None:
+            self.spans.batch(took_ms / 1e3, size, profile)
         if took_ms > self.cfg.processing.max_batch_ms:
             self.slow_batches += 1
             log.error("batch_over_budget", took_ms=round(took_ms), size=size,
@@ -173,15 +195,17 @@ class Worker:
     # -- rebalance (librdkafka calls these from consume()) ----------------------------------
     def _on_assign(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         self.assignment.owned |= _keys(partitions)
+        self.vitals.rebalanced("assigned", len(partitions))
         try:
             log.info("partitions_assigned", partitions=_names(partitions))
         finally:
-            if self._backpressure.paused and partitions:
+            if self.backpressure.paused and partitions:
                 consumer.pause(partitions)
 
     def _on_revoke(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         keys = _keys(partitions)
         self.assignment.owned -= keys
+        self.vitals.rebalanced("revoked", len(partitions))
         log.info("partitions_revoked", partitions=_names(partitions))
         try:
             if self._fatal is None:
@@ -198,6 +222,7 @@ class Worker:
     def _on_lost(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         keys = _keys(partitions)
         self.assignment.owned -= keys
+        self.vitals.rebalanced("lost", len(partitions))
         log.warning("partitions_lost", partitions=_names(partitions))
         try:
             self.task.remove(keys)

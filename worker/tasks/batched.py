@@ -56,8 +56,8 @@ class BatchedTask(abc.ABC, Generic[P]):
     serves (the factories in :mod:`worker.tasks.registry` do that)."""
 
     topics: TaskTopics
-    # Called with (milliseconds, jobs) as each batch finishes.
-    on_batch_done: Callable[[float, int], None] | None = None
+    # Called with (milliseconds, jobs, profile name, jobs the profile takes) per finished batch.
+    on_batch_done: Callable[[float, int, str, int], None] | None = None
     _batcher: DynamicBatcher[P] | None = None
     _max_message_bytes: int = 0
 
@@ -97,7 +97,8 @@ class BatchedTask(abc.ABC, Generic[P]):
         """Read jobs from ``topics`` through ``batcher``: the task is now what the loop serves."""
         self.topics, self._batcher = topics, batcher
         self._max_message_bytes = max_message_bytes
-        self._in_flight: list[tuple[Future[list[Any]], int, float]] = []  # future, jobs, start
+        # future, jobs, start, profile name, the profile's capacity in jobs
+        self._in_flight: list[tuple[Future[list[Any]], int, float, str, int]] = []
 
     @property
     def batcher(self) -> DynamicBatcher[P]:
@@ -120,15 +121,18 @@ class BatchedTask(abc.ABC, Generic[P]):
     def schedule(self, now: float, now_ms: int, *, free: int, force: bool) -> list[Answer]:
         due = self.batcher.schedule(now, now_ms, limit=max(free, 0), force=force)
         answers = [self._answer(p, self.expired_result(p, now_ms)) for p in due.expired]
+        cap = self.batcher.max_batch_size
         for batch in due.batches:
-            self._in_flight.append((self.submit(batch), len(batch.items), time.monotonic()))
+            profile = batch.profile
+            self._in_flight.append((self.submit(batch), len(batch.items), time.monotonic(),
+                                    profile.name, min(cap, profile.max_batch)))
         return answers
 
     def collect(self, *, block: bool) -> list[Answer]:
         answers: list[Answer] = []
         pending = []
         for entry in self._in_flight:
-            fut, size, started = entry
+            fut, size, started, profile, capacity = entry
             if not (block or fut.done()):
                 pending.append(entry)
                 continue
@@ -137,7 +141,7 @@ class BatchedTask(abc.ABC, Generic[P]):
             outcomes = fut.result()
             done = time.monotonic()
             if self.on_batch_done is not None:
-                self.on_batch_done((done - started) * 1e3, size)
+                self.on_batch_done((done - started) * 1e3, size, profile, capacity)
             for outcome in outcomes:
                 p = outcome.pending
                 if outcome.rejection is not None:
@@ -153,14 +157,15 @@ class BatchedTask(abc.ABC, Generic[P]):
         self.batcher.remove(lambda p: p.partition_key in keys)
 
     def held(self) -> int:
-        return len(self.batcher) + sum(size for _, size, _ in self._in_flight)
+        return len(self.batcher) + sum(entry[1] for entry in self._in_flight)
 
     def in_flight(self) -> int:
         return len(self._in_flight) if self._batcher is not None else 0
 
     def wait(self, timeout: float) -> None:
         if self._batcher is not None and self._in_flight:
-            wait([f for f, _, _ in self._in_flight], timeout=timeout, return_when=FIRST_COMPLETED)
+            wait([entry[0] for entry in self._in_flight], timeout=timeout,
+                 return_when=FIRST_COMPLETED)
 
     def _answer(self, p: Any, result: Any) -> Answer:
         value, headers = self.encode(result)

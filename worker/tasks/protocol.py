@@ -69,8 +69,9 @@ class ConsumedBatch:
 class Task(Protocol):
     topics: TaskTopics
     model_id: str
-    # Called with (milliseconds, jobs) as each batch finishes, where the task can tell.
-    on_batch_done: Callable[[float, int], None] | None
+    # Called with (milliseconds, jobs, profile name, jobs the profile takes) as each batch
+    # finishes, where the task can tell.
+    on_batch_done: Callable[[float, int, str, int], None] | None
 
     @property
     def engine_hash(self) -> str: ...

@@ -55,18 +55,31 @@ def run(
     bootstrap_servers: BootstrapOpt = None,
     task: Annotated[str | None, typer.Option(
         help="What to serve: moderation or generation (default: processing.task).")] = None,
+    gpus: Annotated[str | None, typer.Option(
+        help="One worker process per GPU: a count or 'all' (instance ids <id>-gpu<i>, "
+             "metrics ports metrics.port + i); stopped together.")] = None,
 ) -> None:
     """Run the worker against the configured brokers until SIGTERM/SIGINT."""
     from worker.loop.worker import Worker
+    from worker.observe.attach import observe
 
     cfg = _config(config, bootstrap_servers,
                   **({"processing": {"task": task}} if task is not None else {}))
     if not cfg.kafka.bootstrap_servers:
         raise WorkerError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass "
                           "--bootstrap-servers (or try `trt-worker demo`)")
+    if gpus is not None:
+        from worker.tools.gpus import child_argv, supervise, visible_gpus
+
+        raise typer.Exit(supervise(cfg, visible_gpus(gpus), child_argv(sys.argv)))
     worker = Worker(cfg)
     _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)
-    worker.run()
+    server = observe(worker)
+    try:
+        worker.run()
+    finally:
+        if server is not None:
+            server.close()
 
 
 @app.command()
@@ -171,6 +184,17 @@ def _register_replay() -> None:
 
 
 _register_replay()
+
+
+def _register_admin() -> None:
+    from worker.tools.admin.cli import dlq_app, lag, topics_app  # options and logic live there
+
+    app.add_typer(topics_app, name="topics")
+    app.command(name="lag")(lag)
+    app.add_typer(dlq_app, name="dlq")
+
+
+_register_admin()
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from worker.exceptions import JobRejected
 from worker.wire.records import Headers, SourceRecord
+from worker.wire.trace import trace_headers
 
 HEADER_PREFIX = "ktw.dlq."
 MAX_MESSAGE_CHARS = 1000
@@ -44,7 +45,8 @@ def dead_letter(record: SourceRecord, error: JobRejected, worker_id: str, *,
 def dead_letter_by_reference(record: SourceRecord, error: JobRejected, worker_id: str
                              ) -> DeadLetter:
     """A DLQ record for a record too large to copy: the value is a JSON reference to the source
-    record, its original headers are left out, and ``ktw.dlq.value`` says so. The key is kept
+    record, its original headers are left out (but its W3C trace context), and ``ktw.dlq.value``
+    says so. The key is kept
     when it is small (it usually is the job id)."""
     value = record.value or b""
     ref = {"ref": "kafka", "topic": record.topic, "partition": record.partition,
@@ -52,7 +54,8 @@ def dead_letter_by_reference(record: SourceRecord, error: JobRejected, worker_id
            "sha256": hashlib.sha256(value).hexdigest(),
            "headers": len(record.headers or []), "record_bytes": record_bytes(record)}
     key = record.key if record.key is None or len(record.key) <= MAX_REFERENCE_KEY else None
-    headers = [*_ours(record, error, worker_id), (HEADER_PREFIX + "value", b"reference")]
+    headers = [*_ours(record, error, worker_id), (HEADER_PREFIX + "value", b"reference"),
+               *trace_headers(record.headers)]
     return DeadLetter(key=key, value=json.dumps(ref, separators=(",", ":")).encode(),
                       headers=headers)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -20,7 +21,8 @@ from worker.kafka import (
 def test_at_least_once_is_the_default_and_adds_no_transactional_settings() -> None:
     cfg = load_config()
     assert cfg.processing.guarantee == "at-least-once"
-    assert cfg.kafka.instance_id == socket.gethostname()
+    # Host and process: two processes on one host never share a transactional.id.
+    assert cfg.kafka.instance_id == f"{socket.gethostname()}-{os.getpid()}"
     assert cfg.kafka.static_membership is False
     assert "transactional.id" not in producer_settings(cfg)
     member = member_consumer_settings(cfg)

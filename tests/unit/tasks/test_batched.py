@@ -149,7 +149,7 @@ def test_batches_run_off_the_loop_and_answers_carry_epoch_key_value_and_headers(
     assert task.in_flight() == 1 and task.held() == 3, "computing jobs are still held"
     assert task.collect(block=False) == [], "nothing finished yet: no answer, no wait"
     sizes: list[int] = []
-    task.on_batch_done = lambda _ms, n: sizes.append(n)
+    task.on_batch_done = lambda _ms, n, _profile, _cap: sizes.append(n)
     task.finish()
     answers = task.collect(block=False)
     assert sizes == [3] and task.held() == 0 and task.in_flight() == 0

@@ -5,8 +5,11 @@ completion never commits past unanswered work and a crash can only repeat work.
 The steady loop commits asynchronously: a synchronous commit would hold the loop (and every
 batch behind it) until the coordinator answers, up to a minute while the broker stalls. The
 outcome arrives through librdkafka's commit report (:meth:`AtLeastOnce.on_commit`, served from
-``consume()``); one async commit is outstanding at a time. Revoke and shutdown commit
-synchronously: those positions must be stored before the partitions move on.
+``consume()``); one async commit is outstanding at a time. Revoke commits synchronously: those
+positions must be stored before the partitions move on. Shutdown commits with a bounded wait
+(:data:`SHUTDOWN_COMMIT_WAIT_S`): a sync commit against a coordinator the client lost after a
+broker stall can block past the process's shutdown timeout, and a commit that does not land
+only means the next owner repeats those records.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ log = structlog.get_logger("worker")
 
 # An async commit unanswered this long is presumed lost: the next interval sends another.
 ASYNC_COMMIT_STALE_S = 60.0
+# How long shutdown waits for its final commit to be answered.
+SHUTDOWN_COMMIT_WAIT_S = 10.0
 
 
 class AtLeastOnce:
@@ -43,6 +48,10 @@ class AtLeastOnce:
         self.transactional_id: str | None = None
         self._last_commit = time.monotonic()
         self._commit_sent: float | None = None  # when the unanswered async commit was sent
+        self._unanswered = 0  # async commits sent and not yet reported
+        self._closing = False  # drained: the rebalance in close() need not commit again
+        self._in_flight = 0  # produced, delivery not reported yet
+        self._progress_at = time.monotonic()  # last delivery report, or first produce after idle
         self._again: list[Output] = []  # DLQ records refused as too large, by reference
 
     def start(self) -> None:
@@ -53,6 +62,9 @@ class AtLeastOnce:
 
     def emit(self, outs: list[Output]) -> None:
         produce, delivered, now = self._producer.produce, self._delivered, time.monotonic()
+        if not self._in_flight:
+            self._progress_at = now
+        self._in_flight += len(outs)
         for out in outs:
             try:
                 produce(out.topic, key=out.key, value=out.value, headers=out.headers,
@@ -71,7 +83,9 @@ class AtLeastOnce:
 
     def _delivered(self, out: Output, produced_at: float, err: ck.KafkaError | None,
                    _msg: ck.Message) -> None:
-        self._hops.add("delivery", time.monotonic() - produced_at)
+        self._progress_at = now = time.monotonic()
+        self._in_flight -= 1
+        self._hops.add("delivery", now - produced_at)
         ref = out.ref
         if err is not None and err.code() == ck.KafkaError.MSG_SIZE_TOO_LARGE \
                 and out.rejected is not None:
@@ -88,6 +102,9 @@ class AtLeastOnce:
 
     def pending(self) -> int:
         return self._tracker.pending()
+
+    def unacked_for_s(self) -> float | None:
+        return time.monotonic() - self._progress_at if self._in_flight > 0 else None
 
     def tick(self, *, force: bool = False) -> None:
         self._producer.poll(0)
@@ -112,6 +129,7 @@ class AtLeastOnce:
             if not force:
                 self._consumer.commit_async(offsets)
                 self._commit_sent = now  # on_commit marks them once accepted
+                self._unanswered += 1
                 return
             self._consumer.commit(offsets)
         except KafkaIOError as exc:
@@ -126,6 +144,7 @@ class AtLeastOnce:
         """Marks accepted positions, so the tracker only offers positions that moved on since
         (a failure is retried at the next interval)."""
         self._commit_sent = None
+        self._unanswered = max(0, self._unanswered - 1)
         if err is not None:
             log.warning("commit_failed", error=err.str(), recoverable=err.retriable())
             return
@@ -139,6 +158,8 @@ class AtLeastOnce:
 
     def revoked(self, keys: set[TopicPartitionKey]) -> None:
         self._flush()
+        if self._closing:
+            return  # drain() committed (or gave up on a coordinator that does not answer)
         self._commit(force=True, only=keys)
 
     def lost(self, keys: set[TopicPartitionKey]) -> None:
@@ -161,7 +182,27 @@ class AtLeastOnce:
             log.error("undelivered_at_shutdown", count=undelivered)
         # Only delivered records count as finished: committing them is safe even after a
         # failure.
-        self._commit(force=True)
+        self._commit_bounded(SHUTDOWN_COMMIT_WAIT_S)
+        self._closing = True
+
+    def _commit_bounded(self, wait_s: float) -> None:
+        """An async commit of every advanced position, and callbacks served until it (and any
+        earlier one) is answered or ``wait_s`` passed."""
+        positions = self._tracker.committable()
+        if positions:
+            try:
+                self._consumer.commit_async(
+                    [ck.TopicPartition(t, p, o) for (t, p), o in positions.items()])
+            except KafkaIOError as exc:
+                log.warning("commit_failed", error=str(exc), recoverable=exc.recoverable)
+                return
+            self._unanswered += 1
+        deadline = time.monotonic() + wait_s
+        while self._unanswered and time.monotonic() < deadline:
+            self._consumer.serve(0.1)
+        if self._unanswered:
+            log.warning("commit_unanswered_at_shutdown", waited_s=wait_s,
+                        offsets={f"{t}[{p}]": o for (t, p), o in positions.items()})
 
     def close(self, *, failed: bool) -> None:
         self._producer.close(self.cfg.commit.drain_timeout_s)

@@ -72,6 +72,10 @@ class Committer(Protocol):
 
     def totals(self) -> dict[str, int]: ...
 
+    def unacked_for_s(self) -> float | None:
+        """How long outputs have waited for the broker without progress (None: nothing
+        waits); readiness fails past ``metrics.delivery_stall_s``."""
+
 
 def make_committer(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
                    drop_work: DropWork, hops: HopTimes) -> Committer:

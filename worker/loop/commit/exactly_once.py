@@ -216,6 +216,10 @@ class ExactlyOnce:
         """Safe from other threads: the next tick aborts the open transaction and rewinds."""
         self._abort_request = reason
 
+    def unacked_for_s(self) -> float | None:
+        """Outputs become visible when their transaction commits: the open one's age."""
+        return self._txn.age_s if self._txn.open else None
+
     def totals(self) -> dict[str, int]:
         t = self._txn
         return {"rewinds": self.rewinds, "txn_commits": t.commits, "txn_aborts": t.aborts,

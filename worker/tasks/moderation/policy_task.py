@@ -58,7 +58,7 @@ class PolicyModerationTask:
         self._own_models = own_models
         self.topics = TaskTopics(cfg.topics.jobs, cfg.topics.results, cfg.topics.dlq)
         self.model_id = "+".join(sorted(self.models.profiles())) or "moderation"
-        self.on_batch_done: Callable[[float, int], None] | None = None  # per engine: not told
+        self.on_batch_done: Callable[[float, int, str, int], None] | None = None  # not told
         self._decode_limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
         b = cfg.batch
         self._batchers: dict[str, DynamicBatcher[Part]] = {

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import json
+
+from worker.observe.vitals import Vitals
+
+
+def _stats(partitions: dict[str, dict[str, object]]) -> str:
+    # The shape of librdkafka's statistics JSON (STATISTICS.md): topics -> partitions, with
+    # the internal UA partition "-1" always present.
+    return json.dumps({"name": "c#consumer-1", "type": "consumer", "topics": {
+        "jobs": {"topic": "jobs", "partitions": {
+            "-1": {"partition": -1, "desired": False, "consumer_lag": -1}, **partitions}}}})
+
+
+def test_lag_comes_from_desired_partitions_with_a_known_lag() -> None:
+    v = Vitals()
+    v.on_stats(_stats({"0": {"partition": 0, "desired": True, "consumer_lag": 12},
+                       "1": {"partition": 1, "desired": True, "consumer_lag": -1},
+                       "2": {"partition": 2, "desired": False, "consumer_lag": 40}}))
+    assert v.lag == {("jobs", 0): 12}
+
+
+def test_unreadable_statistics_keep_the_last_lag() -> None:
+    v = Vitals()
+    v.on_stats(_stats({"0": {"partition": 0, "desired": True, "consumer_lag": 3}}))
+    v.on_stats("{not json")
+    assert v.lag == {("jobs", 0): 3}
+
+
+def test_lost_until_assigned_again_and_lag_dropped_on_revoke() -> None:
+    v = Vitals()
+    v.on_stats(_stats({"0": {"partition": 0, "desired": True, "consumer_lag": 3}}))
+    v.rebalanced("lost", 1)
+    assert v.lost and v.lag == {}
+    v.rebalanced("assigned", 1)
+    assert not v.lost
+    assert v.rebalances == {"lost": 1, "assigned": 1}
+
+
+def test_batches_by_profile() -> None:
+    v = Vitals()
+    v.batch_done(0.02, 6, "b8", 8)
+    v.batch_done(0.04, 8, "b8", 8)
+    assert v.batch_size["b8"].count == 2
+    assert v.batch_fill["b8"].cumulative()[-1] == ("+Inf", 2)
+    assert [n for le, n in v.batch_fill["b8"].cumulative() if le == "0.8"] == [1]  # 6/8=0.75
+    assert abs(v.engine_seconds["b8"].sum - 0.06) < 1e-9

@@ -1,0 +1,128 @@
+"""Prometheus metrics, read from the loop's own counters when Prometheus scrapes.
+
+A custom collector rather than Counter/Histogram objects updated per record: the loop already
+counts everything (:class:`worker.loop.stats.Stats`, the hop histograms, :class:`Vitals`), and
+the per-record path stays free of metric locks. Names follow Prometheus conventions: base units,
+``_total`` counters, ``_seconds`` durations.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from worker.observe import events, gpu
+from worker.observe.buckets import Buckets
+from worker.observe.health import Health
+from worker.observe.vitals import Vitals
+
+PREFIX = "trt_worker"
+
+
+class Observed(Protocol):
+    """What the collector reads of a worker (worker.loop.worker.Worker)."""
+
+    cfg: Any  # worker.config.WorkerConfig
+    task: Any  # worker.tasks.protocol.Task
+    committer: Any  # worker.loop.commit.base.Committer
+    backpressure: Any  # worker.loop.backpressure.Backpressure
+    stats: Any  # worker.loop.stats.Stats
+    hops: Any  # worker.loop.hops.HopTimes
+    vitals: Vitals
+
+
+def _info(w: Observed) -> dict[str, str]:
+    from worker import __version__
+
+    cfg = w.cfg
+    backend = (cfg.generation.backend if cfg.processing.task == "generation"
+               else cfg.model.backend)
+    return {"model_id": str(w.task.model_id), "engine_hash": str(w.task.engine_hash),
+            "backend": str(backend), "version": __version__, "task": cfg.processing.task,
+            "guarantee": cfg.processing.guarantee, "instance_id": cfg.kafka.instance_id}
+
+
+def _histogram(name: str, doc: str, label: str, per: dict[str, Buckets]) -> Metric:
+    family = HistogramMetricFamily(f"{PREFIX}_{name}", doc, labels=[label])
+    for key, b in sorted(per.items()):
+        family.add_metric([key], b.cumulative(), b.sum)
+    return family
+
+
+def _counter(name: str, doc: str, value: float) -> Metric:
+    return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> Metric:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+class WorkerCollector(Collector):
+    def __init__(self, worker: Observed, health: Health) -> None:
+        self.worker, self.health, self.topic = worker, health, worker.task.topics.jobs
+
+    def collect(self) -> Iterator[Metric]:
+        w, s, v = self.worker, self.worker.stats, self.worker.vitals
+        info = InfoMetricFamily(PREFIX, "What this worker serves and how.")
+        info.add_metric([], _info(w))
+        yield info
+        consumed = CounterMetricFamily(f"{PREFIX}_records_consumed", "Records consumed.",
+                                       labels=["topic"])
+        consumed.add_metric([self.topic], s.consumed)
+        yield consumed
+        yield _counter("results", "Results produced (expired jobs included).", s.results)
+        dead = CounterMetricFamily(f"{PREFIX}_dead_lettered",
+                                   "Records dead-lettered, by reason.", labels=["reason"])
+        for reason, n in sorted(s.dead_by_reason.items()):
+            dead.add_metric([reason], n)
+        yield dead
+        yield _counter("expired", "Jobs answered as expired (past their deadline).", s.expired)
+        errors = CounterMetricFamily(f"{PREFIX}_errors",
+                                     "Warning and error log events, by event name.",
+                                     labels=["kind"])
+        for kind, n in sorted(events.COUNTS.items()):
+            errors.add_metric([kind], n)
+        yield errors
+        yield _histogram("hop_seconds", "Time per hop of a job's trip (worker.loop.hops).",
+                         "hop", w.hops.buckets)
+        yield _histogram("batch_size", "Jobs per engine batch.", "profile", v.batch_size)
+        yield _histogram("batch_fill_ratio", "Jobs per batch over the profile's capacity.",
+                         "profile", v.batch_fill)
+        yield _histogram("engine_seconds", "Time per batch from submit to outcome.", "profile",
+                         v.engine_seconds)
+        yield _gauge("pending_records", "Records consumed and not finished.",
+                     w.committer.pending())
+        yield _gauge("paused", "1 while the assignment is paused (backpressure).",
+                     float(w.backpressure.paused))
+        yield _counter("pauses", "Times the assignment was paused.", s.pauses)
+        rebalances = CounterMetricFamily(f"{PREFIX}_rebalances", "Rebalance events.",
+                                         labels=["event"])
+        for event in ("assigned", "revoked", "lost"):
+            rebalances.add_metric([event], v.rebalances[event])
+        yield rebalances
+        txn = CounterMetricFamily(f"{PREFIX}_transactions", "Transactions (exactly-once).",
+                                  labels=["outcome"])
+        totals = w.committer.totals()
+        txn.add_metric(["committed"], totals.get("txn_commits", 0))
+        txn.add_metric(["aborted"], totals.get("txn_aborts", 0))
+        yield txn
+        lag = GaugeMetricFamily(f"{PREFIX}_consumer_lag_records",
+                                "High watermark minus committed offset, per owned partition.",
+                                labels=["topic", "partition"])
+        for (topic, partition), n in sorted(v.lag.items()):
+            lag.add_metric([topic, str(partition)], n)
+        yield lag
+        yield _gauge("ready", "1 while /readyz answers 200.", float(self.health.ready().ok))
+        yield _gauge("last_step_timestamp_seconds", "Unix time of the loop's last step.",
+                     time.time() - (time.monotonic() - v.beat))
+        yield from gpu.metrics(PREFIX)

@@ -1,0 +1,63 @@
+"""Liveness and readiness, as the HTTP endpoints answer them.
+
+- healthy (``/healthz``): the loop stepped within ``metrics.heartbeat_timeout_s``. A worker
+  stuck in a call that never returns fails it and is restarted by its orchestrator.
+- ready (``/readyz``): engines warm, subscribed, not stopping, no fatal error, the assignment not
+  lost (a broker stall past the session timeout loses it until the rejoin), and no record left
+  unacknowledged for ``metrics.delivery_stall_s`` (a broker that stopped answering the
+  producers). Having no partitions is ready: more members than partitions is normal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from worker.observe.vitals import Vitals
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reasons: tuple[str, ...]
+
+    def text(self) -> str:
+        return "ok\n" if self.ok else "".join(f"{r}\n" for r in self.reasons)
+
+
+class Health:
+    def __init__(self, vitals: Vitals, *, heartbeat_timeout_s: float, delivery_stall_s: float,
+                 fatal: Callable[[], BaseException | None],
+                 oldest_unacked_s: Callable[[], float | None]) -> None:
+        self.vitals = vitals
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.delivery_stall_s = delivery_stall_s
+        self._fatal = fatal
+        self._oldest_unacked_s = oldest_unacked_s
+
+    def live(self) -> Verdict:
+        age = time.monotonic() - self.vitals.beat
+        if age > self.heartbeat_timeout_s:
+            return Verdict(False, (f"loop has not stepped for {age:.0f} s",))
+        return Verdict(True, ())
+
+    def ready(self) -> Verdict:
+        v, reasons = self.vitals, []
+        if not v.warm:
+            reasons.append("engines not warm yet")
+        if not v.subscribed:
+            reasons.append("not subscribed yet")
+        if v.stopping:
+            reasons.append("stopping")
+        fatal = self._fatal()
+        if fatal is not None:
+            reasons.append(f"fatal error: {type(fatal).__name__}: {str(fatal)[:200]}")
+        if v.lost:
+            reasons.append("partitions lost (no contact with the group coordinator)")
+        waited = self._oldest_unacked_s()
+        if waited is not None and waited > self.delivery_stall_s:
+            reasons.append(f"a record unacknowledged for {waited:.0f} s")
+        if not self.live().ok:
+            reasons.extend(self.live().reasons)
+        return Verdict(not reasons, tuple(reasons))

@@ -1,0 +1,66 @@
+"""What the loop reports about itself beyond its counters: heartbeat, warm-up, rebalances,
+batches, consumer lag. Written by the loop's thread only; read by the metrics and health
+endpoints from theirs (plain attribute reads: a scrape sees a value a step old at worst).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import structlog
+
+from worker.observe.buckets import LATENCY_BOUNDS, RATIO_BOUNDS, SIZE_BOUNDS, Buckets
+
+log = structlog.get_logger("worker")
+
+
+class Vitals:
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.beat = self.started  # the loop's last step
+        self.warm = False  # engines built and warmed up: the task can answer
+        self.subscribed = False
+        self.stopping = False
+        self.lost = False  # partitions lost (broker contact gone) and not assigned since
+        self.rebalances: Counter[str] = Counter()
+        self.batch_size: dict[str, Buckets] = {}  # per profile
+        self.batch_fill: dict[str, Buckets] = {}
+        self.engine_seconds: dict[str, Buckets] = {}
+        self.lag: dict[tuple[str, int], int] = {}  # (topic, partition) -> records behind
+
+    def rebalanced(self, event: str, n_partitions: int) -> None:
+        self.rebalances[event] += 1
+        if event == "lost":
+            self.lost = True
+        elif event == "assigned":
+            self.lost = False
+        if event != "assigned":  # revoked or lost: their lag is another member's now
+            self.lag.clear()
+
+    def batch_done(self, took_s: float, size: int, profile: str, capacity: int) -> None:
+        if profile not in self.batch_size:
+            self.batch_size[profile] = Buckets(SIZE_BOUNDS)
+            self.batch_fill[profile] = Buckets(RATIO_BOUNDS)
+            self.engine_seconds[profile] = Buckets(LATENCY_BOUNDS)
+        self.batch_size[profile].observe(size)
+        self.batch_fill[profile].observe(size / capacity if capacity > 0 else 1.0)
+        self.engine_seconds[profile].observe(took_s)
+
+    def on_stats(self, stats_json: str) -> None:
+        """librdkafka's statistics callback (served from consume()): per-partition lag of the
+        partitions this member fetches (``consumer_lag``: high watermark minus the committed
+        offset; -1 while either is unknown)."""
+        try:
+            stats = json.loads(stats_json)
+        except ValueError:
+            log.warning("statistics_unreadable", size=len(stats_json))
+            return
+        lag: dict[tuple[str, int], int] = {}
+        for topic, t in (stats.get("topics") or {}).items():
+            for pid, p in (t.get("partitions") or {}).items():
+                value = p.get("consumer_lag", -1)
+                if pid != "-1" and p.get("desired") and value >= 0:
+                    lag[(topic, int(pid))] = value
+        self.lag = lag

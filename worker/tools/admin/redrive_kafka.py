@@ -1,0 +1,148 @@
+"""The redrive's clients: a DLQ reader committing under the redrive's own group and a sender
+that confirms every delivery (the fetcher of by-reference jobs: :mod:`.fetch`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import confluent_kafka as ck
+
+from worker.config import WorkerConfig
+from worker.exceptions import DeliveryFailed, KafkaIOError
+from worker.kafka import Consumer, Producer, consumer_settings, is_fatal, producer_settings
+from worker.kafka.clients import kafka_io_error
+from worker.wire.records import Headers
+
+IDLE_TIMEOUT_S = 60.0  # no record while partitions are left: the broker is not answering
+
+
+def reader_settings(cfg: WorkerConfig, group: str) -> dict[str, Any]:
+    conf = consumer_settings(cfg)
+    # assign() only (the group never has members); offsets are committed explicitly, after
+    # the re-sent jobs are acknowledged. Aborted transactional output is never re-sent.
+    conf.update({"group.id": group, "enable.auto.commit": False,
+                 "enable.auto.offset.store": False, "isolation.level": "read_committed"})
+    return conf
+
+
+def sender_settings(cfg: WorkerConfig) -> dict[str, Any]:
+    conf = producer_settings(cfg)
+    conf.update({"enable.idempotence": True, "acks": "all"})  # whatever producer_extra says
+    # Every record delivered or failed for good within this, so a confirm() that returns has
+    # a final answer for each (librdkafka's default is 5 minutes).
+    conf.setdefault("message.timeout.ms", 120_000)
+    return conf
+
+
+def timestamp_ms(msg: ck.Message) -> int | None:
+    kind, ts = msg.timestamp()
+    return None if kind == ck.TIMESTAMP_NOT_AVAILABLE else int(ts)
+
+
+def header_list(msg: ck.Message) -> Headers | None:
+    h = msg.headers()
+    return list(h.items()) if isinstance(h, dict) else h
+
+
+def scan_start(committed: int | None, low: int, end: int) -> int:
+    """Where a partition's scan starts: the redrive's commit, unless the log moved past it
+    (expired) or it is beyond the end (the DLQ was recreated)."""
+    return committed if committed is not None and low <= committed <= end else low
+
+
+def assign(consumer: Consumer, tps: list[ck.TopicPartition]) -> None:
+    try:
+        consumer.client.assign(tps)
+    except ck.KafkaException as exc:
+        raise kafka_io_error(exc, f"assign {tps[0].topic}") from exc
+
+
+class DlqReader:
+    """Reads ``[start, end)`` of each DLQ partition, in batches; :meth:`stop` leaves a
+    partition where it is. :meth:`commit` stores the redrive's progress."""
+
+    def __init__(self, cfg: WorkerConfig, group: str, topic: str,
+                 ranges: dict[int, tuple[int, int]]) -> None:
+        self.topic, self.ends = topic, {p: end for p, (_, end) in ranges.items()}
+        self.todo = {p for p, (start, end) in ranges.items() if start < end}
+        self.consumer = Consumer(reader_settings(cfg, group))
+        self.consumer.open()
+        if self.todo:
+            assign(self.consumer, [ck.TopicPartition(topic, p, ranges[p][0])
+                                    for p in sorted(self.todo)])
+
+    def active(self, partition: int) -> bool:
+        return partition in self.todo
+
+    def stop(self, partition: int) -> None:
+        self.todo.discard(partition)
+        self.consumer.pause([ck.TopicPartition(self.topic, partition)])
+
+    def batches(self) -> Iterator[list[ck.Message]]:
+        last = time.monotonic()
+        while self.todo:
+            got = []
+            for msg in self.consumer.consume(500, timeout=0.2):
+                err = msg.error()
+                if err is not None:
+                    if is_fatal(err):
+                        raise KafkaIOError(f"reading {self.topic} failed: {err.str()}")
+                    continue
+                p, off = msg.partition(), msg.offset()
+                if p in self.todo and off is not None and off < self.ends[p]:
+                    got.append(msg)
+            if got:
+                last = time.monotonic()
+                yield got
+            try:
+                positions = self.consumer.client.position(
+                    [ck.TopicPartition(self.topic, p) for p in sorted(self.todo)])
+            except ck.KafkaException as exc:
+                raise kafka_io_error(exc, f"position on {self.topic}") from exc
+            self.todo -= {tp.partition for tp in positions if tp.offset >= self.ends[tp.partition]}
+            if self.todo and time.monotonic() - last > IDLE_TIMEOUT_S:
+                raise KafkaIOError(f"reading {self.topic}: nothing for {IDLE_TIMEOUT_S:.0f} s "
+                                   f"(partitions left: {sorted(self.todo)})", recoverable=True)
+
+    def commit(self, offsets: dict[int, int]) -> None:
+        if offsets:
+            self.consumer.commit([ck.TopicPartition(self.topic, p, o)
+                                  for p, o in sorted(offsets.items())])
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class Sender:
+    """An idempotent producer (acks=all) whose :meth:`confirm` checks every delivery."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        settings = sender_settings(cfg)
+        self.confirm_s = int(settings["message.timeout.ms"]) / 1000 + 30
+        self.producer = Producer(settings)
+        self.producer.open()
+        self.failures: list[str] = []
+
+    def _delivered(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
+        if err is not None:
+            self.failures.append(f"{msg.topic()}: {err.str()}")
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+        self.producer.produce(topic, key=key, value=value, headers=headers,
+                              on_delivery=self._delivered)
+        self.producer.poll(0)
+
+    def confirm(self) -> None:
+        """Raise :class:`DeliveryFailed` unless everything sent so far was acknowledged."""
+        left = self.producer.flush(self.confirm_s)
+        if left:
+            raise DeliveryFailed(f"{left} re-sent jobs not acknowledged in "
+                                 f"{self.confirm_s:.0f} s")
+        if self.failures:
+            raise DeliveryFailed(f"{len(self.failures)} re-sent jobs refused, e.g. "
+                                 f"{self.failures[0]}")
+
+    def close(self) -> None:
+        self.producer.close()
