@@ -24,7 +24,13 @@ from worker.config import WorkerConfig
 from worker.exceptions import JobRejected, NothingToScore, UnknownPolicy
 from worker.tasks.batched import BatchedTask, QueuedJob
 from worker.tasks.batcher import Batch
-from worker.tasks.moderation.images.cpu import CROP, ImageLimits, decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import (
+    CROP,
+    ImageLimits,
+    decode_image,
+    decode_views,
+    preprocess_open_nsfw,
+)
 from worker.tasks.moderation.scoring.verdict import verdict_for
 from worker.tasks.protocol import source_ref
 from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job, encode_result
@@ -36,6 +42,8 @@ from worker.wire.moderation_jobs import (
     Verdict,
 )
 from worker.wire.records import Headers, SourceRecord, SourceRef
+
+NSFW = LABELS.index("nsfw")  # the score a job's worst view is picked by
 
 
 @dataclass(slots=True)
@@ -175,13 +183,28 @@ class OpenNsfwTask(BatchedTask[Pending]):
         self._decode_pool.shutdown(wait=True)
 
     def _prepare(self, p: Pending) -> np.ndarray | JobRejected:
+        """The job's rows: one per view a person may be shown (decode_views: orientation,
+        alpha on white and on black, sampled animation frames); the job scores its worst."""
         if p.job.image is None:  # check_policy refuses these at intake; never crash on one
             return no_image(p.job)
         try:
-            img = decode_image(p.job.image, self._limits)
+            views = decode_views(p.job.image, self._limits)
         except JobRejected as exc:
             return exc
-        return preprocess_open_nsfw(img, jpeg_roundtrip=self.cfg.model.jpeg_roundtrip)
+        roundtrip = self.cfg.model.jpeg_roundtrip
+        return np.stack([preprocess_open_nsfw(v, jpeg_roundtrip=roundtrip) for v in views])
+
+    def _infer_chunks(self, rows: list[np.ndarray], profile: Profile) -> np.ndarray:
+        """Scores for ``rows``, in engine calls of at most the profile's largest batch (a
+        batch's jobs can bring more rows than jobs: several views each)."""
+        out = []
+        for start in range(0, len(rows), profile.max_batch):
+            chunk = rows[start:start + profile.max_batch]
+            # Static profiles run fixed batch sizes: repeat a real row as padding.
+            chunk += [chunk[0]] * (profile.padded(len(chunk)) - len(chunk))
+            scores = self.runner.infer({self.input_name: np.stack(chunk)}).result()
+            out.append(scores[self.output_name][: min(len(rows) - start, profile.max_batch)])
+        return np.concatenate(out)
 
     def _run(self, batch: Batch[Pending]) -> list[Outcome]:
         started = time.monotonic()
@@ -196,17 +219,19 @@ class OpenNsfwTask(BatchedTask[Pending]):
                 good.append((p, x))
         if not good:
             return outcomes
-        rows = [x for _, x in good]
-        # Static profiles run fixed batch sizes: repeat a real row as padding (outputs dropped).
-        rows += [rows[0]] * (batch.profile.padded(len(rows)) - len(rows))
-        feeds = {self.input_name: np.stack(rows)}
+        rows = [row for _, views in good for row in views]
         try:
-            scores = self.runner.infer(feeds).result()[self.output_name][: len(good)]
+            all_scores = self._infer_chunks(rows, batch.profile)
         except InferenceFailed as exc:
             for p, _ in good:
                 outcomes.append(Outcome(p, result=self._result(p, Status.ERROR, error=str(exc))))
             return outcomes
         done = time.monotonic()
+        scores, at = [], 0
+        for _, views in good:  # each job's worst view: the highest nsfw score
+            mine = all_scores[at:at + len(views)]
+            scores.append(mine[int(np.argmax(mine[:, NSFW]))])
+            at += len(views)
         for (p, _), row in zip(good, scores, strict=True):
             thresholds = self.cfg.model.policies[p.job.policy]
             named = {label: float(v) for label, v in zip(LABELS, row, strict=True)}

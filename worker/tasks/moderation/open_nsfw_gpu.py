@@ -25,7 +25,7 @@ from engines.spec import EngineSpec
 from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, JobRejected
 from worker.tasks.batcher import Batch
-from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
+from worker.tasks.moderation.images.cpu import crop_pixels, decode_image, jpeg_plain
 from worker.tasks.moderation.open_nsfw import OpenNsfwTask, Outcome, Pending, no_image
 from worker.tasks.moderation.scoring.verdict import verdict_for
 from worker.wire.moderation_jobs import Status
@@ -119,11 +119,30 @@ class OpenNsfwGpuTask(OpenNsfwTask):
         return handle.result(), rejects, prep
 
     def _run(self, batch: Batch[Pending]) -> list[Outcome]:
+        """One outcome per job, in the batch's order."""
+        order = {id(p): k for k, p in enumerate(batch.items)}
+        outcomes = self._run_split(batch)
+        outcomes.sort(key=lambda o: order[id(o.pending)])
+        return outcomes
+
+    def _run_split(self, batch: Batch[Pending]) -> list[Outcome]:
         started = time.monotonic()
         # check_policy refuses image-less jobs at intake; never crash on one that got here.
         outcomes = [Outcome(p, rejection=no_image(p.job)) for p in batch.items
                     if p.job.image is None]
-        imaged = [(p, p.job.image) for p in batch.items if p.job.image is not None]
+        # What the GPU decoder would not show as a person sees it (PNG/WebP: alpha, animation,
+        # bit depth; JPEGs that are CMYK or EXIF-rotated) takes the views path on the CPU
+        # (decode_views, worst view scored) through the plain runner; the rest the pipeline.
+        imaged: list[tuple[Pending, bytes]] = []
+        viewed: list[Pending] = []
+        for p in batch.items:
+            if p.job.image is not None:
+                if jpeg_plain(p.job.image):
+                    imaged.append((p, p.job.image))
+                else:
+                    viewed.append(p)
+        if viewed:
+            outcomes += OpenNsfwTask._run(self, Batch(batch.profile, viewed, len(viewed)))
         if not imaged:
             return outcomes
         scores, rejects, prep = self._infer_rows([image for _, image in imaged])

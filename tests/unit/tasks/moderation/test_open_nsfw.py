@@ -337,3 +337,62 @@ def test_inference_failure_answers_every_good_job_with_status_error(
         assert o.result.verdict is None
         assert o.result.error is not None and "device lost" in o.result.error
         assert contract.errors("moderation-result", result_to_dict(o.result)) == []
+
+
+def _nsfw_of(runner: OrtRunner, plan: EnginePlan, img: Any) -> float:
+    x = preprocess_open_nsfw(img)[None]
+    profile = plan.profiles[0]
+    x = np.concatenate([x] * profile.padded(1))
+    out = runner.infer({plan.spec.inputs[0].name: x}).result()
+    return float(out[plan.spec.outputs[0].name][0][1])
+
+
+def test_a_picture_hidden_in_the_alpha_channel_is_scored_as_shown(
+        task: OpenNsfwTask, runner: OrtRunner, plan: EnginePlan) -> None:
+    """RGB all black, the picture in the alpha channel: a white page shows it. Scoring
+    the RGB alone (alpha dropped) sees a black square; the job must score its worst view."""
+    import io
+
+    from PIL import Image
+
+    # A picture the model scores well above a black square (a vertical grey ramp: ~0.38 vs
+    # ~0.07 nsfw with the bundled weights); any such picture makes the point.
+    picture = Image.fromarray(np.repeat(np.arange(256, dtype=np.uint8)[:, None], 256, 1))
+    alpha = Image.eval(picture, lambda v: 255 - v)  # on white this shows the picture
+    rgba = Image.merge("RGBA", (*Image.new("RGB", (256, 256)).split(), alpha))
+    buf = io.BytesIO()
+    rgba.save(buf, "PNG")
+    (outcome,) = _run(task, _batch(plan, [_pending("alpha", buf.getvalue())]))
+    assert outcome.result is not None
+    got = outcome.result.scores["nsfw"]
+    white = Image.alpha_composite(Image.new("RGBA", (256, 256), (255,) * 4), rgba)
+    on_white = _nsfw_of(runner, plan, white.convert("RGB"))
+    alpha_dropped = _nsfw_of(runner, plan, rgba.convert("RGB"))  # what was scored before
+    assert abs(on_white - alpha_dropped) > 1e-3  # the views really differ
+    assert on_white > alpha_dropped  # (so scoring the RGB alone under-scores it)
+    assert got == pytest.approx(on_white, abs=1e-5)
+
+
+def test_an_animation_scores_its_worst_sampled_frame_in_chunked_engine_calls(
+        task: OpenNsfwTask, runner: OrtRunner, plan: EnginePlan) -> None:
+    """Frames after the first count (before: the first frame only), and a full batch of
+    animations (up to MAX_SAMPLED_FRAMES rows each) runs in several engine calls."""
+    import io
+
+    from PIL import Image
+
+    black = Image.new("RGB", (64, 64))
+    ramp = Image.fromarray(np.repeat(np.arange(0, 256, 4, dtype=np.uint8)[:, None], 64, 1))
+    frames = [black, black, ramp.convert("RGB"), black, black, black, black, black]
+    buf = io.BytesIO()
+    frames[0].save(buf, "WEBP", save_all=True, append_images=frames[1:], lossless=True)
+    worst = _nsfw_of(runner, plan, frames[2])
+    assert worst > _nsfw_of(runner, plan, black) + 0.05
+    profile = plan.profiles[0]
+    n = profile.max_batch
+    outcomes = _run(task, Batch(profile, [_pending(f"anim-{k}", buf.getvalue(), offset=k)
+                                          for k in range(n)], profile.padded(n)))
+    assert len(outcomes) == n
+    for o in outcomes:
+        assert o.result is not None
+        assert o.result.scores["nsfw"] == pytest.approx(worst, abs=1e-5)

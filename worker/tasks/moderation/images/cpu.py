@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -46,7 +47,7 @@ def open_checked(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
     except Image.DecompressionBombError as exc:
         raise ImageRejected(f"decompression bomb: {exc}") from exc
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise ImageRejected(f"corrupt image data: {exc}") from exc
+        raise ImageRejected(f"corrupt image data: {_one_line(exc)}") from exc
     check_dimensions(*img.size, limits)
     return img
 
@@ -83,6 +84,52 @@ def jpeg_dimensions(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def jpeg_plain(data: bytes) -> bool:
+    """True for a JPEG the GPU decoder shows as a person would see it: RGB or grey (not CMYK:
+    nvJPEG refuses it) and no EXIF orientation other than 1. Found by walking the markers up to
+    the frame header (a few microseconds); anything else is decoded by :func:`decode_views`."""
+    if data[:2] != b"\xff\xd8":
+        return False
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return False
+        marker = data[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if marker == 0xE1 and data[i + 4:i + 10] == b"Exif\x00\x00" \
+                and _exif_orientation(data[i + 10:i + 2 + length]) not in (None, 1):
+            return False
+        if marker in _SOF:
+            return i + 9 < n and data[i + 9] in (1, 3)  # components: grey or YCbCr/RGB
+        if marker == 0xDA:
+            return False
+        i += 2 + length
+    return False
+
+
+def _exif_orientation(tiff: bytes) -> int | None:
+    """Tag 0x0112 of IFD0 in a TIFF block (EXIF), or None."""
+    if tiff[:2] not in (b"II", b"MM") or len(tiff) < 8:
+        return None
+    order: Literal["little", "big"] = "little" if tiff[:2] == b"II" else "big"
+    ifd = int.from_bytes(tiff[4:8], order)
+    if ifd + 2 > len(tiff):
+        return None
+    for k in range(int.from_bytes(tiff[ifd:ifd + 2], order)):
+        entry = tiff[ifd + 2 + 12 * k: ifd + 14 + 12 * k]
+        if len(entry) < 12:
+            return None
+        if int.from_bytes(entry[:2], order) == 0x0112:
+            return int.from_bytes(entry[8:10], order)
+    return None
+
+
 def check_dimensions(width: int, height: int, limits: ImageLimits) -> None:
     if width <= 0 or height <= 0:
         raise ImageRejected(f"image declares a degenerate size {width}x{height}")
@@ -96,16 +143,97 @@ def check_dimensions(width: int, height: int, limits: ImageLimits) -> None:
 
 
 def decode_image(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
-    """Decode JPEG/PNG/WebP bytes into an RGB image, refusing bombs and oversized images."""
+    """Decode JPEG/PNG/WebP bytes into one RGB image as displayed (see :func:`decode_views`:
+    the first view), refusing bombs and oversized images."""
+    return decode_views(data, limits)[0]
+
+
+def decode_views(data: bytes, limits: ImageLimits | None = None) -> list[Image.Image]:
+    """What a person can be shown of an image, as RGB images to score (keep the worst score):
+
+    - EXIF orientation applied (browsers and phones honour it);
+    - 16-bit samples scaled to 8 bits, not clipped (a 16-bit grey PNG would be all white);
+    - transparency composited on white *and* on black (a page may show either; content drawn
+      only in the alpha channel shows on one of them), one view when the alpha is opaque;
+    - animated WebP/APNG: the first and the last frame and up to ``MAX_SAMPLED_FRAMES`` - 2
+      evenly spaced between; an APNG's default image (shown only by viewers that do not
+      animate) counts as a frame too, never as the only one.
+    """
+    limits = limits or ImageLimits()
     img = open_checked(data, limits)
+    frames = getattr(img, "n_frames", 1)
+    if frames > MAX_FRAMES:
+        raise ImageRejected(f"animated image with {frames} frames exceeds the maximum "
+                            f"{MAX_FRAMES}")
+    if frames * img.size[0] * img.size[1] > limits.max_pixels * 4:
+        raise ImageRejected(f"animated image: {frames} frames of {img.size[0]}x{img.size[1]} "
+                            "exceed the pixel budget")
+    orientation = _orientation(img)
+    views: list[Image.Image] = []
     try:
-        img.load()
+        for index in _sampled(frames):
+            if frames > 1:
+                img.seek(index)
+            img.load()
+            frame = img.copy() if frames > 1 else img  # (seek() reuses img's pixels)
+            views.extend(_as_displayed(_oriented(_eight_bit(frame), orientation)))
     except Image.DecompressionBombError as exc:
         raise ImageRejected(f"decompression bomb: {exc}") from exc
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         # Truncated or corrupt streams surface as OSError/SyntaxError depending on the plugin.
-        raise ImageRejected(f"corrupt image data: {exc}") from exc
-    return img if img.mode == "RGB" else img.convert("RGB")
+        raise ImageRejected(f"corrupt image data: {_one_line(exc)}") from exc
+    return views
+
+
+# Frames an animation may have, and how many of them are scored.
+MAX_FRAMES = 2_000
+MAX_SAMPLED_FRAMES = 8
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+              4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+              6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _sampled(frames: int) -> list[int]:
+    if frames <= MAX_SAMPLED_FRAMES:
+        return list(range(frames))
+    step = (frames - 1) / (MAX_SAMPLED_FRAMES - 1)
+    return sorted({round(i * step) for i in range(MAX_SAMPLED_FRAMES)})
+
+
+def _orientation(img: Image.Image) -> int:
+    try:
+        value = img.getexif().get(0x0112, 1)
+    except (OSError, ValueError, SyntaxError, TypeError):
+        return 1  # an unreadable EXIF block: shown as stored
+    return value if isinstance(value, int) and value in _TRANSPOSE else 1
+
+
+def _oriented(img: Image.Image, orientation: int) -> Image.Image:
+    return img.transpose(_TRANSPOSE[orientation]) if orientation != 1 else img
+
+
+def _eight_bit(img: Image.Image) -> Image.Image:
+    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+        # 16-bit grey: PIL's convert() clips at 255; scale instead (I holds 0..65535 here).
+        return img.convert("I").point(lambda v: v / 256).convert("L")
+    return img
+
+
+def _as_displayed(img: Image.Image) -> list[Image.Image]:
+    has_alpha = img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info
+    if not has_alpha:
+        return [img if img.mode == "RGB" else img.convert("RGB")]
+    rgba = img.convert("RGBA")
+    low, _high = rgba.getchannel("A").getextrema()
+    if low == 255:  # declared but opaque everywhere
+        return [rgba.convert("RGB")]
+    return [Image.alpha_composite(Image.new("RGBA", rgba.size, background), rgba).convert("RGB")
+            for background in ((255, 255, 255, 255), (0, 0, 0, 255))]
 
 
 def crop_pixels(img: Image.Image, *, jpeg_roundtrip: bool = True) -> np.ndarray:

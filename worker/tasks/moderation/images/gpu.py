@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.exceptions import ImageRejected, JobRejected
+from worker.exceptions import JobRejected
 from worker.tasks.moderation.images.cpu import (
     CROP,
     RESIZE,
@@ -63,8 +63,17 @@ def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
             for t in raw:  # one bad file fails the whole batch call: find it
                 try:
                     decoded.append(decode_jpeg(t, mode=ImageReadMode.RGB, device=device))
-                except RuntimeError as exc:
-                    decoded.append(ImageRejected(f"corrupt image data: {exc}"))
+                except RuntimeError:
+                    decoded.append(None)  # the CPU decoder's verdict, below
+        for k, i in enumerate(jpeg_idx):
+            if decoded[k] is None:
+                # nvJPEG refuses some valid JPEGs (CMYK, rare subsamplings): the CPU decides,
+                # so both paths accept and reject the same images (with one-line reasons).
+                try:
+                    rgb = np.array(decode_image(datas[i], limits))
+                    decoded[k] = torch.from_numpy(rgb).permute(2, 0, 1).to(device)
+                except JobRejected as exc:
+                    decoded[k] = exc
         for i, img in zip(jpeg_idx, decoded, strict=True):
             out[i] = img
     return out

@@ -1,0 +1,82 @@
+"""The GPU task accepts and scores what the CPU path does: CMYK and EXIF-rotated JPEGs (nvJPEG
+refuses the first and ignores the second), a picture hidden in the alpha channel, an animation
+whose later frame is the worst. Reference: the float32 ONNX model on the CPU over the same
+views (decode_views, worst view)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+
+def _cases() -> dict[str, bytes]:
+    from PIL import Image
+
+    from worker.devkit.conformance_inputs import synthetic_images
+
+    photo = Image.open(io.BytesIO(synthetic_images(5, 1, fmt="JPEG")[0])).convert("RGB")
+    out: dict[str, bytes] = {}
+    buf = io.BytesIO()
+    photo.save(buf, "JPEG", quality=92)
+    out["plain"] = buf.getvalue()
+    buf = io.BytesIO()
+    photo.convert("CMYK").save(buf, "JPEG", quality=92)
+    out["cmyk"] = buf.getvalue()
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    photo.save(buf, "JPEG", quality=92, exif=exif.tobytes())
+    out["rotated"] = buf.getvalue()
+    ramp = Image.fromarray(np.repeat(np.arange(256, dtype=np.uint8)[:, None], 256, 1))
+    alpha = Image.eval(ramp, lambda v: 255 - v)
+    rgba = Image.merge("RGBA", (*Image.new("RGB", (256, 256)).split(), alpha))
+    buf = io.BytesIO()
+    rgba.save(buf, "PNG")
+    out["alpha"] = buf.getvalue()
+    black = Image.new("RGB", (128, 128))
+    frames = [black, black, ramp.resize((128, 128)).convert("RGB"), black]
+    buf = io.BytesIO()
+    frames[0].save(buf, "WEBP", save_all=True, append_images=frames[1:], lossless=True)
+    out["animated"] = buf.getvalue()
+    return out
+
+
+@pytest.mark.parametrize("preprocess", ["cpu", "gpu"])
+def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -> None:
+    from engines.backends.onnxruntime import OrtRunner
+    from worker.config import load_config
+    from worker.tasks.batcher import Batch
+    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan, make_runner
+    from worker.tasks.moderation.images.cpu import decode_views, preprocess_open_nsfw
+    from worker.tasks.moderation.open_nsfw import Pending
+    from worker.tasks.moderation.open_nsfw_gpu import OpenNsfwGpuTask
+    from worker.wire.moderation_jobs import ModerationJob
+    from worker.wire.records import SourceRecord, SourceRef
+
+    cases = _cases()
+    cfg = load_config(model={"backend": "torch", "preprocess": preprocess,
+                             "jpeg_roundtrip": False}, engines={"use_cache": False})
+    runner, plan = make_runner(cfg)
+    runner.activate()
+    task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
+    task.warm_up(plan.profiles)
+    names = list(cases)
+    items = [Pending(SourceRef("t", 0, i), ModerationJob(name, cases[name]), 0.0,
+                     SourceRecord("t", 0, i, None, None, None, None))
+             for i, name in enumerate(names)]
+    outcomes = {o.pending.job.id: o for o in task._run(Batch(plan.profiles[0], items, 8))}
+    task.close()
+    runner.deactivate()
+    with OrtRunner(engine_plan(load_config()).spec) as ort:
+        for name in names:
+            o = outcomes[name]
+            assert o.rejection is None and o.result is not None, (name, o.rejection)
+            rows = np.stack([preprocess_open_nsfw(v, jpeg_roundtrip=False)
+                             for v in decode_views(cases[name])])
+            ref = float(ort.infer({"input:0": rows}).result()["outputs"][:, 1].max())
+            got = o.result.scores["nsfw"]
+            print(f"{preprocess} {name}: gpu {got:.4f} cpu fp32 {ref:.4f}")
+            # fp16 engine, and nvJPEG's IDCT on the gpu path for the plain JPEG.
+            assert abs(got - ref) < 3e-2, (name, got, ref)
