@@ -17,6 +17,8 @@ other backends are checked against. torch is imported lazily, in ``activate``.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -39,6 +41,8 @@ from engines.cache import CacheEntry
 from engines.exceptions import BackendUnavailable, InferenceFailed
 from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
+
+compile_log = logging.getLogger("engines")
 
 if TYPE_CHECKING:
     from engines.assembly import DeferredLoader, EnginePlan
@@ -68,6 +72,31 @@ def make_torch_runner(plan: EnginePlan, engine: DeferredLoader | None) -> TorchR
     return TorchRunner(plan.spec, profiles=plan.profiles, precision=p.precision, engine=engine,
                        device=p.device, slots=p.slots, cuda_graphs=p.cuda_graphs,
                        compile=p.compile, compile_cache=compile_cache)
+
+
+def read_verified(path: Path | None) -> bytes | None:
+    """torch.compile's cache artifacts (generated code) if their SHA-256 matches the digest
+    written beside them; None (compile from scratch) when either is missing or they differ."""
+    if path is None or not path.is_file():
+        return None
+    digest = path.with_name(path.name + ".sha256")
+    data = path.read_bytes()
+    if not digest.is_file() or digest.read_text().strip() != hashlib.sha256(data).hexdigest():
+        compile_log.error("compile cache %s does not match its digest: not loaded", path)
+        return None
+    return data
+
+
+def write_verified(path: Path, data: bytes) -> None:
+    """Write ``data`` and its digest, each by an atomic rename (a second worker never reads
+    half a file; the digest lands last, so a reader sees both or no match)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.rename(path)
+    digest = path.with_name(path.name + ".sha256")
+    tmp_digest = digest.with_suffix(".tmp")
+    tmp_digest.write_text(hashlib.sha256(data).hexdigest())
+    tmp_digest.rename(digest)
 
 
 class TorchRunner(Runner):
@@ -140,8 +169,9 @@ class TorchRunner(Runner):
             net = net.to(memory_format=torch.channels_last)
         self._net = self._fn = net.eval()
         if self._compile:
-            if self._compile_cache is not None and self._compile_cache.is_file():
-                torch.compiler.load_cache_artifacts(self._compile_cache.read_bytes())
+            artifacts = read_verified(self._compile_cache)
+            if artifacts is not None:
+                torch.compiler.load_cache_artifacts(artifacts)
             self._fn = torch.compile(self._net, dynamic=False)
         if not self.cuda:
             self._cpu = ThreadPoolExecutor(1, thread_name_prefix=f"torch-{self.spec.model_id}")
@@ -173,9 +203,7 @@ class TorchRunner(Runner):
             self.compile_cache_error = str(exc)
             return
         if saved is not None:
-            tmp = cache.with_suffix(".tmp")
-            tmp.write_bytes(saved[0])
-            tmp.rename(cache)  # atomic: a second worker never reads half a file
+            write_verified(cache, saved[0])
 
     def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle:
         try:

@@ -118,3 +118,30 @@ def test_tampered_artifact_fails_verification(tmp_path: Path) -> None:
 def test_cpu_fingerprint_names_the_isa() -> None:
     fp = cpu_fingerprint()
     assert fp.kind == "cpu" and ":" in fp.arch and fp.name
+
+
+def test_an_edited_artifact_is_rebuilt_not_loaded(tmp_path: Path) -> None:
+    built: list[BuildRecipe] = []
+    loader = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"),  # type: ignore[arg-type]
+                             on_build=built.append)
+    loader().artifact.write_bytes(b"plan, edited after the build")
+    entry = loader()
+    assert len(built) == 2 and entry.artifact.read_bytes() == b"plan"
+
+
+@pytest.mark.parametrize("name", ["../../../escape.bin", "/etc/hostname", "sub/engine.bin", ""])
+def test_a_sidecar_naming_a_file_outside_its_entry_is_never_loaded(
+        tmp_path: Path, name: str) -> None:
+    built: list[BuildRecipe] = []
+    cache = EngineCache(tmp_path / "cache")
+    loader = EngineFromCache(cache, recipe(), _write(b"plan"), on_build=built.append)  # type: ignore[arg-type]
+    first = loader()
+    sidecar = first.path / "sidecar.json"
+    doc = json.loads(sidecar.read_text())
+    doc["artifact"]["name"] = name
+    sidecar.write_text(json.dumps(doc))
+    with pytest.raises(CacheCorrupt, match="not a file in the entry's folder"):
+        _ = type(first)(first.path, doc).artifact
+    entry = loader()  # the edited entry is dropped and built again
+    assert len(built) == 2 and entry.artifact.parent == entry.path
+    assert entry.artifact.read_bytes() == b"plan"
