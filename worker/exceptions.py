@@ -19,6 +19,11 @@ class ConfigError(WorkerError):
     """Configuration is invalid or incomplete. Fatal: fix the settings and restart."""
 
 
+class UnknownTopic(ConfigError):
+    """A topic the worker or an admin command needs does not exist (or is not visible to this
+    client); create it (``trt-worker topics create``) or fix the name."""
+
+
 class JobRejected(WorkerError):
     """A job cannot be processed; it goes to the dead-letter queue with this reason.
 

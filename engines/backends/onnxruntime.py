@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy as np
 
 from engines.backends.base import FutureHandle, InferHandle, Outputs, Runner
 from engines.cache import BuildRecipe, CacheEntry
+from engines.cpus import available_cpus
 from engines.exceptions import BackendUnavailable, InferenceFailed, RunnerStateError
 from engines.spec import EngineSpec
 
@@ -80,7 +80,7 @@ class OrtRunner(Runner):
         super().__init__()
         self.spec = spec
         self._engine = engine
-        self._threads = intra_op_threads or os.cpu_count() or 1
+        self._threads = intra_op_threads or available_cpus()
         self._session: ort.InferenceSession | None = None
         self._own_stream: ThreadPoolExecutor | None = None
 

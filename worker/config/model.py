@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from engines.cpus import available_cpus
 from worker.config.base import Section
 
 
@@ -72,7 +72,8 @@ class ModelSettings(Section):
     device: int = Field(0, ge=0)
     open_nsfw_onnx: Path | None = None
     intra_op_threads: int | None = Field(None, ge=1)
-    decode_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    # The CPUs this process may use: affinity capped by a container's CPU quota.
+    decode_threads: int = Field(default_factory=available_cpus, ge=1)
     jpeg_roundtrip: bool = True
     # Where images are decoded and resized: "cpu" (Pillow on a thread pool) or "gpu" (nvJPEG
     # and torch kernels; torch backend only).

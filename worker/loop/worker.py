@@ -24,6 +24,7 @@ import structlog
 from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, KafkaIOError, ProducerFenced, TransactionError
 from worker.kafka import Consumer, member_consumer_settings
+from worker.kafka.topics import check_topics
 from worker.loop.assignment import Assignment
 from worker.loop.backpressure import Backpressure
 from worker.loop.commit.base import make_committer
@@ -81,6 +82,7 @@ class Worker:
                 "slow_batches": self.slow_batches, **self.committer.totals()}
 
     def run(self) -> None:
+        check_topics(self.cfg, self.topics.jobs, self.topics.results, self.topics.dlq)
         self.task.warm_up()
         self.vitals.warm = True
         self.committer.start()

@@ -154,27 +154,39 @@ class AnswerReader:
         self.close()
 
 
-def image_bytes(image: dict[str, Any]) -> bytes | None:
-    """An image's PNG: inline, or read from a local (``file://``) blob; None for other stores."""
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def image_bytes(image: dict[str, Any], blob_root: Path) -> bytes | None:
+    """An image's PNG: inline, or read from a local (``file://``) blob; None for other stores.
+
+    A result is data from a topic: a ``file://`` URI is followed only to a PNG inside the
+    configured local blob folder (``generation.blob.local_dir``, symlinks resolved), never to
+    any other file this user can read (``/etc/...``, ``~/.ssh/...``)."""
     if image.get("png") is not None:
         return bytes(image["png"])
     uri = (image.get("blob") or {}).get("uri", "")
     parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        try:
-            return Path(unquote(parsed.path)).read_bytes()
-        except OSError:  # the worker's local store is on another machine
+    if parsed.scheme != "file":
+        return None
+    try:
+        path = Path(unquote(parsed.path)).resolve()
+        if not path.is_relative_to(blob_root.resolve()):
             return None
-    return None
+        with path.open("rb") as f:
+            data = f.read()
+    except OSError:  # the worker's local store is on another machine
+        return None
+    return data if data.startswith(PNG_MAGIC) else None
 
 
-def save_images(result: dict[str, Any], out_dir: Path) -> list[str]:
+def save_images(result: dict[str, Any], out_dir: Path, blob_root: Path) -> list[str]:
     """Write a result's images as ``<id>-<index>-<seed>.png``; returns one line per image."""
     out_dir.mkdir(parents=True, exist_ok=True)
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(result["id"]))[:80]
     lines = []
     for im in result.get("images", []):
-        data = image_bytes(im)
+        data = image_bytes(im, blob_root)
         if data is None:
             lines.append(f"  image {im['index']} (seed {im['seed']}): {im['blob']['uri']}")
             continue
@@ -238,6 +250,6 @@ def run_generate(cfg: WorkerConfig, req: GenerateRequest, *, topic: str | None, 
              f"{total:.0f} ms{note}" + (f": {result['error']}" if result.get("error") else ""))
         ok = ok and result["status"] == "ok"
         if out_dir is not None:
-            for line in save_images(result, out_dir):
+            for line in save_images(result, out_dir, cfg.generation.blob.local_dir):
                 echo(line)
     return ok

@@ -79,18 +79,34 @@ def test_deadline_is_relative_to_now() -> None:
 
 
 def test_save_images_writes_inline_and_local_blob_pngs(tmp_path: Path) -> None:
+    png = b"\x89PNG\r\n\x1a\n blob"
     blob = tmp_path / "store" / "x y.png"
     blob.parent.mkdir()
-    blob.write_bytes(b"\x89PNG blob")
+    blob.write_bytes(png)
     result = {"id": "job/1", "images": [
         {"index": 0, "seed": 5, "png": b"\x89PNG inline"},
         {"index": 1, "seed": 6, "blob": {"uri": blob.resolve().as_uri()}},
         {"index": 2, "seed": 7, "blob": {"uri": "s3://bucket/k.png"}}]}
-    lines = save_images(result, tmp_path / "out")
+    lines = save_images(result, tmp_path / "out", tmp_path / "store")
     assert (tmp_path / "out" / "job_1-0-5.png").read_bytes() == b"\x89PNG inline"
-    assert (tmp_path / "out" / "job_1-1-6.png").read_bytes() == b"\x89PNG blob"
+    assert (tmp_path / "out" / "job_1-1-6.png").read_bytes() == png
     assert "s3://bucket/k.png" in lines[2]
-    assert image_bytes({"blob": {"uri": "s3://b/k"}}) is None
+    assert image_bytes({"blob": {"uri": "s3://b/k"}}, tmp_path / "store") is None
+
+
+def test_a_result_cannot_make_generate_copy_files_outside_the_blob_store(
+        tmp_path: Path) -> None:
+    """A result on the topic names a file:// URI: only PNGs inside generation.blob.local_dir
+    are copied (before: any file the user could read, e.g. a private key)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    secret = tmp_path / "id_rsa"
+    secret.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----")
+    (store / "link.png").symlink_to(secret)
+    (store / "not-a.png").write_bytes(b"plain text with a .png name")
+    for uri in (secret.as_uri(), (store / "link.png").as_uri(), (store / "not-a.png").as_uri(),
+                f"file://{store}/../id_rsa"):
+        assert image_bytes({"blob": {"uri": uri}}, store) is None, uri
 
 
 def test_generate_refuses_an_invalid_job_before_connecting() -> None:

@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-from worker.exceptions import WorkerError
+from worker.exceptions import UnknownTopic, WorkerError
+
+__all__ = ["AdminError", "BadOption", "UnknownTopic"]
 
 
 class AdminError(WorkerError):
     """An admin command cannot run as asked; the message says what to change."""
-
-
-class UnknownTopic(AdminError):
-    """A topic the command needs does not exist on the cluster."""
 
 
 class BadOption(AdminError):

@@ -9,8 +9,8 @@ import confluent_kafka as ck
 from worker.config import WorkerConfig
 from worker.exceptions import KafkaIOError
 from worker.kafka import Consumer
+from worker.kafka.admin import Admin
 from worker.tools.admin.deadletters import Reference
-from worker.tools.admin.kafka import Admin
 from worker.tools.admin.redrive_kafka import assign, reader_settings
 
 

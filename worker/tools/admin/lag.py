@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.config import WorkerConfig
-from worker.tools.admin.kafka import Admin
+from worker.kafka.admin import Admin
 
 NO_COMMIT = "no commit"
 EXPIRED = "commit below log start (records expired)"

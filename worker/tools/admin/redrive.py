@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 import confluent_kafka as ck
 
 from worker.config import WorkerConfig
+from worker.kafka.admin import Admin
 from worker.tools.admin.common import default_redrive_group, task_topics
 from worker.tools.admin.deadletters import Filter, check_fetched, inspect, redriven_headers
 from worker.tools.admin.errors import BadOption
 from worker.tools.admin.fetch import SourceFetcher
-from worker.tools.admin.kafka import Admin
 from worker.tools.admin.redrive_kafka import (
     DlqReader,
     Sender,

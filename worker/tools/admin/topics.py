@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from worker.kafka.admin import TopicInfo
 from worker.tools.admin.common import TaskTopics
 from worker.tools.admin.errors import BadOption
-from worker.tools.admin.kafka import TopicInfo
 
 HEADROOM_BYTES = 64 * 1024
 MAX_BYTES = "max.message.bytes"

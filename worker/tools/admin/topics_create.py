@@ -10,8 +10,8 @@ from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from worker.config import WorkerConfig
 from worker.exceptions import KafkaIOError
+from worker.kafka.admin import Admin, TopicInfo, wait
 from worker.tools.admin.common import task_topics
-from worker.tools.admin.kafka import Admin, TopicInfo, wait
 from worker.tools.admin.topics import BrokerDefaults, NewTopicPlan, Request, check_dlq, plan
 
 

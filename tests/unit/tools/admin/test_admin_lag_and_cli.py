@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from worker.config import load_config
+from worker.kafka.admin import admin_settings
 from worker.tools.admin.common import default_redrive_group, task_topics
 from worker.tools.admin.errors import AdminError, BadOption
-from worker.tools.admin.kafka import admin_settings
 from worker.tools.admin.lag import EXPIRED, NO_COMMIT, LagReport, partition_lag
 from worker.tools.admin.redrive_kafka import reader_settings, scan_start, sender_settings
 from worker.tools.admin.redrive_summary import RedriveSummary

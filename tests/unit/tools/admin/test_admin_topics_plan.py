@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from worker.kafka.admin import TopicInfo
 from worker.tools.admin.common import TaskTopics
 from worker.tools.admin.errors import BadOption
-from worker.tools.admin.kafka import TopicInfo
 from worker.tools.admin.topics import (
     HEADROOM_BYTES,
     BrokerDefaults,

@@ -1,6 +1,6 @@
-"""The admin commands' Kafka plumbing: an AdminClient with the worker's connection and
-security settings, and the look-ups the commands share. Every librdkafka error leaves here as a
-:class:`~worker.exceptions.KafkaIOError`."""
+"""Cluster metadata for the worker's start-up checks and the admin commands: an AdminClient
+with the worker's connection and security settings, and the look-ups they share. Every
+librdkafka error leaves here as a :class:`~worker.exceptions.KafkaIOError`."""
 
 from __future__ import annotations
 
@@ -18,12 +18,11 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.admin._resource import ResourceType
 
 from worker.config import WorkerConfig
-from worker.exceptions import KafkaIOError
+from worker.exceptions import KafkaIOError, UnknownTopic
 
 # The settings every client of the worker shares (brokers, client id, security, kafka.extra)
 # and librdkafka's error classification: the worker's own clients are built from the same.
 from worker.kafka.clients import common_settings, kafka_io_error
-from worker.tools.admin.errors import UnknownTopic
 
 _COORDINATOR_BUSY = frozenset({ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                                ck.KafkaError.COORDINATOR_NOT_AVAILABLE,
