@@ -83,6 +83,12 @@ class ImageRejected(JobRejected):
     reason = "bad_image"
 
 
+class ResultTooLarge(JobRejected):
+    """The job's result is larger than the results topic (or the producer) takes."""
+
+    reason = "result_too_large"
+
+
 class OversizedMessage(JobRejected):
     """The Kafka record is larger than the configured maximum job size."""
 

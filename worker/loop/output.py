@@ -35,6 +35,10 @@ class Output:
     # A DLQ output's rejected record and why: a DLQ topic that refuses the record as too large
     # gets it again by reference (worker.wire.dlq.dead_letter_by_reference).
     rejected: tuple[SourceRecord, JobRejected] | None = None
+    # A result's source record: a results topic that refuses the result as too large gets the
+    # job dead-lettered instead (reason result_too_large).
+    source: SourceRecord | None = None
+    attempt: int = 0  # deliveries that failed so far (at-least-once retries with backoff)
 
 
 def by_reference(out: Output, worker_id: str) -> Output:
@@ -81,7 +85,8 @@ class OutputBuilder:
             headers = a.headers or []
             if a.record.headers:  # a W3C traceparent on the job goes onto its result
                 headers = headers + trace_headers(a.record.headers)
-            outs.append(Output(a.ref, results, a.key, a.value, headers, "result"))
+            outs.append(Output(a.ref, results, a.key, a.value, headers, "result",
+                               source=a.record))
         self.stats.results += n_results
         return outs
 

@@ -56,11 +56,11 @@ class Worker:
         self.assignment = Assignment()
         self.hops = HopTimes()
         self._consumer = Consumer(member_consumer_settings(cfg, on_stats=self.vitals.on_stats))
-        self.committer = make_committer(cfg, self._consumer, self.assignment, task.remove,
-                                        self.hops)
-        self._intake = Intake(self._consumer, self.assignment, self.committer, self.stats)
         self._outputs = OutputBuilder(self.topics, cfg.kafka.client_id, self.stats,
                                       dlq_inline_max_bytes=cfg.limits.dlq_inline_max_bytes)
+        self.committer = make_committer(cfg, self._consumer, self.assignment, task.remove,
+                                        self.hops, self._outputs)
+        self._intake = Intake(self._consumer, self.assignment, self.committer, self.stats)
         self.backpressure = Backpressure(self._consumer, cfg.batch, self.stats)
         self._stop = threading.Event()
         self._fatal: BaseException | None = None

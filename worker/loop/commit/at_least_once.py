@@ -14,6 +14,7 @@ only means the next owner repeats those records.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Iterable
 from functools import partial
@@ -22,11 +23,11 @@ import confluent_kafka as ck
 import structlog
 
 from worker.config import WorkerConfig
-from worker.exceptions import DeliveryFailed, KafkaIOError
+from worker.exceptions import DeliveryFailed, KafkaIOError, ResultTooLarge
 from worker.kafka import Consumer, Producer, producer_settings
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.hops import HopTimes
-from worker.loop.output import Output, by_reference
+from worker.loop.output import Output, OutputBuilder, by_reference
 from worker.wire.records import TopicPartitionKey
 
 log = structlog.get_logger("worker")
@@ -35,12 +36,19 @@ log = structlog.get_logger("worker")
 ASYNC_COMMIT_STALE_S = 60.0
 # How long shutdown waits for its final commit to be answered.
 SHUTDOWN_COMMIT_WAIT_S = 10.0
+# A delivery that failed after librdkafka's own retries (message.timeout.ms: the topic is
+# missing, not authorised, or its brokers are gone) is produced again after 1, 2, 4 ... 60 s.
+# Its offset stays unfinished meanwhile, so nothing is committed past it, and the records held
+# behind it fill the backpressure watermark, which pauses consumption: the worker waits for
+# the topic instead of exiting into a restart loop.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
 
 
 class AtLeastOnce:
-    def __init__(self, cfg: WorkerConfig, consumer: Consumer, hops: HopTimes | None = None
-                 ) -> None:
-        self.cfg, self._consumer = cfg, consumer
+    def __init__(self, cfg: WorkerConfig, consumer: Consumer, hops: HopTimes | None = None,
+                 outputs: OutputBuilder | None = None) -> None:
+        self.cfg, self._consumer, self._outputs = cfg, consumer, outputs
         self._hops = hops or HopTimes()
         self._producer = Producer(producer_settings(cfg))
         self._tracker = OffsetTracker()
@@ -53,6 +61,9 @@ class AtLeastOnce:
         self._in_flight = 0  # produced, delivery not reported yet
         self._progress_at = time.monotonic()  # last delivery report, or first produce after idle
         self._again: list[Output] = []  # DLQ records refused as too large, by reference
+        self._retries: list[tuple[float, int, Output]] = []  # (due, sequence, output): a heap
+        self._retry_seq = 0
+        self.retries = 0
 
     def start(self) -> None:
         self._producer.open()
@@ -70,11 +81,25 @@ class AtLeastOnce:
                 produce(out.topic, key=out.key, value=out.value, headers=out.headers,
                         on_delivery=partial(delivered, out, now))
             except KafkaIOError as exc:  # refused before sending: over the producer's limit
-                if exc.code != ck.KafkaError.MSG_SIZE_TOO_LARGE or out.rejected is None:
+                small = self._smaller(out, exc.code, str(exc))
+                if small is None:
                     raise
-                small = self._by_reference(out, str(exc))
                 produce(small.topic, key=small.key, value=small.value, headers=small.headers,
                         on_delivery=partial(delivered, small, now))
+
+    def _smaller(self, out: Output, code: int | None, why: str) -> Output | None:
+        """What to send instead of an output refused as too large: a DLQ record by reference,
+        or, for a result, the job dead-lettered as ``result_too_large``; None if neither."""
+        if code != ck.KafkaError.MSG_SIZE_TOO_LARGE:
+            return None
+        if out.rejected is not None:
+            return self._by_reference(out, why)
+        if out.source is not None and self._outputs is not None:
+            log.warning("result_too_large", topic=out.topic, partition=out.ref.partition,
+                        offset=out.ref.offset, bytes=len(out.value or b""), error=why)
+            return self._outputs.dead_letter(out.source, ResultTooLarge(
+                f"result of {len(out.value or b'')} bytes refused by {out.topic}: {why}"))
+        return None
 
     def _by_reference(self, out: Output, why: str) -> Output:
         log.warning("dlq_record_too_large", topic=out.topic, partition=out.ref.partition,
@@ -83,22 +108,32 @@ class AtLeastOnce:
 
     def _delivered(self, out: Output, produced_at: float, err: ck.KafkaError | None,
                    _msg: ck.Message) -> None:
-        self._progress_at = now = time.monotonic()
+        now = time.monotonic()
         self._in_flight -= 1
-        self._hops.add("delivery", now - produced_at)
         ref = out.ref
-        if err is not None and err.code() == ck.KafkaError.MSG_SIZE_TOO_LARGE \
-                and out.rejected is not None:
-            # The DLQ topic takes smaller records than the jobs topic: dead-letter by
-            # reference (at the next tick: never produce from inside a delivery report).
-            self._again.append(self._by_reference(out, err.str()))
+        if err is None:
+            self._progress_at = now
+            self._hops.add("delivery", now - produced_at)
+            self._tracker.finish(ref.topic, ref.partition, ref.offset)
             return
-        if err is not None:
-            # librdkafka already retried for message.timeout.ms; never commit past this record.
+        smaller = self._smaller(out, err.code(), err.str())
+        if smaller is not None:
+            # The topic takes smaller records than the jobs topic: send what fits instead (at
+            # the next tick: never produce from inside a delivery report).
+            self._again.append(smaller)
+            return
+        if err.fatal():  # the idempotent producer cannot go on: stop, commit nothing past it
             self.fatal = DeliveryFailed(
                 f"delivery for {ref.topic}[{ref.partition}]@{ref.offset} failed: {err.str()}")
             return
-        self._tracker.finish(ref.topic, ref.partition, ref.offset)
+        out.attempt += 1
+        wait_s = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (out.attempt - 1))
+        log.warning("delivery_failed_retrying", topic=out.topic, kind=out.kind,
+                    source=f"{ref.topic}[{ref.partition}]@{ref.offset}", error=err.str(),
+                    attempt=out.attempt, retry_in_s=wait_s)
+        self._retry_seq += 1
+        self._in_flight += 1  # still waiting for the broker: readiness counts it
+        heapq.heappush(self._retries, (now + wait_s, self._retry_seq, out))
 
     def pending(self) -> int:
         return self._tracker.pending()
@@ -111,7 +146,18 @@ class AtLeastOnce:
         if self._again:
             again, self._again = self._again, []
             self.emit(again)
+        if self._retries and self._retries[0][0] <= time.monotonic():
+            self._retry_due()
         self._commit(force=force)
+
+    def _retry_due(self) -> None:
+        due: list[Output] = []
+        now = time.monotonic()
+        while self._retries and self._retries[0][0] <= now:
+            due.append(heapq.heappop(self._retries)[2])
+        self._in_flight -= len(due)  # emit() counts them again
+        self.retries += len(due)
+        self.emit(due)
 
     def _commit(self, *, force: bool, only: Iterable[TopicPartitionKey] | None = None) -> None:
         now = time.monotonic()
@@ -167,6 +213,11 @@ class AtLeastOnce:
 
     def forget(self, keys: set[TopicPartitionKey]) -> None:
         self._tracker.drop(keys)
+        if self._retries:  # their new owner answers them
+            kept = [r for r in self._retries if (r[2].ref.topic, r[2].ref.partition) not in keys]
+            self._in_flight -= len(self._retries) - len(kept)
+            heapq.heapify(kept)
+            self._retries = kept
 
     def _flush(self) -> int:
         undelivered = self._producer.flush(self.cfg.commit.drain_timeout_s)
@@ -211,4 +262,4 @@ class AtLeastOnce:
         """No transaction to abort under at-least-once."""
 
     def totals(self) -> dict[str, int]:
-        return {"rewinds": 0}
+        return {"rewinds": 0, "delivery_retries": self.retries}

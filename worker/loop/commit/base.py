@@ -18,7 +18,7 @@ from worker.config import WorkerConfig
 from worker.kafka import Consumer
 from worker.loop.assignment import Assignment
 from worker.loop.hops import HopTimes
-from worker.loop.output import Output
+from worker.loop.output import Output, OutputBuilder
 from worker.wire.records import TopicPartitionKey
 
 # Drops the task's queued work of these partitions (their answers will be stale).
@@ -78,27 +78,28 @@ class Committer(Protocol):
 
 
 def make_committer(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
-                   drop_work: DropWork, hops: HopTimes) -> Committer:
+                   drop_work: DropWork, hops: HopTimes, outputs: OutputBuilder) -> Committer:
     """The committer of ``processing.guarantee``."""
-    return COMMITTERS[cfg.processing.guarantee](cfg, consumer, assignment, drop_work, hops)
+    return COMMITTERS[cfg.processing.guarantee](cfg, consumer, assignment, drop_work, hops,
+                                                outputs)
 
 
 def _at_least_once(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
-                   drop_work: DropWork, hops: HopTimes) -> Committer:
+                   drop_work: DropWork, hops: HopTimes, outputs: OutputBuilder) -> Committer:
     from worker.loop.commit.at_least_once import AtLeastOnce
 
-    return AtLeastOnce(cfg, consumer, hops)
+    return AtLeastOnce(cfg, consumer, hops, outputs)
 
 
 def _exactly_once(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
-                  drop_work: DropWork, hops: HopTimes) -> Committer:
+                  drop_work: DropWork, hops: HopTimes, outputs: OutputBuilder) -> Committer:
     from worker.loop.commit.exactly_once import ExactlyOnce
 
-    return ExactlyOnce(cfg, consumer, assignment, drop_work)
+    return ExactlyOnce(cfg, consumer, assignment, drop_work, outputs)
 
 
-COMMITTERS: dict[str, Callable[[WorkerConfig, Consumer, Assignment, DropWork, HopTimes],
-                               Committer]] = {
+COMMITTERS: dict[str, Callable[[WorkerConfig, Consumer, Assignment, DropWork, HopTimes,
+                                OutputBuilder], Committer]] = {
     "at-least-once": _at_least_once,
     "exactly-once": _exactly_once,
 }

@@ -18,14 +18,14 @@ import confluent_kafka as ck
 import structlog
 
 from worker.config import WorkerConfig
-from worker.exceptions import TransactionError
+from worker.exceptions import ResultTooLarge, TransactionError
 from worker.kafka import Consumer, Producer, transactional_id, transactional_producer_settings
 from worker.loop.assignment import Assignment
 from worker.loop.commit.base import DropWork
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.commit.ordered import OrderedRelease
 from worker.loop.commit.transactions import Transactions
-from worker.loop.output import Output, by_reference
+from worker.loop.output import Output, OutputBuilder, by_reference
 from worker.wire.records import SourceRef, TopicPartitionKey
 
 log = structlog.get_logger("worker")
@@ -35,8 +35,9 @@ _PURGED = frozenset({ck.KafkaError._PURGE_QUEUE, ck.KafkaError._PURGE_INFLIGHT})
 
 class ExactlyOnce:
     def __init__(self, cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
-                 drop_work: DropWork) -> None:
+                 drop_work: DropWork, outputs: OutputBuilder | None = None) -> None:
         self.cfg, self._consumer, self._assignment = cfg, consumer, assignment
+        self._outputs = outputs
         self._drop_work = drop_work
         self._producer = Producer(transactional_producer_settings(cfg))
         self._txn = Transactions(self._producer, timeout_ms=cfg.kafka.transaction_timeout_ms)
@@ -66,9 +67,8 @@ class ExactlyOnce:
 
     def emit(self, outs: list[Output]) -> None:
         for out in outs:
-            if out.rejected is not None and out.ref in self._too_large:
-                self._too_large.discard(out.ref)
-                out = by_reference(out, self.cfg.kafka.client_id)
+            if out.ref in self._too_large:
+                out = self._smaller(out)
             for ready in self._release.complete(out):
                 if self._txn.failed is not None:
                     break  # doomed: the rewind that follows redoes these records
@@ -80,18 +80,31 @@ class ExactlyOnce:
                     self._note_too_large(ready, exc.code)
                     break  # abortable: marked failed; tick() aborts and rewinds
 
+    def _smaller(self, out: Output) -> Output:
+        """A record its topic refused as too large before the rewind: a DLQ record goes by
+        reference, a result becomes the job's dead letter (``result_too_large``)."""
+        self._too_large.discard(out.ref)
+        if out.rejected is not None:
+            return by_reference(out, self.cfg.kafka.client_id)
+        if out.source is not None and self._outputs is not None:
+            return self._outputs.dead_letter(out.source, ResultTooLarge(
+                f"result of {len(out.value or b'')} bytes refused by {out.topic} as too large"))
+        return out
+
     def _note_too_large(self, out: Output, code: int | None) -> None:
-        """A DLQ record refused as too large: the transaction aborts and the rewind redoes the
-        record, which then goes by reference (instead of failing the same way forever)."""
+        """A DLQ record or result refused as too large: the transaction aborts and the rewind
+        redoes the record, which then goes by reference or as the job's dead letter (instead
+        of failing the same way forever)."""
         if code != ck.KafkaError.MSG_SIZE_TOO_LARGE:
             return
         # A refused batch leaves a gap in the idempotent producer's sequence numbers, so
         # later transactions on the client fail (OUT_OF_ORDER_SEQUENCE_NUMBER): abort by reset.
         self._txn.fail("a record too large for its topic", timed_out=True)
-        if out.rejected is not None:
+        if out.rejected is not None or out.source is not None:
             self._too_large.add(out.ref)
-            log.warning("dlq_record_too_large", topic=out.topic, partition=out.ref.partition,
-                        offset=out.ref.offset, bytes=len(out.value or b""))
+            log.warning("dlq_record_too_large" if out.rejected else "result_too_large",
+                        topic=out.topic, partition=out.ref.partition, offset=out.ref.offset,
+                        bytes=len(out.value or b""))
 
     def _delivered(self, sequence: int, out: Output, err: ck.KafkaError | None,
                    _msg: ck.Message) -> None:

@@ -1,0 +1,91 @@
+"""A results topic that refuses or loses records never stops an at-least-once worker.
+
+- results larger than the results topic takes: each job is dead-lettered as
+  ``result_too_large`` (before: at-least-once stopped, and every restart died on the same
+  offset; exactly-once aborted and rewound forever);
+- the results topic deleted while the worker runs, then created again: deliveries that fail
+  after librdkafka's own retries are produced again with backoff, nothing is committed past
+  them, and every job is answered once the topic is back (before: the worker exited).
+"""
+
+from __future__ import annotations
+
+import time
+
+import confluent_kafka as ck
+import pytest
+
+from worker.devkit.faults import good_job
+from worker.devkit.local_kafka.admin import create_topics
+from worker.devkit.workers import (
+    ThreadedWorker,
+    committed,
+    end_offsets,
+    fresh_topics,
+    keys_of,
+    produce_records,
+    read_topic,
+    worker_config,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _recreate(bootstrap: str, topic: str, config: dict[str, str] | None = None) -> None:
+    admin = ck.admin.AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.delete_topics([topic], operation_timeout=30).values():
+        f.result()
+    if config is not None:
+        create_topics(bootstrap, [topic], partitions=1, config=config)
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_results_too_large_for_their_topic_are_dead_lettered(kafka_bootstrap: str,
+                                                             mode: str) -> None:
+    topics = fresh_topics(kafka_bootstrap, partitions=2)
+    _recreate(kafka_bootstrap, topics.results, {"max.message.bytes": "100"})
+    cfg = worker_config(kafka_bootstrap, topics, processing={"guarantee": mode})
+    keys = [f"job-{i}" for i in range(6)]
+    produce_records(kafka_bootstrap, topics.jobs, [(k.encode(), good_job(k), None)
+                                                    for k in keys])
+    with ThreadedWorker(cfg) as w:
+        dlq = read_topic(kafka_bootstrap, topics.dlq, until=lambda m: len(m) >= len(keys),
+                         timeout=90)
+        assert w.worker.fatal_error is None
+    assert sorted(keys_of(dlq)) == keys
+    for msg in dlq:
+        headers = dict(msg.headers() or [])
+        assert headers["ktw.dlq.error.reason"] == b"result_too_large"
+    assert committed(kafka_bootstrap, topics.group, topics.jobs, 2) == end_offsets(
+        kafka_bootstrap, topics.jobs, 2)
+
+
+def test_a_results_topic_that_disappears_and_returns_loses_nothing(
+        kafka_bootstrap: str) -> None:
+    topics = fresh_topics(kafka_bootstrap, partitions=2)
+    cfg = worker_config(kafka_bootstrap, topics,
+                        kafka={"producer_extra": {"message.timeout.ms": "3000"}})
+    first = [f"a-{i}" for i in range(4)]
+    later = [f"b-{i}" for i in range(6)]
+    with ThreadedWorker(cfg) as w:
+        produce_records(kafka_bootstrap, topics.jobs, [(k.encode(), good_job(k), None)
+                                                        for k in first])
+        read_topic(kafka_bootstrap, topics.results, until=lambda m: len(m) >= len(first))
+        _recreate(kafka_bootstrap, topics.results)  # gone
+        produce_records(kafka_bootstrap, topics.jobs, [(k.encode(), good_job(k), None)
+                                                        for k in later])
+        deadline = time.monotonic() + 60
+        while w.worker.committer.totals()["delivery_retries"] < 2:
+            assert time.monotonic() < deadline, "deliveries to the missing topic never retried"
+            assert w.worker.fatal_error is None
+            time.sleep(0.2)
+        # Nothing past the unanswered jobs was committed meanwhile.
+        assert committed(kafka_bootstrap, topics.group, topics.jobs, 2) != end_offsets(
+            kafka_bootstrap, topics.jobs, 2)
+        create_topics(kafka_bootstrap, [topics.results], partitions=1)  # back
+        results = read_topic(kafka_bootstrap, topics.results,
+                             until=lambda m: set(later) <= set(keys_of(m)), timeout=120)
+        assert set(later) <= set(keys_of(results))
+        assert w.worker.fatal_error is None
+    assert committed(kafka_bootstrap, topics.group, topics.jobs, 2) == end_offsets(
+        kafka_bootstrap, topics.jobs, 2)
