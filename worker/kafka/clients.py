@@ -271,6 +271,14 @@ class Consumer:
     def assignment(self) -> list[ck.TopicPartition]:
         return list(self.client.assignment())
 
+    def committed(self, partitions: list[ck.TopicPartition], timeout: float
+                  ) -> list[ck.TopicPartition]:
+        """The group's committed positions as the coordinator has them (offset < 0: none)."""
+        try:
+            return list(self.client.committed(partitions, timeout=timeout))
+        except ck.KafkaException as exc:
+            raise kafka_io_error(exc, "committed offsets unavailable") from exc
+
     def group_metadata(self) -> object:
         """The member's group metadata (group, generation, member id) for
         ``send_offsets_to_transaction``: the coordinator rejects it once the generation moved

@@ -31,6 +31,7 @@ from worker.wire.records import SourceRef, TopicPartitionKey
 log = structlog.get_logger("worker")
 
 _PURGED = frozenset({ck.KafkaError._PURGE_QUEUE, ck.KafkaError._PURGE_INFLIGHT})
+COMMITTED_TIMEOUT_S = 30.0  # for the coordinator's committed positions at a rewind
 
 
 class ExactlyOnce:
@@ -150,13 +151,23 @@ class ExactlyOnce:
         self._rewind_needed = True
 
     def _rewind(self) -> None:
-        """Seek every partition back to its last committed position; drop work in progress."""
+        """Seek every partition back to its last committed position, as the group coordinator
+        has it; drop work in progress.
+
+        Not the positions cached here: a commit_transaction that timed out may still have
+        committed on the coordinator, and rewinding to the older cached positions would publish
+        those records again. A coordinator that cannot answer is fatal (the restart resumes
+        from the committed positions) rather than a guess."""
         self._rewind_needed = False
         self._drop_work(set(self._tracker.partitions()) | self._assignment.owned)
         self._release.clear()
+        keys = self._tracker.partitions()
+        asked = self._consumer.committed([ck.TopicPartition(t, p) for t, p in keys],
+                                         timeout=COMMITTED_TIMEOUT_S) if keys else []
+        coordinator = {(tp.topic, tp.partition): tp.offset for tp in asked if tp.offset >= 0}
         positions: dict[str, int] = {}
-        for key in self._tracker.partitions():
-            target = self._tracker.rewind(key)
+        for key in keys:
+            target = self._tracker.rewind(key, coordinator.get(key))
             self._assignment.bump([key])
             if target is not None and key in self._assignment:
                 # A failed seek would let the consumer run on past the aborted range: fatal

@@ -41,7 +41,9 @@ class _PartitionOffsets:
         self.open.add(offset)
         return rewound
 
-    def rewind(self) -> int | None:
+    def rewind(self, committed: int | None = None) -> int | None:
+        if committed is not None:
+            self.committed = committed
         target = self.committed if self.committed is not None else self.base
         self.order.clear()
         self.open.clear()
@@ -86,12 +88,13 @@ class OffsetTracker:
         part = self._parts.get(key)
         return part is not None and offset in part.open
 
-    def rewind(self, key: TopicPartitionKey) -> int | None:
+    def rewind(self, key: TopicPartitionKey, committed: int | None = None) -> int | None:
         """Forget every begun record of a partition and return the offset to seek to: the last
-        committed position, else the first offset consumed (None if the partition is unknown).
+        committed position (``committed`` when the caller asked the coordinator: it replaces
+        the cached one), else the first offset consumed (None if the partition is unknown).
         """
         part = self._parts.get(key)
-        return part.rewind() if part is not None else None
+        return part.rewind(committed) if part is not None else None
 
     def finish(self, topic: str, partition: int, offset: int) -> bool:
         """Mark one record finished; False if its partition is no longer tracked (revoked)."""
