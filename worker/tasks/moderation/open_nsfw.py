@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+import structlog
 
 from engines.backends.base import Runner
 from engines.exceptions import InferenceFailed
@@ -44,6 +45,14 @@ from worker.wire.moderation_jobs import (
 from worker.wire.records import Headers, SourceRecord, SourceRef
 
 NSFW = LABELS.index("nsfw")  # the score a job's worst view is picked by
+log = structlog.get_logger("worker")
+
+
+def sticky_device_error(message: str) -> bool:
+    """A CUDA error that poisons the context (an illegal address, a launch failure): every
+    later call fails too, so splitting the batch cannot help. Out of memory is not sticky."""
+    text = message.lower()
+    return ("cuda error" in text or "cudaerror" in text) and "out of memory" not in text
 
 
 @dataclass(slots=True)
@@ -194,17 +203,40 @@ class OpenNsfwTask(BatchedTask[Pending]):
         roundtrip = self.cfg.model.jpeg_roundtrip
         return np.stack([preprocess_open_nsfw(v, jpeg_roundtrip=roundtrip) for v in views])
 
-    def _infer_chunks(self, rows: list[np.ndarray], profile: Profile) -> np.ndarray:
-        """Scores for ``rows``, in engine calls of at most the profile's largest batch (a
-        batch's jobs can bring more rows than jobs: several views each)."""
-        out = []
-        for start in range(0, len(rows), profile.max_batch):
-            chunk = rows[start:start + profile.max_batch]
+    def _infer_chunks(self, rows: list[np.ndarray], profile: Profile
+                      ) -> tuple[np.ndarray, dict[int, str]]:
+        """Scores for ``rows`` (one row each) and the rows that failed with why.
+
+        Engine calls take at most the profile's largest batch (a batch's jobs can bring more
+        rows than jobs: several views each). A call that fails is halved and retried (an out
+        of memory on a large batch), down to the one row that keeps failing, so one bad input
+        or a tight moment answers its own job ``error``, not the batch. A CUDA error other than
+        out-of-memory is sticky (every later call fails): it is raised, which stops the worker
+        without committing those jobs."""
+        out = np.full((len(rows), len(LABELS)), np.nan, dtype=np.float32)
+        failed: dict[int, str] = {}
+        step = profile.max_batch
+        spans = [(lo, min(lo + step, len(rows))) for lo in range(0, len(rows), step)][::-1]
+        while spans:
+            lo, hi = spans.pop()
+            chunk = rows[lo:hi]
             # Static profiles run fixed batch sizes: repeat a real row as padding.
             chunk += [chunk[0]] * (profile.padded(len(chunk)) - len(chunk))
-            scores = self.runner.infer({self.input_name: np.stack(chunk)}).result()
-            out.append(scores[self.output_name][: min(len(rows) - start, profile.max_batch)])
-        return np.concatenate(out)
+            try:
+                scores = self.runner.infer({self.input_name: np.stack(chunk)}).result()
+            except InferenceFailed as exc:
+                why = " ".join(str(exc).split())[:300]
+                if sticky_device_error(why):
+                    raise
+                if hi - lo == 1:
+                    failed[lo] = why
+                    continue
+                log.warning("batch_split_after_failure", rows=hi - lo, error=why)
+                mid = (lo + hi) // 2
+                spans += [(mid, hi), (lo, mid)]
+                continue
+            out[lo:hi] = scores[self.output_name][: hi - lo]
+        return out, failed
 
     def _run(self, batch: Batch[Pending]) -> list[Outcome]:
         started = time.monotonic()
@@ -220,19 +252,20 @@ class OpenNsfwTask(BatchedTask[Pending]):
         if not good:
             return outcomes
         rows = [row for _, views in good for row in views]
-        try:
-            all_scores = self._infer_chunks(rows, batch.profile)
-        except InferenceFailed as exc:
-            for p, _ in good:
-                outcomes.append(Outcome(p, result=self._result(p, Status.ERROR, error=str(exc))))
-            return outcomes
+        all_scores, failed = self._infer_chunks(rows, batch.profile)
         done = time.monotonic()
-        scores, at = [], 0
-        for _, views in good:  # each job's worst view: the highest nsfw score
-            mine = all_scores[at:at + len(views)]
-            scores.append(mine[int(np.argmax(mine[:, NSFW]))])
+        scored: list[tuple[Pending, np.ndarray]] = []
+        at = 0
+        for p, views in good:  # each job's worst view: the highest nsfw score
+            errors = [failed[i] for i in range(at, at + len(views)) if i in failed]
+            if errors:
+                outcomes.append(Outcome(p, result=self._result(p, Status.ERROR,
+                                                               error=errors[0])))
+            else:
+                mine = all_scores[at:at + len(views)]
+                scored.append((p, mine[int(np.argmax(mine[:, NSFW]))]))
             at += len(views)
-        for (p, _), row in zip(good, scores, strict=True):
+        for p, row in scored:
             thresholds = self.cfg.model.policies[p.job.policy]
             named = {label: float(v) for label, v in zip(LABELS, row, strict=True)}
             timings = {

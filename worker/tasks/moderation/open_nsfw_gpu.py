@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import numpy as np
+import structlog
 
 from engines.backends.base import Runner
 from engines.backends.torch.pipeline import TorchPipeline
@@ -29,6 +30,8 @@ from worker.tasks.moderation.images.cpu import crop_pixels, decode_image, jpeg_p
 from worker.tasks.moderation.open_nsfw import OpenNsfwTask, Outcome, Pending, no_image
 from worker.tasks.moderation.scoring.verdict import verdict_for
 from worker.wire.moderation_jobs import Status
+
+log = structlog.get_logger("worker")
 
 
 class OpenNsfwGpuTask(OpenNsfwTask):
@@ -84,31 +87,30 @@ class OpenNsfwGpuTask(OpenNsfwTask):
         n = len(images)
         slot = self.pipeline.acquire(n)
         t0 = time.monotonic()
+        ready: Event | None = None
         if self._gpu_decode:
             import torch
 
             from worker.tasks.moderation.images.gpu import prepare_batch
 
             stream = self._prep_stream()
-            with torch.cuda.stream(stream):
-                rejects = prepare_batch(images, slot.dev_in[:n], self._limits)
-            event: Event = self._local.ready
-            event.record_on(stream.cuda_stream)
-            ready: Event | None = event
+            try:
+                with torch.cuda.stream(stream):
+                    rejects = prepare_batch(images, slot.dev_in[:n], self._limits)
+                event: Event = self._local.ready
+                event.record_on(stream.cuda_stream)
+                ready = event
+            except torch.cuda.OutOfMemoryError as exc:
+                # Large images decoded on the GPU at once: this batch is prepared on the CPU
+                # instead (the engine's own memory is preallocated in its graphs). Any other
+                # CUDA error propagates and stops the worker, nothing committed past it.
+                stream.synchronize()
+                torch.cuda.empty_cache()
+                log.warning("gpu_preprocess_out_of_memory", images=n,
+                            error=" ".join(str(exc).split())[:200], fallback="cpu")
+                rejects = self._fill_host_rows(slot, images)
         else:
-            rows = slot.host_in.array
-            jpeg_roundtrip = self.cfg.model.jpeg_roundtrip
-
-            def fill(i: int) -> JobRejected | None:
-                try:
-                    rows[i] = crop_pixels(decode_image(images[i], self._limits),
-                                          jpeg_roundtrip=jpeg_roundtrip)
-                except JobRejected as exc:
-                    return exc
-                return None
-
-            rejects = list(self._decode_pool.map(fill, range(n)))
-            ready = None
+            rejects = self._fill_host_rows(slot, images)
         prep = time.monotonic() - t0
         if all(r is not None for r in rejects):
             if ready is not None:
@@ -117,6 +119,21 @@ class OpenNsfwGpuTask(OpenNsfwTask):
             return None, rejects, prep
         handle = self.pipeline.launch(slot, n, input_ready=ready)
         return handle.result(), rejects, prep
+
+    def _fill_host_rows(self, slot: Any, images: list[bytes]) -> list[JobRejected | None]:
+        """CPU preprocessing into the slot's pinned host rows (one pool task per image)."""
+        rows = slot.host_in.array
+        jpeg_roundtrip = self.cfg.model.jpeg_roundtrip
+
+        def fill(i: int) -> JobRejected | None:
+            try:
+                rows[i] = crop_pixels(decode_image(images[i], self._limits),
+                                      jpeg_roundtrip=jpeg_roundtrip)
+            except JobRejected as exc:
+                return exc
+            return None
+
+        return list(self._decode_pool.map(fill, range(len(images))))
 
     def _run(self, batch: Batch[Pending]) -> list[Outcome]:
         """One outcome per job, in the batch's order."""

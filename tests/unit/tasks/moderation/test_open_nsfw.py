@@ -396,3 +396,92 @@ def test_an_animation_scores_its_worst_sampled_frame_in_chunked_engine_calls(
     for o in outcomes:
         assert o.result is not None
         assert o.result.scores["nsfw"] == pytest.approx(worst, abs=1e-5)
+
+
+class _ScriptedRunner(Runner):
+    """Scores a row by its mean; fails as ``fail(batch)`` says (None: succeed)."""
+
+    backend = "scripted"
+
+    def __init__(self, fail: Any) -> None:
+        super().__init__()
+        self.fail, self.calls = fail, []
+
+    @property
+    def engine_hash(self) -> str:
+        return "scripted-0"
+
+    def _activate(self) -> None:
+        pass
+
+    def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle:
+        x = next(iter(feeds.values()))
+        self.calls.append(len(x))
+        fut: Future[dict[str, np.ndarray]] = Future()
+        why = self.fail(x)
+        if why is not None:
+            fut.set_exception(InferenceFailed(why))
+        else:
+            nsfw = (x.reshape(len(x), -1).mean(axis=1) + 200.0) / 400.0
+            fut.set_result({"outputs": np.stack([1 - nsfw, nsfw], axis=1).astype(np.float32)})
+        return FutureHandle(fut)
+
+    def _deactivate(self) -> None:
+        pass
+
+
+def _images(sample_paths: list[Path], n: int) -> list[Pending]:
+    return [_pending(f"j{k}", sample_paths[k % len(sample_paths)].read_bytes(), offset=k)
+            for k in range(n)]
+
+
+def test_a_batch_that_runs_out_of_memory_is_split_until_it_fits(
+        cfg: WorkerConfig, plan: EnginePlan, sample_paths: list[Path]) -> None:
+    """Before: the whole batch was answered ``error``."""
+    oom = _ScriptedRunner(lambda x: "CUDA out of memory. Tried to allocate 2.00 GiB"
+                          if len(x) > 2 else None)
+    items = _images(sample_paths, 7)
+    with oom:
+        task = OpenNsfwTask(cfg, oom, plan.spec)
+        try:
+            outcomes = _run(task, _batch(plan, items))
+        finally:
+            task.close()
+    assert [o.result.status for o in outcomes if o.result] == [Status.OK] * 7
+    assert max(oom.calls) == 7 and min(oom.calls) <= 2
+    # The scores are those of each job's own row, not of a neighbour's.
+    assert len({o.result.scores["nsfw"] for o in outcomes if o.result}) > 1
+
+
+def test_only_the_job_whose_row_keeps_failing_is_answered_error(
+        cfg: WorkerConfig, plan: EnginePlan, sample_paths: list[Path]) -> None:
+    items = _images(sample_paths, 6)
+    with _ScriptedRunner(lambda x: None) as probe:
+        poison = OpenNsfwTask(cfg, probe, plan.spec)._prepare(items[4])
+    assert isinstance(poison, np.ndarray)
+    bad = _ScriptedRunner(lambda x: "kernel failed on this input"
+                          if any(np.array_equal(r, poison[0]) for r in x) else None)
+    with bad:
+        task = OpenNsfwTask(cfg, bad, plan.spec)
+        try:
+            outcomes = _run(task, _batch(plan, items))
+        finally:
+            task.close()
+    status = {o.pending.job.id: o.result.status for o in outcomes if o.result}
+    assert status.pop("j4") is Status.ERROR
+    assert set(status.values()) == {Status.OK}
+
+
+def test_a_sticky_cuda_error_stops_the_batch_instead_of_answering_it(
+        cfg: WorkerConfig, plan: EnginePlan, sample_paths: list[Path]) -> None:
+    """An illegal address poisons the context: answering jobs ``error`` would commit them;
+    the batch fails, which stops the worker without committing."""
+    sticky = _ScriptedRunner(lambda x: "CUDA error: an illegal memory access was encountered")
+    with sticky:
+        task = OpenNsfwTask(cfg, sticky, plan.spec)
+        try:
+            with pytest.raises(InferenceFailed, match="illegal memory access"):
+                _run(task, _batch(plan, _images(sample_paths, 3)))
+        finally:
+            task.close()
+    assert sticky.calls == [3]  # not split: it cannot help
