@@ -85,3 +85,33 @@ def test_backpressure_bounds_memory_and_loses_nothing(kafka_bootstrap: str,
     pauses = [e for e in events if e["event"] == "backpressure_pause"]
     assert pauses and all(e["held"] < 64 + 1000 for e in pauses)
     assert any(e["event"] == "backpressure_resume" for e in events)
+
+
+def test_large_jobs_pause_by_bytes_before_the_job_count(kafka_bootstrap: str,
+                                                        tmp_path: Path) -> None:
+    """200 jobs of 178 KB against a 2 MiB byte watermark and a job watermark no batch reaches:
+    the worker pauses on bytes (before, only the job count paused it: 512 jobs of up to
+    25 MiB were allowed)."""
+    topics = fresh_topics(kafka_bootstrap, partitions=2)
+    cfg = worker_config(kafka_bootstrap, topics)
+    heavy = tmp_path / "heavy"
+    heavy.mkdir()
+    (heavy / "coffee.png").write_bytes((samples_dir() / "coffee.png").read_bytes())
+    sent = produce_folder(cfg, heavy, count=200, prefix="bytes-")
+    env = worker_env(cfg, KTW_BATCH__HIGH_WATERMARK="4000", KTW_BATCH__LOW_WATERMARK="16",
+                     KTW_BATCH__HIGH_WATERMARK_BYTES=str(2 << 20),
+                     KTW_BATCH__LOW_WATERMARK_BYTES=str(1 << 20),
+                     KTW_BATCH__MAX_BATCH_SIZE="8", KTW_BATCH__FETCH_QUEUE_KBYTES="4096")
+    proc = WorkerProcess(env, tmp_path / "worker.log")
+    try:
+        want = {s.id for s in sent}
+        results = read_topic(kafka_bootstrap, topics.results,
+                             until=lambda m: want <= set(keys_of(m)), timeout=240)
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0, proc.log_text()[-3000:]
+    assert set(keys_of(results)) == want
+    events = [json.loads(line) for line in proc.log_text().splitlines() if line.startswith("{")]
+    pauses = [e for e in events if e["event"] == "backpressure_pause"]
+    assert pauses, "never paused"
+    assert all(e["held_bytes"] >= 2 << 20 and e["held"] < 4000 for e in pauses), pauses[:3]

@@ -16,6 +16,10 @@ class BatchSettings(Section):
     # Backpressure: pause the assignment when this many jobs are held, resume below low.
     high_watermark: int = Field(512, ge=1)
     low_watermark: int = Field(128, ge=0)
+    # ... or when the held records' bytes reach this (resume once both are low): the job
+    # count alone allows 512 x 25 MiB.
+    high_watermark_bytes: int = Field(512 * 1024 * 1024, ge=1024 * 1024)
+    low_watermark_bytes: int = Field(128 * 1024 * 1024, ge=0)
     poll_timeout_ms: float = Field(50.0, gt=0)
     # librdkafka prefetches this much per consumer (its default is 64 MiB); part of the memory
     # bound together with the watermarks.
@@ -25,6 +29,8 @@ class BatchSettings(Section):
     def _watermarks(self) -> BatchSettings:
         if self.low_watermark >= self.high_watermark:
             raise ValueError("low_watermark must be below high_watermark")
+        if self.low_watermark_bytes >= self.high_watermark_bytes:
+            raise ValueError("low_watermark_bytes must be below high_watermark_bytes")
         if self.high_watermark < self.max_batch_size:
             raise ValueError("high_watermark must be at least max_batch_size")
         return self

@@ -48,7 +48,7 @@ class Intake:
                 # Fetched before a revoke or loss served in the same consume() call: its new
                 # owner reads it.
                 continue
-            begin(topic, partition, offset)
+            begin(topic, partition, offset, len(msg))
             append(source_record(msg, topic, partition, offset))
         self._stats.consumed += len(records)
         # The live epochs: the task reads them while it admits, before any rebalance can run.

@@ -118,7 +118,7 @@ class Worker:
             self._emit(rejected)
         self._schedule(force=False)
         self._emit(self.task.collect(block=False))
-        self.backpressure.update(self.committer.pending())
+        self.backpressure.update(self.committer.pending(), self.committer.held_bytes())
         self.committer.tick()
         if self.stats.due():  # (the totals are built only when the line is written)
             self.stats.log_line(log, pending=self.committer.pending(),

@@ -102,6 +102,8 @@ class WorkerCollector(Collector):
                          v.engine_seconds)
         yield _gauge("pending_records", "Records consumed and not finished.",
                      w.committer.pending())
+        yield _gauge("held_bytes", "Bytes of the records consumed and not finished.",
+                     w.committer.held_bytes())
         yield _gauge("paused", "1 while the assignment is paused (backpressure).",
                      float(w.backpressure.paused))
         yield _counter("pauses", "Times the assignment was paused.", s.pauses)

@@ -23,6 +23,9 @@ class _Committer:
     def pending(self) -> int:
         return 7
 
+    def held_bytes(self) -> int:
+        return 4096
+
     def totals(self) -> dict[str, int]:
         return {"txn_commits": 3, "txn_aborts": 1}
 
@@ -70,6 +73,7 @@ def test_metrics_report_the_loops_counters(served: tuple[str, SimpleNamespace, V
                  'trt_worker_dead_lettered_total{reason="not_msgpack"} 2.0',
                  "trt_worker_expired_total 1.0",
                  "trt_worker_pending_records 7.0",
+                 "trt_worker_held_bytes 4096.0",
                  "trt_worker_paused 1.0",
                  'trt_worker_transactions_total{outcome="committed"} 3.0',
                  'trt_worker_transactions_total{outcome="aborted"} 1.0',

@@ -68,8 +68,8 @@ class AtLeastOnce:
     def start(self) -> None:
         self._producer.open()
 
-    def begin(self, topic: str, partition: int, offset: int) -> None:
-        self._tracker.begin(topic, partition, offset)
+    def begin(self, topic: str, partition: int, offset: int, size: int = 0) -> None:
+        self._tracker.begin(topic, partition, offset, size)
 
     def emit(self, outs: list[Output]) -> None:
         produce, delivered, now = self._producer.produce, self._delivered, time.monotonic()
@@ -137,6 +137,9 @@ class AtLeastOnce:
 
     def pending(self) -> int:
         return self._tracker.pending()
+
+    def held_bytes(self) -> int:
+        return self._tracker.held_bytes()
 
     def unacked_for_s(self) -> float | None:
         return time.monotonic() - self._progress_at if self._in_flight > 0 else None

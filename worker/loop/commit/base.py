@@ -34,8 +34,9 @@ class Committer(Protocol):
     def start(self) -> None:
         """Open the producer (and fence an earlier incarnation, where that matters)."""
 
-    def begin(self, topic: str, partition: int, offset: int) -> None:
-        """A record was consumed: track its offset until its output is done with."""
+    def begin(self, topic: str, partition: int, offset: int, size: int = 0) -> None:
+        """A record of ``size`` bytes was consumed: track its offset until its output is done
+        with."""
 
     def emit(self, outs: list[Output]) -> None:
         """Produce these outputs, in order; each source offset finishes when the guarantee
@@ -47,6 +48,9 @@ class Committer(Protocol):
 
     def pending(self) -> int:
         """Records consumed and not finished (the loop's backpressure counts these)."""
+
+    def held_bytes(self) -> int:
+        """Their bytes (the loop's backpressure bounds these too)."""
 
     def on_commit(self, err: ck.KafkaError | None, partitions: list[ck.TopicPartition]
                   ) -> None:

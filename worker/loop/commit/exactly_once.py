@@ -60,8 +60,8 @@ class ExactlyOnce:
         # its uncommitted outputs never become visible and its offsets are released.
         self._txn.init()
 
-    def begin(self, topic: str, partition: int, offset: int) -> None:
-        if self._tracker.begin(topic, partition, offset):
+    def begin(self, topic: str, partition: int, offset: int, size: int = 0) -> None:
+        if self._tracker.begin(topic, partition, offset, size):
             # The consumer went backwards on its own (not after our seek): outputs of these
             # offsets may already be in the open transaction. Abort and rewind.
             self.request_abort(f"{topic}[{partition}] re-delivered offset {offset}")
@@ -121,6 +121,9 @@ class ExactlyOnce:
 
     def pending(self) -> int:
         return self._tracker.pending()
+
+    def held_bytes(self) -> int:
+        return self._tracker.held_bytes()
 
     def tick(self, *, force: bool = False) -> None:
         self._producer.poll(0)

@@ -20,16 +20,17 @@ from worker.wire.records import TopicPartitionKey
 
 
 class _PartitionOffsets:
-    __slots__ = ("base", "committed", "next_offset", "open", "order")
+    __slots__ = ("base", "bytes", "committed", "next_offset", "open", "order")
 
     def __init__(self) -> None:
         self.order: deque[int] = deque()  # begun, ascending; head may already be finished
-        self.open: set[int] = set()  # begun and not yet finished
+        self.open: dict[int, int] = {}  # begun and not yet finished -> the record's bytes
+        self.bytes = 0  # of the open records: what backpressure bounds besides their count
         self.next_offset: int | None = None  # one past the highest offset finished in order
         self.committed: int | None = None
         self.base: int | None = None  # first offset ever begun (the group's start position)
 
-    def begin(self, offset: int) -> bool:
+    def begin(self, offset: int, size: int) -> bool:
         if self.base is None:
             self.base = offset
         rewound = bool(self.order) and offset <= self.order[-1]
@@ -37,8 +38,10 @@ class _PartitionOffsets:
             # A rewind (seek, or re-delivery after an error): older bookkeeping is void.
             self.order.clear()
             self.open.clear()
+            self.bytes = 0
         self.order.append(offset)
-        self.open.add(offset)
+        self.open[offset] = size
+        self.bytes += size
         return rewound
 
     def rewind(self, committed: int | None = None) -> int | None:
@@ -47,13 +50,15 @@ class _PartitionOffsets:
         target = self.committed if self.committed is not None else self.base
         self.order.clear()
         self.open.clear()
+        self.bytes = 0
         self.next_offset = target
         return target
 
     def finish(self, offset: int) -> bool:
-        if offset not in self.open:
+        size = self.open.pop(offset, None)
+        if size is None:
             return False
-        self.open.remove(offset)
+        self.bytes -= size
         while self.order and self.order[0] not in self.open:
             self.next_offset = self.order.popleft() + 1
         return True
@@ -69,12 +74,13 @@ class OffsetTracker:
     def __init__(self) -> None:
         self._parts: dict[TopicPartitionKey, _PartitionOffsets] = {}
 
-    def begin(self, topic: str, partition: int, offset: int) -> bool:
-        """Track a consumed record; True if it went backwards (an unexpected re-delivery)."""
+    def begin(self, topic: str, partition: int, offset: int, size: int = 0) -> bool:
+        """Track a consumed record of ``size`` bytes; True if it went backwards (an unexpected
+        re-delivery)."""
         part = self._parts.get((topic, partition))
         if part is None:  # (setdefault would build a throwaway _PartitionOffsets per record)
             part = self._parts[(topic, partition)] = _PartitionOffsets()
-        return part.begin(offset)
+        return part.begin(offset, size)
 
     def partitions(self) -> list[TopicPartitionKey]:
         return list(self._parts)
@@ -100,6 +106,10 @@ class OffsetTracker:
         """Mark one record finished; False if its partition is no longer tracked (revoked)."""
         part = self._parts.get((topic, partition))
         return part is not None and part.finish(offset)
+
+    def held_bytes(self) -> int:
+        """Bytes of the records begun and not finished, over every partition."""
+        return sum(p.bytes for p in self._parts.values())
 
     def pending(self, partitions: Iterable[TopicPartitionKey] | None = None) -> int:
         keys = self._parts.keys() if partitions is None else partitions

@@ -246,3 +246,20 @@ def test_random_interleavings_of_begin_and_finish_keep_the_invariant(seed: int) 
             unfinished.add(next_offset)
         _check_invariant(t.committable()[TP], begun, unfinished)
         assert t.pending() == len(unfinished)
+
+
+def test_held_bytes_follow_begin_finish_rewind_and_drop() -> None:
+    t = OffsetTracker()
+    t.begin("jobs", 0, 0, 1000)
+    t.begin("jobs", 0, 1, 2000)
+    t.begin("jobs", 1, 0, 500)
+    assert t.held_bytes() == 3500
+    t.finish("jobs", 0, 1)
+    t.finish("jobs", 0, 1)  # twice: counted once
+    assert t.held_bytes() == 1500
+    t.rewind(("jobs", 0))
+    assert t.held_bytes() == 500
+    t.begin("jobs", 1, 0, 700)  # re-delivered from the start: older bookkeeping void
+    assert t.held_bytes() == 700
+    t.drop([("jobs", 1)])
+    assert t.held_bytes() == 0
