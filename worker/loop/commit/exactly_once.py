@@ -32,6 +32,11 @@ log = structlog.get_logger("worker")
 
 _PURGED = frozenset({ck.KafkaError._PURGE_QUEUE, ck.KafkaError._PURGE_INFLIGHT})
 COMMITTED_TIMEOUT_S = 30.0  # for the coordinator's committed positions at a rewind
+# Transactions that keep failing (a results topic deleted, a broker refusing writes): after
+# the second abort in a row the rewound partitions wait 1, 2, 4 ... 60 s before consuming
+# again, instead of redoing the same batch as fast as it fails.
+HOLD_FIRST_S = 1.0
+HOLD_MAX_S = 60.0
 
 
 class ExactlyOnce:
@@ -50,6 +55,9 @@ class ExactlyOnce:
         self._rewind_needed = False
         self._last_commit = time.monotonic()
         self.rewinds = 0
+        self._aborts_in_a_row = 0
+        self._failing_since: float | None = None
+        self._hold_until: float | None = None  # rewound partitions paused until then
         # Sources whose DLQ record a transaction failed on as too large: sent by reference
         # when the rewind brings them back.
         self._too_large: set[SourceRef] = set()
@@ -127,6 +135,10 @@ class ExactlyOnce:
 
     def tick(self, *, force: bool = False) -> None:
         self._producer.poll(0)
+        if self._hold_until is not None and time.monotonic() >= self._hold_until:
+            self._hold_until = None
+            self._consumer.resume(self._consumer.assignment())
+            log.info("rewind_hold_over", aborts_in_a_row=self._aborts_in_a_row)
         self._settle()
         now = time.monotonic()
         if force or (now - self._last_commit) * 1e3 >= self.cfg.commit.interval_ms:
@@ -152,6 +164,9 @@ class ExactlyOnce:
                     age_s=round(self._txn.age_s, 3))
         self._txn.abort()
         self._rewind_needed = True
+        self._aborts_in_a_row += 1
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
 
     def _rewind(self) -> None:
         """Seek every partition back to its last committed position, as the group coordinator
@@ -179,6 +194,11 @@ class ExactlyOnce:
                 positions[f"{key[0]}[{key[1]}]"] = target
         self.rewinds += 1
         log.warning("rewound", positions=positions)
+        if self._aborts_in_a_row >= 2 and self._hold_until is None:
+            hold = min(HOLD_MAX_S, HOLD_FIRST_S * 2 ** (self._aborts_in_a_row - 2))
+            self._consumer.pause(self._consumer.assignment())
+            self._hold_until = time.monotonic() + hold
+            log.warning("rewind_hold", aborts_in_a_row=self._aborts_in_a_row, hold_s=hold)
 
     def _commit(self) -> None:
         txn = self._txn
@@ -203,6 +223,7 @@ class ExactlyOnce:
             self._abort(f"commit failed: {exc}")
             return
         self._tracker.mark_committed(positions)
+        self._aborts_in_a_row, self._failing_since = 0, None
         log.debug("transaction_committed", records=records,
                   offsets={f"{t}[{p}]": o for (t, p), o in positions.items()})
 
@@ -244,7 +265,11 @@ class ExactlyOnce:
         self._abort_request = reason
 
     def unacked_for_s(self) -> float | None:
-        """Outputs become visible when their transaction commits: the open one's age."""
+        """Outputs become visible when their transaction commits: the open one's age, or,
+        while transactions keep failing, the time since the first of them failed."""
+        if self._failing_since is not None and self._aborts_in_a_row >= 2 \
+                and self._tracker.pending():
+            return time.monotonic() - self._failing_since
         return self._txn.age_s if self._txn.open else None
 
     def totals(self) -> dict[str, int]:
