@@ -35,6 +35,7 @@ def _cases() -> dict[str, bytes]:
     buf = io.BytesIO()
     rgba.save(buf, "PNG")
     out["alpha"] = buf.getvalue()
+    out["truncated"] = out["plain"][: len(out["plain"]) * 2 // 3]
     black = Image.new("RGB", (128, 128))
     frames = [black, black, ramp.resize((128, 128)).convert("RGB"), black]
     buf = io.BytesIO()
@@ -47,6 +48,7 @@ def _cases() -> dict[str, bytes]:
 def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -> None:
     from engines.backends.onnxruntime import OrtRunner
     from worker.config import load_config
+    from worker.exceptions import JobRejected
     from worker.tasks.batcher import Batch
     from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan, make_runner
     from worker.tasks.moderation.images.cpu import decode_views, preprocess_open_nsfw
@@ -69,6 +71,12 @@ def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -
     outcomes = {o.pending.job.id: o for o in task._run(Batch(plan.profiles[0], items, 8))}
     task.close()
     runner.deactivate()
+    truncated = outcomes.pop("truncated")
+    # Rejected like the CPU path rejects it (nvJPEG alone would have scored it).
+    assert truncated.rejection is not None and "corrupt image data" in str(truncated.rejection)
+    with pytest.raises(JobRejected):
+        decode_views(cases["truncated"])
+    names.remove("truncated")
     with OrtRunner(engine_plan(load_config()).spec) as ort:
         for name in names:
             o = outcomes[name]

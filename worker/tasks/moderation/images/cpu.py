@@ -86,9 +86,11 @@ def jpeg_dimensions(data: bytes) -> tuple[int, int] | None:
 
 def jpeg_plain(data: bytes) -> bool:
     """True for a JPEG the GPU decoder shows as a person would see it: RGB or grey (not CMYK:
-    nvJPEG refuses it) and no EXIF orientation other than 1. Found by walking the markers up to
-    the frame header (a few microseconds); anything else is decoded by :func:`decode_views`."""
-    if data[:2] != b"\xff\xd8":
+    nvJPEG refuses it), no EXIF orientation other than 1, and ending with its end-of-image
+    marker (nvJPEG decodes a truncated file that the CPU decoder rejects). Found by walking the
+    markers up to the frame header (a few microseconds); anything else is decoded by
+    :func:`decode_views`, so both paths accept and reject the same images."""
+    if data[:2] != b"\xff\xd8" or data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
         return False
     i, n = 2, len(data)
     while i + 4 <= n:

@@ -115,3 +115,5 @@ def test_jpeg_plain_sends_cmyk_and_rotated_jpegs_to_the_views_path() -> None:
     assert not jpeg_plain(_save(img.convert("CMYK"), "JPEG"))
     assert not jpeg_plain(_save(img, "PNG"))
     assert not jpeg_plain(b"\xff\xd8\xff\xe1\x00")  # truncated: the CPU decoder judges it
+    whole = _save(img, "JPEG")
+    assert not jpeg_plain(whole[: len(whole) * 2 // 3])  # cut in the scan data
