@@ -297,31 +297,10 @@ def test_pending_exposes_what_the_batcher_needs(plan: EnginePlan) -> None:
 # --- engine failure -----------------------------------------------------------------------------
 
 
-class _FailingRunner(Runner):
-    """Every batch fails inside the runtime, as a bad engine would."""
-
-    backend = "failing"
-
-    @property
-    def engine_hash(self) -> str:
-        return "failing-0"
-
-    def _activate(self) -> None:
-        pass
-
-    def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle:
-        fut: Future[dict[str, np.ndarray]] = Future()
-        fut.set_exception(InferenceFailed("device lost"))
-        return FutureHandle(fut)
-
-    def _deactivate(self) -> None:
-        pass
-
-
 def test_inference_failure_answers_every_good_job_with_status_error(
     cfg: WorkerConfig, plan: EnginePlan, mixed: list[Pending], contract: Any
 ) -> None:
-    with _FailingRunner() as failing:
+    with _ScriptedRunner(lambda x: "device lost") as failing:
         task = OpenNsfwTask(cfg, failing, plan.spec)
         try:
             outcomes = task.submit(_batch(plan, mixed)).result(timeout=120)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,16 +56,16 @@ def open_checked(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame markers
 
 
-def jpeg_dimensions(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's frame header by walking its markers, or None when the
-    stream is not a well-formed JPEG up to that header. Used by the GPU path to check limits
-    for a whole batch cheaply (PIL's header parse costs ~20-40 us per image)."""
+def _segments(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(marker, position, length) of a JPEG's marker segments up to and including the frame
+    header; stops early (yielding nothing more) where the stream is malformed or a scan starts
+    before any frame header."""
     if data[:2] != b"\xff\xd8":
-        return None
+        return
     i, n = 2, len(data)
     while i + 4 <= n:
         if data[i] != 0xFF:
-            return None
+            return
         marker = data[i + 1]
         if marker == 0xFF:  # fill byte
             i += 1
@@ -72,15 +73,26 @@ def jpeg_dimensions(data: bytes) -> tuple[int, int] | None:
         if marker == 0x01 or 0xD0 <= marker <= 0xD7:
             i += 2
             continue
+        if marker == 0xDA:  # scan before any frame header: malformed
+            return
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        yield marker, i, length
         if marker in _SOF:
-            if i + 9 > n:
+            return
+        i += 2 + length
+
+
+def jpeg_dimensions(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's frame header by walking its markers, or None when the
+    stream is not a well-formed JPEG up to that header. Used by the GPU path to check limits
+    for a whole batch cheaply (PIL's header parse costs ~20-40 us per image)."""
+    for marker, i, _length in _segments(data):
+        if marker in _SOF:
+            if i + 9 > len(data):
                 return None
             height = int.from_bytes(data[i + 5:i + 7], "big")
             width = int.from_bytes(data[i + 7:i + 9], "big")
             return width, height
-        if marker == 0xDA:  # scan before any frame header: malformed
-            return None
-        i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
     return None
 
 
@@ -90,28 +102,14 @@ def jpeg_plain(data: bytes) -> bool:
     marker (nvJPEG decodes a truncated file that the CPU decoder rejects). Found by walking the
     markers up to the frame header (a few microseconds); anything else is decoded by
     :func:`decode_views`, so both paths accept and reject the same images."""
-    if data[:2] != b"\xff\xd8" or data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
+    if data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
         return False
-    i, n = 2, len(data)
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            return False
-        marker = data[i + 1]
-        if marker == 0xFF:
-            i += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
-            i += 2
-            continue
-        length = int.from_bytes(data[i + 2:i + 4], "big")
+    for marker, i, length in _segments(data):
         if marker == 0xE1 and data[i + 4:i + 10] == b"Exif\x00\x00" \
                 and _exif_orientation(data[i + 10:i + 2 + length]) not in (None, 1):
             return False
         if marker in _SOF:
-            return i + 9 < n and data[i + 9] in (1, 3)  # components: grey or YCbCr/RGB
-        if marker == 0xDA:
-            return False
-        i += 2 + length
+            return i + 9 < len(data) and data[i + 9] in (1, 3)  # components: grey or YCbCr
     return False
 
 
