@@ -50,6 +50,10 @@ class KafkaSettings(Section):
     instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
                              min_length=1, max_length=200)
     static_membership: bool = False
+    # Compression of results and DLQ records. None by default: every client reads it (kafkajs,
+    # for one, has no LZ4 or Snappy codec out of the box), and the payloads are already
+    # compressed images or small msgpack maps. gzip is the other choice every client reads.
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
     # transactional.id = "<prefix>.<group_id>.<instance_id>" (exactly-once only).
     transactional_id_prefix: str = Field("ktw", min_length=1, max_length=100)
     # Broker-side limit for an open transaction (the broker's transaction.max.timeout.ms,

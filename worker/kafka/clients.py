@@ -151,7 +151,7 @@ def producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
             "acks": "all",
             "enable.idempotence": True,
             "linger.ms": 5,
-            "compression.type": "lz4",
+            "compression.type": k.compression,
             # Keyed records go where Java's (and every murmur2 client's) default partitioner
             # puts them (librdkafka's default, consistent_random, hashes with CRC32): a result
             # lands on the partition a Java or Node producer would pick for the same job id.
