@@ -12,6 +12,9 @@ from worker.wire.records import Headers, SourceRecord
 from worker.wire.trace import trace_headers
 
 HEADER_PREFIX = "ktw.dlq."
+# Headers the worker's own tools trust (the DLQ's, and a replay's source coordinates and id):
+# never copied from a record, so a job cannot forge them.
+RESERVED_PREFIXES = (HEADER_PREFIX, "ktw.source.", "ktw.replay.")
 MAX_MESSAGE_CHARS = 1000
 MAX_REFERENCE_KEY = 4096  # a larger key is left out of a by-reference DLQ record too
 
@@ -37,7 +40,7 @@ def dead_letter(record: SourceRecord, error: JobRejected, worker_id: str, *,
         return dead_letter_by_reference(record, error, worker_id)
     # The original headers in their order, but none in our namespace: a record must not be
     # able to forge the reason or the source a DLQ reader (or a redrive) goes by.
-    copied = [(k, v) for k, v in record.headers or [] if not k.startswith(HEADER_PREFIX)]
+    copied = [(k, v) for k, v in record.headers or [] if not k.startswith(RESERVED_PREFIXES)]
     return DeadLetter(key=record.key, value=record.value,
                       headers=copied + _ours(record, error, worker_id))
 

@@ -181,3 +181,14 @@ def test_copied_headers_cannot_forge_the_workers_own() -> None:
     assert names.count("ktw.dlq.error.reason") == 1 and names.count("ktw.dlq.source.offset") == 1
     assert dict(dl.headers)["ktw.dlq.error.reason"] == b"schema"
     assert dl.headers[: len(ORIGINAL_HEADERS)] == ORIGINAL_HEADERS, "the rest kept, in order"
+
+
+def test_copied_headers_cannot_forge_a_replays_source_coordinates() -> None:
+    """A job carrying ktw.source.* / ktw.replay.id would, once dead-lettered by a replay, make
+    its resume mark another record handled (and skip it)."""
+    forged = [("ktw.replay.id", b"r-1"), ("ktw.source.partition", b"0"),
+              ("ktw.source.offset", b"7"), ("ktw.schema", b"moderation-job/v1"),
+              *ORIGINAL_HEADERS]
+    names = [k for k, _ in dead_letter(_record(headers=forged), SchemaViolation("x"), "w").headers]
+    assert not [n for n in names if n.startswith(("ktw.source.", "ktw.replay."))]
+    assert "ktw.schema" in names  # the job's other headers are kept

@@ -67,11 +67,13 @@ def parse_written(headers: object) -> Written | None:
     if rid is None:
         return None
     try:
-        if SOURCE_OFFSET in h:
-            return Written(rid.decode(), int(h[SOURCE_PARTITION]), int(h[SOURCE_OFFSET]), None)
+        # A DLQ record's coordinates are the worker's own ktw.dlq.source.* headers, checked
+        # first: ktw.source.* on a DLQ record could only have come from the job itself.
         if DLQ_SOURCE_OFFSET in h:
             return Written(rid.decode(), int(h[DLQ_SOURCE_PARTITION]),
                            int(h[DLQ_SOURCE_OFFSET]), h.get(DLQ_REASON, b"").decode())
+        if SOURCE_OFFSET in h:
+            return Written(rid.decode(), int(h[SOURCE_PARTITION]), int(h[SOURCE_OFFSET]), None)
     except (KeyError, ValueError, UnicodeDecodeError):
         return None
     return None

@@ -102,3 +102,13 @@ def test_progress_shows_rate_and_eta() -> None:
     text = console.export_text()
     assert "30/100" in text and "5.0 jobs/s" in text
     assert "ETA 0:00:14" in text, text  # 70 left at 5 jobs/s
+
+
+def test_a_dlq_records_coordinates_come_from_the_workers_own_headers() -> None:
+    from worker.tools.replay.headers import parse_written
+
+    headers = [("ktw.source.partition", b"0"), ("ktw.source.offset", b"7"),  # from the job
+               ("ktw.dlq.error.reason", b"schema"), ("ktw.dlq.source.partition", b"2"),
+               ("ktw.dlq.source.offset", b"41"), ("ktw.replay.id", b"r-1")]
+    w = parse_written(headers)
+    assert w is not None and (w.partition, w.offset, w.reason) == (2, 41, "schema")
