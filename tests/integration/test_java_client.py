@@ -1,0 +1,57 @@
+"""A client in another language, written from the contract alone (schemas/clients/java): it
+sends jobs, reads results and DLQ records with read_committed from an exactly-once worker, and
+finds each answer on the partition Java's default partitioner picks for its key."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from worker.devkit.local_kafka import jar_cache_root
+from worker.devkit.local_kafka.admin import create_topics
+from worker.devkit.workers import ThreadedWorker, Topics, worker_config
+from worker.tools.demo import samples_dir
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+CLIENT = REPO / "schemas" / "clients" / "java"
+
+
+def _client_libs() -> Path:
+    """kafka-clients and msgpack-core from Maven Central (cached like the broker's jars)."""
+    out = jar_cache_root() / "java-client-libs"
+    if not (out / ".complete").is_file():
+        subprocess.run(["mvn", "-B", "-q", "-f", str(CLIENT / "pom.xml"),
+                        "dependency:copy-dependencies", f"-DoutputDirectory={out}"],
+                       check=True, timeout=600)
+        (out / ".complete").write_text("ok")
+    return out
+
+
+@pytest.mark.skipif(shutil.which("java") is None or shutil.which("mvn") is None,
+                    reason="needs java and mvn (the local broker needs them too)")
+def test_the_java_client_is_answered_on_the_partitions_java_expects(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    import uuid
+
+    tag = uuid.uuid4().hex[:8]
+    topics = Topics(f"jobs-{tag}", f"results-{tag}", f"dlq-{tag}", f"group-{tag}")
+    create_topics(kafka_bootstrap, [topics.jobs], partitions=2)
+    create_topics(kafka_bootstrap, [topics.results], partitions=3)
+    create_topics(kafka_bootstrap, [topics.dlq], partitions=2)
+    cfg = worker_config(kafka_bootstrap, topics, processing={"guarantee": "exactly-once"})
+    libs = _client_libs()
+    image = samples_dir() / "astronaut.jpg"
+    with ThreadedWorker(cfg):
+        run = subprocess.run(
+            ["java", "-cp", f"{libs}/*", str(CLIENT / "JobClient.java"), kafka_bootstrap,
+             topics.jobs, topics.results, topics.dlq, str(image), "6", "2", "120"],
+            capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got == {"sent": 8, "answered": 8, "statuses": {"ok": 6},
+                   "reasons": {"not_msgpack": 2}, "misplaced": 0}, got
