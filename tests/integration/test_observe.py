@@ -1,7 +1,8 @@
 """A real `trt-worker run` process on a real broker, watched through its HTTP port.
 
 - /metrics: the counters match what was sent, lag falls to zero, hop and batch histograms fill;
-- a W3C traceparent on a job reaches its result and its DLQ record;
+- a W3C traceparent on a job reaches its result and its DLQ record; results carry CloudEvents
+  headers, DLQ records Kafka Connect's dead-letter headers;
 - /readyz turns off while the broker is frozen past the session timeout and back on after;
   /healthz stays on throughout (the loop keeps stepping).
 """
@@ -104,6 +105,19 @@ def test_metrics_count_what_was_sent_and_lag_falls_to_zero(
     assert len(results) == 12 and len(dlq) == 3, proc.log_tail()
     for msg in results + dlq:
         assert ("traceparent", TRACEPARENT) in (msg.headers() or []), msg.headers()
+    # CloudEvents binary mode on results (ce_id names the job's record: a repeat after a crash
+    # carries the same id); Kafka Connect's dead-letter names on DLQ records.
+    for msg in results:
+        h = dict(msg.headers() or [])
+        assert h["ce_specversion"] == b"1.0" and h["content-type"] == b"application/msgpack"
+        assert h["ce_subject"] == msg.key() and h["ce_type"].endswith(b".moderation.result")
+        assert h["ce_id"].startswith(f"{topics.jobs}-".encode())
+    assert len({dict(m.headers())["ce_id"] for m in results}) == len(results)
+    for msg in dlq:
+        h = dict(msg.headers() or [])
+        assert h["__connect.errors.topic"] == topics.jobs.encode()
+        assert h["__connect.errors.exception.class.name"] == b"MalformedPayload"
+        assert h["__connect.errors.offset"] == h["ktw.dlq.source.offset"]
 
     def settled() -> bool:
         m = _samples(_get(base + "/metrics")[1])

@@ -54,6 +54,10 @@ class KafkaSettings(Section):
     # for one, has no LZ4 or Snappy codec out of the box), and the payloads are already
     # compressed images or small msgpack maps. gzip is the other choice every client reads.
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
+    # CloudEvents binary-mode headers on results (ce_specversion, ce_id, ce_source, ce_type,
+    # ce_subject, content-type): ce_id names the source record, so a result repeated after a
+    # crash (at-least-once) carries the same id and a reader can drop the repeat.
+    cloudevents: bool = True
     # transactional.id = "<prefix>.<group_id>.<instance_id>" (exactly-once only).
     transactional_id_prefix: str = Field("ktw", min_length=1, max_length=100)
     # Broker-side limit for an open transaction (the broker's transaction.max.timeout.ms,

@@ -50,6 +50,24 @@ def by_reference(out: Output, worker_id: str) -> Output:
     return Output(out.ref, out.topic, small.key, small.value, small.headers, "dlq")
 
 
+class CloudEvents:
+    """CloudEvents 1.0 binary-mode headers for results (the Kafka protocol binding): ``ce_id``
+    is ``<topic>-<partition>-<offset>`` of the job, the same for a result repeated after a
+    crash."""
+
+    def __init__(self, task: str, group_id: str) -> None:
+        self._static: Headers = [
+            ("ce_specversion", b"1.0"),
+            ("ce_type", f"io.kafka-trt-worker.{task}.result".encode()),
+            ("ce_source", f"kafka-trt-worker/{group_id}".encode()),
+            ("content-type", b"application/msgpack"),
+        ]
+
+    def headers(self, ref: SourceRef, job_id: str) -> Headers:
+        return [*self._static, ("ce_id", f"{ref.topic}-{ref.partition}-{ref.offset}".encode()),
+                ("ce_subject", job_id.encode("utf-8", "backslashreplace"))]
+
+
 def _debug_jobs() -> bool:
     return logging.getLogger("worker").isEnabledFor(logging.DEBUG)
 
@@ -58,15 +76,18 @@ class OutputBuilder:
     """Turns answers into outputs, with the per-job log lines and counters."""
 
     def __init__(self, topics: TaskTopics, worker_id: str, stats: Stats, *,
-                 dlq_inline_max_bytes: int | None = None) -> None:
+                 dlq_inline_max_bytes: int | None = None,
+                 cloudevents: CloudEvents | None = None) -> None:
         self.topics, self.worker_id, self.stats = topics, worker_id, stats
         self.dlq_inline_max_bytes = dlq_inline_max_bytes
+        self.cloudevents = cloudevents
 
     def of_answers(self, answers: list[Answer]) -> list[Output]:
         """One output per answer, in order. Per-job log lines cost ~10 us each even when
         filtered, so the level is checked once per batch of answers."""
         debug = _debug_jobs()
         results = self.topics.results
+        ce = self.cloudevents
         outs: list[Output] = []
         n_results = 0
         for a in answers:
@@ -85,6 +106,8 @@ class OutputBuilder:
             headers = a.headers or []
             if a.record.headers:  # a W3C traceparent on the job goes onto its result
                 headers = headers + trace_headers(a.record.headers)
+            if ce is not None:
+                headers = headers + ce.headers(a.ref, a.job_id)
             outs.append(Output(a.ref, results, a.key, a.value, headers, "result",
                                source=a.record))
         self.stats.results += n_results

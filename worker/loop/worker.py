@@ -30,7 +30,7 @@ from worker.loop.backpressure import Backpressure
 from worker.loop.commit.base import make_committer
 from worker.loop.hops import HopTimes
 from worker.loop.intake import Intake
-from worker.loop.output import OutputBuilder
+from worker.loop.output import CloudEvents, OutputBuilder
 from worker.loop.stats import Stats
 from worker.observe.spans import make_spans
 from worker.observe.vitals import Vitals
@@ -56,8 +56,11 @@ class Worker:
         self.assignment = Assignment()
         self.hops = HopTimes()
         self._consumer = Consumer(member_consumer_settings(cfg, on_stats=self.vitals.on_stats))
-        self._outputs = OutputBuilder(self.topics, cfg.kafka.client_id, self.stats,
-                                      dlq_inline_max_bytes=cfg.limits.dlq_inline_max_bytes)
+        self._outputs = OutputBuilder(
+            self.topics, cfg.kafka.client_id, self.stats,
+            dlq_inline_max_bytes=cfg.limits.dlq_inline_max_bytes,
+            cloudevents=(CloudEvents(cfg.processing.task, cfg.kafka.group_id)
+                         if cfg.kafka.cloudevents else None))
         self.committer = make_committer(cfg, self._consumer, self.assignment, task.remove,
                                         self.hops, self._outputs)
         self._intake = Intake(self._consumer, self.assignment, self.committer, self.stats)

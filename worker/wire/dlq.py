@@ -14,7 +14,8 @@ from worker.wire.trace import trace_headers
 HEADER_PREFIX = "ktw.dlq."
 # Headers the worker's own tools trust (the DLQ's, and a replay's source coordinates and id):
 # never copied from a record, so a job cannot forge them.
-RESERVED_PREFIXES = (HEADER_PREFIX, "ktw.source.", "ktw.replay.")
+CONNECT_PREFIX = "__connect.errors."
+RESERVED_PREFIXES = (HEADER_PREFIX, "ktw.source.", "ktw.replay.", CONNECT_PREFIX)
 MAX_MESSAGE_CHARS = 1000
 MAX_REFERENCE_KEY = 4096  # a larger key is left out of a by-reference DLQ record too
 
@@ -78,4 +79,14 @@ def _ours(record: SourceRecord, error: JobRejected, worker_id: str) -> Headers:
     }
     if record.timestamp_ms is not None:
         ours["source.timestamp"] = str(record.timestamp_ms)
-    return [(HEADER_PREFIX + k, v.encode("utf-8", "backslashreplace")) for k, v in ours.items()]
+    # The same facts under Kafka Connect's dead-letter header names (KIP-298), so tooling
+    # built for Connect's DLQs reads these records too.
+    connect = {"topic": record.topic, "partition": str(record.partition),
+               "offset": str(record.offset), "connector.name": "kafka-trt-worker",
+               "task.id": worker_id, "stage": "TASK_PUT",
+               "class.name": "worker.tasks", "exception.class.name": type(error).__name__,
+               "exception.message": message}
+    return [*((HEADER_PREFIX + k, v.encode("utf-8", "backslashreplace"))
+              for k, v in ours.items()),
+            *((CONNECT_PREFIX + k, v.encode("utf-8", "backslashreplace"))
+              for k, v in connect.items())]

@@ -15,7 +15,7 @@ from worker.exceptions import (
     UnknownPolicy,
     UnsupportedVersion,
 )
-from worker.wire.dlq import HEADER_PREFIX, MAX_MESSAGE_CHARS, dead_letter
+from worker.wire.dlq import CONNECT_PREFIX, HEADER_PREFIX, MAX_MESSAGE_CHARS, dead_letter
 from worker.wire.records import SourceRecord
 
 ORIGINAL_HEADERS = [
@@ -54,7 +54,8 @@ def test_key_and_value_are_the_original_bytes() -> None:
 def test_original_headers_come_first_untouched_and_in_order() -> None:
     dl = dead_letter(_record(), SchemaViolation("x"), "w")
     assert dl.headers[: len(ORIGINAL_HEADERS)] == ORIGINAL_HEADERS
-    assert all(n.startswith(HEADER_PREFIX) for n, _ in dl.headers[len(ORIGINAL_HEADERS):])
+    assert all(n.startswith((HEADER_PREFIX, CONNECT_PREFIX))
+               for n, _ in dl.headers[len(ORIGINAL_HEADERS):])
 
 
 def test_the_source_records_header_list_is_not_mutated() -> None:
@@ -90,7 +91,7 @@ def test_timestamp_zero_is_still_written() -> None:
 
 def test_record_without_headers_gets_only_ours() -> None:
     dl = dead_letter(_record(headers=None, key=None), SchemaViolation("x"), "w")
-    assert all(n.startswith(HEADER_PREFIX) for n, _ in dl.headers)
+    assert all(n.startswith((HEADER_PREFIX, CONNECT_PREFIX)) for n, _ in dl.headers)
     assert dl.key is None
 
 
@@ -161,7 +162,8 @@ def test_a_record_over_the_inline_limit_is_dead_lettered_by_reference() -> None:
     assert h[HEADER_PREFIX + "value"] == b"reference"
     assert h[HEADER_PREFIX + "error.reason"] == b"oversized"
     # The original headers stay behind with the value, but for the W3C trace context.
-    assert [(k, v) for k, v in ref.headers if not k.startswith(HEADER_PREFIX)] == [
+    assert [(k, v) for k, v in ref.headers
+            if not k.startswith((HEADER_PREFIX, CONNECT_PREFIX))] == [
         (k, v) for k, v in ORIGINAL_HEADERS if k == "traceparent"]
     assert ref.key == rec.key
 

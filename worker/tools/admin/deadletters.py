@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from worker.tools.admin.errors import BadOption
-from worker.wire.dlq import HEADER_PREFIX
+from worker.wire.dlq import CONNECT_PREFIX, HEADER_PREFIX
 from worker.wire.records import Headers
 
 REDRIVEN_FROM = "ktw-redriven-from"  # "<dlq topic>/<partition>/<offset>" on a re-sent job
@@ -80,10 +80,11 @@ def check_fetched(ref: Reference, value: bytes | None) -> str | None:
 
 def redriven_headers(original: Headers | None, dlq: str, partition: int, offset: int
                      ) -> Headers:
-    """The job's own headers, in order, without the DLQ's (``ktw.dlq.*``) nor an earlier
-    redrive's mark, then this redrive's mark."""
+    """The job's own headers, in order, without the DLQ's (``ktw.dlq.*`` and Kafka Connect's
+    ``__connect.errors.*``) nor an earlier redrive's mark, then this redrive's mark."""
     kept: Headers = [(k, v) for k, v in original or []
-                     if not k.startswith(HEADER_PREFIX) and k != REDRIVEN_FROM]
+                     if not k.startswith((HEADER_PREFIX, CONNECT_PREFIX))
+                     and k != REDRIVEN_FROM]
     return [*kept, (REDRIVEN_FROM, f"{dlq}/{partition}/{offset}".encode())]
 
 
