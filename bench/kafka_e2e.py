@@ -19,6 +19,7 @@ Needs ``JAVA_HOME`` (a JDK >= 17) and ``KTW_CACHE_DIR`` holding ``kafka-<v>/libs
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -52,7 +53,12 @@ def main() -> None:
     ap.add_argument("--naive-jobs", type=int, default=1000)
     ap.add_argument("--engine-sizes", default="1,8,32,128,256")
     ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--worker-overrides", default="",
+                    help='JSON merged over the worker config, e.g. {"batch": '
+                         '{"max_in_flight_batches": 8}}')
     args = ap.parse_args()
+    if args.worker_overrides:
+        os.environ["BENCH_WORKER_OVERRIDES"] = args.worker_overrides
     root = args.code_root.resolve()
     sys.path.insert(0, str(root))
     import numpy as np
@@ -68,7 +74,8 @@ def main() -> None:
         "benchmark": "kafka_e2e_open_nsfw", "env": environment(),
         "code_root": str(root), "code_commit": os.environ.get("BENCH_CODE_COMMIT", "unknown"),
         "params": {"jobs": args.jobs, "procs": args.procs, "preprocess": args.preprocess,
-                   "naive_jobs": args.naive_jobs},
+                   "naive_jobs": args.naive_jobs,
+                   "worker_overrides": json.loads(args.worker_overrides or "{}")},
     }
     photos = jpeg_photos(4096, seed=0)
     record["params"]["mean_jpeg_bytes"] = float(np.mean([len(p) for p in photos]))

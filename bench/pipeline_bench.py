@@ -14,6 +14,7 @@ Inputs are real photos (bench/corpus.py), never zeros.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -252,15 +253,19 @@ def worker_cfg(bootstrap: str, tag: str, preprocess: str) -> Any:
     from worker.config import load_config
 
     cores = os.cpu_count() or 1
+    # BENCH_WORKER_OVERRIDES: JSON {"batch": {...}, "model": {...}} merged over these (env,
+    # because worker processes are spawned); kafka_e2e.py --worker-overrides sets it.
+    extra = json.loads(os.environ.get("BENCH_WORKER_OVERRIDES") or "{}")
     return load_config(
         kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}"},
         topics={"jobs": f"jobs-{tag}", "results": f"results-{tag}", "dlq": f"dlq-{tag}"},
         model={"backend": "torch", "preprocess": preprocess, "jpeg_roundtrip": False,
                "decode_threads": cores,
-               "profiles": [{"name": "gpu", "kind": "static", "batch_sizes": [8, 32, 128]}]},
+               "profiles": [{"name": "gpu", "kind": "static", "batch_sizes": [8, 32, 128]}],
+               **extra.get("model", {})},
         batch={"max_batch_size": 128, "max_delay_ms": 4, "max_in_flight_batches": 4,
                "high_watermark": 8192, "low_watermark": 2048, "fetch_queue_kbytes": 262144,
-               "poll_timeout_ms": 5},
+               "poll_timeout_ms": 5, **extra.get("batch", {})},
         engines={"use_cache": False}, log={"level": "WARNING"},
     )
 
