@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -234,6 +235,7 @@ class Consumer:
             settings = dict(self._settings)
             if on_commit is not None:
                 settings["on_commit"] = on_commit
+            self._on_commit = on_commit
             self._client = ck.Consumer(settings)
 
     def subscribe(
@@ -244,8 +246,33 @@ class Consumer:
         on_revoke: RebalanceCallback,
         on_lost: RebalanceCallback,
     ) -> None:
-        self.client.subscribe(list(topics), on_assign=on_assign, on_revoke=on_revoke,
-                              on_lost=on_lost)
+        self._subscription = (list(topics), on_assign, on_revoke, on_lost)
+        self._subscribe(self.client)
+
+    def _subscribe(self, client: ck.Consumer) -> None:
+        topics, on_assign, on_revoke, on_lost = self._subscription
+
+        def only_current(callback: RebalanceCallback) -> RebalanceCallback:
+            # A client being retired by reopen() may still call back while it closes.
+            def call(consumer: Any, partitions: list[ck.TopicPartition]) -> None:
+                if consumer is self._client:
+                    callback(consumer, partitions)
+            return call
+
+        client.subscribe(topics, on_assign=only_current(on_assign),
+                         on_revoke=only_current(on_revoke), on_lost=only_current(on_lost))
+
+    def reopen(self) -> None:
+        """Replace the client with a new one on the same subscription: for a client that lost
+        its group coordinator in a broker outage and never rejoins (seen after a 30 s freeze of
+        a single-node cluster: its JoinGroup request sat unsent for minutes). The old client
+        is closed on a side thread, not waited for; its callbacks no longer reach the worker."""
+        old = self._client
+        self._client = None
+        self.open(self._on_commit)
+        self._subscribe(self.client)
+        if old is not None:  # (not waited for: the loop goes on with the new client)
+            _close_bounded(old, 0.0)
 
     def consume(self, num_messages: int, timeout: float) -> list[ck.Message]:
         try:
@@ -313,15 +340,51 @@ class Consumer:
         except ck.KafkaException as exc:
             raise kafka_io_error(exc, "consumer poll failed") from exc
 
-    def close(self) -> None:
-        """Leave the group and release the client (the rebalance callbacks run from here)."""
-        if self._client is not None:
-            try:
-                self._client.close()
-            except ck.KafkaException as exc:
-                raise kafka_io_error(exc, "consumer close failed") from exc
-            finally:
-                self._client = None
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Leave the group and release the client (the rebalance callbacks run from here).
+
+        Bounded: a client whose coordinator does not answer can block in close() for minutes,
+        past the process's shutdown timeout. After ``timeout_s`` it is left closing on its
+        side thread (a KafkaIOError says so); what was drained is committed already."""
+        client = self._client
+        if client is None:
+            return
+        try:  # (still the current client meanwhile: its revoke callback is the worker's)
+            finished = _close_bounded(client, timeout_s, keep=True)
+        finally:
+            self._client = None
+        if not finished:
+            raise KafkaIOError(f"consumer close did not finish within {timeout_s:.0f} s")
+
+
+def _close_bounded(client: ck.Consumer, timeout_s: float, *, keep: bool = False) -> bool:
+    """``client.close()`` on a daemon thread, waited for ``timeout_s``; True if it finished.
+    Its rebalance callbacks run on that thread (``keep``: they are still the worker's, as at
+    shutdown; otherwise they are filtered out by ``Consumer._subscribe``). A KafkaException
+    from close is re-raised as KafkaIOError when it finishes in time."""
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            client.close()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            errors.append(exc)
+
+    t = threading.Thread(target=close, name="consumer-close", daemon=True)
+    t.start()
+    if timeout_s <= 0:
+        return False
+    t.join(timeout_s)
+    if errors:
+        exc = errors[0]
+        if isinstance(exc, ck.KafkaException):
+            raise kafka_io_error(exc, "consumer close failed") from exc
+        raise exc
+    if t.is_alive():
+        log.warning("consumer_close_timeout", waited_s=timeout_s, still_closing=True,
+                    kept_callbacks=keep)
+        return False
+    return True
 
 
 class Producer:

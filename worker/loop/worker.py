@@ -24,6 +24,7 @@ import structlog
 from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, KafkaIOError, ProducerFenced, TransactionError
 from worker.kafka import Consumer, member_consumer_settings
+from worker.kafka.clients import common_settings
 from worker.kafka.topics import check_topics
 from worker.loop.assignment import Assignment
 from worker.loop.backpressure import Backpressure
@@ -31,6 +32,7 @@ from worker.loop.commit.base import make_committer
 from worker.loop.hops import HopTimes
 from worker.loop.intake import Intake
 from worker.loop.output import CloudEvents, OutputBuilder
+from worker.loop.rejoin import ClusterProbe, Rejoin
 from worker.loop.stats import Stats
 from worker.observe.spans import make_spans
 from worker.observe.vitals import Vitals
@@ -54,6 +56,8 @@ class Worker:
         self.vitals = Vitals()  # heartbeat, warm-up, rebalances, batches, lag (worker.observe)
         self.spans = make_spans(cfg)  # None unless tracing.otlp_endpoint is set
         self.assignment = Assignment()
+        # A lost consumer that stays lost once the cluster answers is replaced (loop/rejoin.py).
+        self._rejoin = Rejoin(ClusterProbe(common_settings(cfg.kafka)))
         self.hops = HopTimes()
         self._consumer = Consumer(member_consumer_settings(cfg, on_stats=self.vitals.on_stats))
         self._outputs = OutputBuilder(
@@ -82,7 +86,8 @@ class Worker:
 
     def guarantee_totals(self) -> dict[str, int]:
         return {"stale_discarded": self.assignment.stale_discarded,
-                "slow_batches": self.slow_batches, **self.committer.totals()}
+                "slow_batches": self.slow_batches, "consumer_reopens": self._rejoin.reopens,
+                **self.committer.totals()}
 
     def run(self) -> None:
         check_topics(self.cfg, self.topics.jobs, self.topics.results, self.topics.dlq)
@@ -112,7 +117,11 @@ class Worker:
             self._shutdown()
 
     def step(self) -> None:
-        self.vitals.beat = time.monotonic()
+        self.vitals.beat = now = time.monotonic()
+        if self._rejoin.due(now, self.vitals.coordinator_up, self.vitals.stats_at):
+            log.warning("consumer_reopened", reopens=self._rejoin.reopens,
+                        reason="partitions lost, not assigned again, the cluster answers")
+            self._consumer.reopen()
         room = self.cfg.batch.high_watermark - self.committer.pending()
         batch = self._intake.consume(room, self.cfg.batch.poll_timeout_ms / 1e3)
         if batch.records:
@@ -161,7 +170,7 @@ class Worker:
 
     def _close_consumer(self) -> None:
         try:
-            self._consumer.close()
+            self._consumer.close(timeout_s=10.0)
         except KafkaIOError as exc:
             # The group leave failed (a coordinator lost in a broker stall): what was drained
             # is committed or repeated by the next owner; the group evicts this member by its
@@ -201,6 +210,7 @@ class Worker:
     def _on_assign(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         self.assignment.owned |= _keys(partitions)
         self.vitals.rebalanced("assigned", len(partitions))
+        self._rejoin.assigned()
         try:
             log.info("partitions_assigned", partitions=_names(partitions))
         finally:
@@ -228,6 +238,7 @@ class Worker:
         keys = _keys(partitions)
         self.assignment.owned -= keys
         self.vitals.rebalanced("lost", len(partitions))
+        self._rejoin.lost()
         log.warning("partitions_lost", partitions=_names(partitions))
         try:
             self.task.remove(keys)

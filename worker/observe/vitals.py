@@ -29,6 +29,10 @@ class Vitals:
         self.batch_fill: dict[str, Buckets] = {}
         self.engine_seconds: dict[str, Buckets] = {}
         self.lag: dict[tuple[str, int], int] = {}  # (topic, partition) -> records behind
+        # From the last statistics: is the consumer connected to its group coordinator (None:
+        # no coordinator known), and when that sample arrived (monotonic).
+        self.coordinator_up: bool | None = None
+        self.stats_at: float | None = None
 
     def rebalanced(self, event: str, n_partitions: int) -> None:
         self.rebalances[event] += 1
@@ -57,6 +61,10 @@ class Vitals:
         except ValueError:
             log.warning("statistics_unreadable", size=len(stats_json))
             return
+        coordinators = [b.get("state") for name, b in (stats.get("brokers") or {}).items()
+                        if name.startswith("GroupCoordinator")]
+        self.coordinator_up = ("UP" in coordinators) if coordinators else None
+        self.stats_at = time.monotonic()
         lag: dict[tuple[str, int], int] = {}
         for topic, t in (stats.get("topics") or {}).items():
             for pid, p in (t.get("partitions") or {}).items():
