@@ -6,7 +6,6 @@ No network in any constructor: clients connect in ``open()``. The worker's own c
 """
 
 from worker.kafka.clients import (
-    Consumer,
     Producer,
     consumer_settings,
     is_fatal,
@@ -17,6 +16,7 @@ from worker.kafka.clients import (
     transactional_producer_settings,
     txn_error,
 )
+from worker.kafka.consumer import Consumer
 
 __all__ = [
     "Consumer",
