@@ -89,3 +89,27 @@ def test_a_results_topic_that_disappears_and_returns_loses_nothing(
         assert w.worker.fatal_error is None
     assert committed(kafka_bootstrap, topics.group, topics.jobs, 2) == end_offsets(
         kafka_bootstrap, topics.jobs, 2)
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_a_compacted_dlq_topic_takes_a_keyless_dead_letter_by_reference(
+        kafka_bootstrap: str, mode: str) -> None:
+    """A compacted DLQ topic refuses records without a key (INVALID_RECORD): a bad job sent
+    without one goes to the DLQ by reference, keyed by its source coordinates (before: the
+    worker exited, at-least-once; rewound forever, exactly-once)."""
+    topics = fresh_topics(kafka_bootstrap, partitions=1)
+    _recreate(kafka_bootstrap, topics.dlq, {"cleanup.policy": "compact"})
+    cfg = worker_config(kafka_bootstrap, topics, processing={"guarantee": mode})
+    produce_records(kafka_bootstrap, topics.jobs, [(None, b"\xc1 not msgpack", None),
+                                                    (b"good-0", good_job("good-0"), None)])
+    with ThreadedWorker(cfg) as w:
+        dlq = read_topic(kafka_bootstrap, topics.dlq, until=lambda m: len(m) >= 1, timeout=90)
+        results = read_topic(kafka_bootstrap, topics.results, until=lambda m: len(m) >= 1)
+        assert w.worker.fatal_error is None
+    assert [m.key() for m in dlq] == [f"{topics.jobs}/0/0".encode()]
+    headers = dict(dlq[0].headers() or [])
+    assert headers["ktw.dlq.value"] == b"reference"
+    assert headers["ktw.dlq.error.reason"] == b"not_msgpack"
+    assert keys_of(results) == ["good-0"]
+    assert committed(kafka_bootstrap, topics.group, topics.jobs, 1) == end_offsets(
+        kafka_bootstrap, topics.jobs, 1)

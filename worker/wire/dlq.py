@@ -50,14 +50,16 @@ def dead_letter_by_reference(record: SourceRecord, error: JobRejected, worker_id
                              ) -> DeadLetter:
     """A DLQ record for a record too large to copy: the value is a JSON reference to the source
     record, its original headers are left out (but its W3C trace context), and ``ktw.dlq.value``
-    says so. The key is kept
-    when it is small (it usually is the job id)."""
+    says so. The key is kept when it is small (it usually is the job id); a record without
+    one (or with a larger one) is keyed ``<topic>/<partition>/<offset>`` instead, so that a
+    compacted DLQ topic, which refuses records without a key, takes it too."""
     value = record.value or b""
     ref = {"ref": "kafka", "topic": record.topic, "partition": record.partition,
            "offset": record.offset, "bytes": len(value),
            "sha256": hashlib.sha256(value).hexdigest(),
            "headers": len(record.headers or []), "record_bytes": record_bytes(record)}
-    key = record.key if record.key is None or len(record.key) <= MAX_REFERENCE_KEY else None
+    key = record.key if record.key is not None and len(record.key) <= MAX_REFERENCE_KEY \
+        else f"{record.topic}/{record.partition}/{record.offset}".encode()
     headers = [*_ours(record, error, worker_id), (HEADER_PREFIX + "value", b"reference"),
                *trace_headers(record.headers)]
     return DeadLetter(key=key, value=json.dumps(ref, separators=(",", ":")).encode(),

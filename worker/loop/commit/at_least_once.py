@@ -42,6 +42,9 @@ SHUTDOWN_COMMIT_WAIT_S = 10.0
 # behind it fill the backpressure watermark, which pauses consumption: the worker waits for
 # the topic instead of exiting into a restart loop.
 RETRY_FIRST_S = 1.0
+# The topic refused this record as it is (too large; no key for a compacted topic): retrying
+# it cannot help, a smaller stand-in (a by-reference dead letter, always keyed) can.
+REFUSED_AS_IS = frozenset({ck.KafkaError.MSG_SIZE_TOO_LARGE, ck.KafkaError.INVALID_RECORD})
 RETRY_MAX_S = 60.0
 
 
@@ -90,10 +93,12 @@ class AtLeastOnce:
     def _smaller(self, out: Output, code: int | None, why: str) -> Output | None:
         """What to send instead of an output refused as too large: a DLQ record by reference,
         or, for a result, the job dead-lettered as ``result_too_large``; None if neither."""
-        if code != ck.KafkaError.MSG_SIZE_TOO_LARGE:
+        if code not in REFUSED_AS_IS:
             return None
         if out.rejected is not None:
             return self._by_reference(out, why)
+        if code != ck.KafkaError.MSG_SIZE_TOO_LARGE:
+            return None
         if out.source is not None and self._outputs is not None:
             log.warning("result_too_large", topic=out.topic, partition=out.ref.partition,
                         offset=out.ref.offset, bytes=len(out.value or b""), error=why)

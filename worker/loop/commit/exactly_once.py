@@ -21,6 +21,7 @@ from worker.config import WorkerConfig
 from worker.exceptions import ResultTooLarge, TransactionError
 from worker.kafka import Consumer, Producer, transactional_id, transactional_producer_settings
 from worker.loop.assignment import Assignment
+from worker.loop.commit.at_least_once import REFUSED_AS_IS
 from worker.loop.commit.base import DropWork
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.commit.ordered import OrderedRelease
@@ -104,7 +105,8 @@ class ExactlyOnce:
         """A DLQ record or result refused as too large: the transaction aborts and the rewind
         redoes the record, which then goes by reference or as the job's dead letter (instead
         of failing the same way forever)."""
-        if code != ck.KafkaError.MSG_SIZE_TOO_LARGE:
+        if code not in REFUSED_AS_IS or (code != ck.KafkaError.MSG_SIZE_TOO_LARGE
+                                          and out.rejected is None):
             return
         # A refused batch leaves a gap in the idempotent producer's sequence numbers, so
         # later transactions on the client fail (OUT_OF_ORDER_SEQUENCE_NUMBER): abort by reset.
