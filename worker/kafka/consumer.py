@@ -150,18 +150,18 @@ class Consumer:
         if client is None:
             return
         try:  # (still the current client meanwhile: its revoke callback is the worker's)
-            finished = _close_bounded(client, timeout_s, keep=True)
+            finished = _close_bounded(client, timeout_s)
         finally:
             self._client = None
         if not finished:
             raise KafkaIOError(f"consumer close did not finish within {timeout_s:.0f} s")
 
 
-def _close_bounded(client: ck.Consumer, timeout_s: float, *, keep: bool = False) -> bool:
-    """``client.close()`` on a daemon thread, waited for ``timeout_s``; True if it finished.
-    Its rebalance callbacks run on that thread (``keep``: they are still the worker's, as at
-    shutdown; otherwise they are filtered out by ``Consumer._subscribe``). A KafkaException
-    from close is re-raised as KafkaIOError when it finishes in time."""
+def _close_bounded(client: ck.Consumer, timeout_s: float) -> bool:
+    """``client.close()`` on a daemon thread, waited for ``timeout_s`` (0: not at all); True
+    if it finished. Its rebalance callbacks run on that thread and reach the worker only while
+    it is still the current client (``Consumer._subscribe``). A KafkaException from close is
+    re-raised as KafkaIOError when it finishes in time."""
     errors: list[BaseException] = []
 
     def close() -> None:
@@ -181,7 +181,6 @@ def _close_bounded(client: ck.Consumer, timeout_s: float, *, keep: bool = False)
             raise kafka_io_error(exc, "consumer close failed") from exc
         raise exc
     if t.is_alive():
-        log.warning("consumer_close_timeout", waited_s=timeout_s, still_closing=True,
-                    kept_callbacks=keep)
+        log.warning("consumer_close_timeout", waited_s=timeout_s, still_closing=True)
         return False
     return True

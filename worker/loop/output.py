@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from worker.exceptions import JobRejected
+from worker.exceptions import JobRejected, ResultTooLarge
 from worker.loop.stats import Stats
 from worker.tasks.protocol import Answer, TaskTopics
 from worker.wire.dlq import dead_letter, dead_letter_by_reference
@@ -48,6 +48,23 @@ def by_reference(out: Output, worker_id: str) -> Output:
     src, error = out.rejected
     small = dead_letter_by_reference(src, error, worker_id)
     return Output(out.ref, out.topic, small.key, small.value, small.headers, "dlq")
+
+
+def stand_in(out: Output, worker_id: str, outputs: OutputBuilder | None, why: str
+             ) -> Output | None:
+    """What to produce instead of an output its topic refused as it is (too large, or keyless
+    for a compacted topic): a DLQ record goes by reference; a result becomes its job's dead
+    letter (``result_too_large``); None when neither applies. Both committers use it."""
+    if out.rejected is not None:
+        log.warning("dlq_record_too_large", topic=out.topic, partition=out.ref.partition,
+                    offset=out.ref.offset, bytes=len(out.value or b""), error=why)
+        return by_reference(out, worker_id)
+    if out.source is not None and outputs is not None:
+        log.warning("result_too_large", topic=out.topic, partition=out.ref.partition,
+                    offset=out.ref.offset, bytes=len(out.value or b""), error=why)
+        return outputs.dead_letter(out.source, ResultTooLarge(
+            f"result of {len(out.value or b'')} bytes refused by {out.topic}: {why}"))
+    return None
 
 
 class CloudEvents:

@@ -58,6 +58,5 @@ class Health:
         waited = self._oldest_unacked_s()
         if waited is not None and waited > self.delivery_stall_s:
             reasons.append(f"a record unacknowledged for {waited:.0f} s")
-        if not self.live().ok:
-            reasons.extend(self.live().reasons)
+        reasons.extend(self.live().reasons)
         return Verdict(not reasons, tuple(reasons))

@@ -23,11 +23,11 @@ import confluent_kafka as ck
 import structlog
 
 from worker.config import WorkerConfig
-from worker.exceptions import DeliveryFailed, KafkaIOError, ResultTooLarge
+from worker.exceptions import DeliveryFailed, KafkaIOError
 from worker.kafka import Consumer, Producer, producer_settings
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.hops import HopTimes
-from worker.loop.output import Output, OutputBuilder, by_reference
+from worker.loop.output import Output, OutputBuilder, stand_in
 from worker.wire.records import TopicPartitionKey
 
 log = structlog.get_logger("worker")
@@ -91,25 +91,12 @@ class AtLeastOnce:
                         on_delivery=partial(delivered, small, now))
 
     def _smaller(self, out: Output, code: int | None, why: str) -> Output | None:
-        """What to send instead of an output refused as too large: a DLQ record by reference,
-        or, for a result, the job dead-lettered as ``result_too_large``; None if neither."""
-        if code not in REFUSED_AS_IS:
+        """The stand-in for an output its topic refused as it is (loop/output.stand_in); a
+        result only when it was too large (results always have a key)."""
+        if code not in REFUSED_AS_IS or (code != ck.KafkaError.MSG_SIZE_TOO_LARGE
+                                          and out.rejected is None):
             return None
-        if out.rejected is not None:
-            return self._by_reference(out, why)
-        if code != ck.KafkaError.MSG_SIZE_TOO_LARGE:
-            return None
-        if out.source is not None and self._outputs is not None:
-            log.warning("result_too_large", topic=out.topic, partition=out.ref.partition,
-                        offset=out.ref.offset, bytes=len(out.value or b""), error=why)
-            return self._outputs.dead_letter(out.source, ResultTooLarge(
-                f"result of {len(out.value or b'')} bytes refused by {out.topic}: {why}"))
-        return None
-
-    def _by_reference(self, out: Output, why: str) -> Output:
-        log.warning("dlq_record_too_large", topic=out.topic, partition=out.ref.partition,
-                    offset=out.ref.offset, bytes=len(out.value or b""), error=why)
-        return by_reference(out, self.cfg.kafka.client_id)
+        return stand_in(out, self.cfg.kafka.client_id, self._outputs, why)
 
     def _delivered(self, out: Output, produced_at: float, err: ck.KafkaError | None,
                    _msg: ck.Message) -> None:

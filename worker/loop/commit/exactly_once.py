@@ -18,7 +18,7 @@ import confluent_kafka as ck
 import structlog
 
 from worker.config import WorkerConfig
-from worker.exceptions import ResultTooLarge, TransactionError
+from worker.exceptions import TransactionError
 from worker.kafka import Consumer, Producer, transactional_id, transactional_producer_settings
 from worker.loop.assignment import Assignment
 from worker.loop.commit.at_least_once import REFUSED_AS_IS
@@ -26,7 +26,7 @@ from worker.loop.commit.base import DropWork
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.commit.ordered import OrderedRelease
 from worker.loop.commit.transactions import Transactions
-from worker.loop.output import Output, OutputBuilder, by_reference
+from worker.loop.output import Output, OutputBuilder, stand_in
 from worker.wire.records import SourceRef, TopicPartitionKey
 
 log = structlog.get_logger("worker")
@@ -91,15 +91,11 @@ class ExactlyOnce:
                     break  # abortable: marked failed; tick() aborts and rewinds
 
     def _smaller(self, out: Output) -> Output:
-        """A record its topic refused as too large before the rewind: a DLQ record goes by
-        reference, a result becomes the job's dead letter (``result_too_large``)."""
+        """A record its topic refused before the rewind, redone as its stand-in
+        (loop/output.stand_in)."""
         self._too_large.discard(out.ref)
-        if out.rejected is not None:
-            return by_reference(out, self.cfg.kafka.client_id)
-        if out.source is not None and self._outputs is not None:
-            return self._outputs.dead_letter(out.source, ResultTooLarge(
-                f"result of {len(out.value or b'')} bytes refused by {out.topic} as too large"))
-        return out
+        why = "refused by its topic before the rewind"
+        return stand_in(out, self.cfg.kafka.client_id, self._outputs, why) or out
 
     def _note_too_large(self, out: Output, code: int | None) -> None:
         """A DLQ record or result refused as too large: the transaction aborts and the rewind
@@ -113,9 +109,9 @@ class ExactlyOnce:
         self._txn.fail("a record too large for its topic", timed_out=True)
         if out.rejected is not None or out.source is not None:
             self._too_large.add(out.ref)
-            log.warning("dlq_record_too_large" if out.rejected else "result_too_large",
-                        topic=out.topic, partition=out.ref.partition, offset=out.ref.offset,
-                        bytes=len(out.value or b""))
+            log.warning("transaction_record_refused", topic=out.topic, kind=out.kind,
+                        partition=out.ref.partition, offset=out.ref.offset,
+                        bytes=len(out.value or b""), code=code)
 
     def _delivered(self, sequence: int, out: Output, err: ck.KafkaError | None,
                    _msg: ck.Message) -> None:

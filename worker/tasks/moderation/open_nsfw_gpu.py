@@ -159,7 +159,7 @@ class OpenNsfwGpuTask(OpenNsfwTask):
                 else:
                     viewed.append(p)
         if viewed:
-            outcomes += OpenNsfwTask._run(self, Batch(batch.profile, viewed, len(viewed)))
+            outcomes += super()._run(Batch(batch.profile, viewed, len(viewed)))
         if not imaged:
             return outcomes
         scores, rejects, prep = self._infer_rows([image for _, image in imaged])
