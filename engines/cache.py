@@ -34,6 +34,11 @@ SIDECAR = "sidecar.json"
 FORMAT_VERSION = 1
 
 
+# What a builder may report about its artifact (e.g. per-profile timings and the variant it
+# chose to serve); JSON-serialisable, recorded in the sidecar under "build".
+BuildNotes = dict[str, Any]
+
+
 class ArtifactMismatch(EngineError):
     """An artifact was built for another device, backend version or model."""
 
@@ -144,14 +149,17 @@ class EngineCache:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def save(self, recipe: BuildRecipe, build: Callable[[Path], None]) -> CacheEntry:
-        """Run ``build(artifact_path)`` in a temp folder, write the sidecar, rename into place."""
+    def save(self, recipe: BuildRecipe, build: Callable[[Path], BuildNotes | None]
+             ) -> CacheEntry:
+        """Run ``build(artifact_path)`` in a temp folder, write the sidecar, rename into place.
+
+        What the builder returns (measurements, choices it made) is recorded under ``build``."""
         final = self.entry_dir(recipe)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{recipe.key}-", dir=final.parent))
         try:
             started = time.monotonic()
-            build(tmp / recipe.artifact_name)
+            notes = build(tmp / recipe.artifact_name)
             seconds = time.monotonic() - started
             artifact = tmp / recipe.artifact_name
             if not artifact.is_file():
@@ -164,6 +172,7 @@ class EngineCache:
                 "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "build_seconds": round(seconds, 3),
                 "built_on": socket.gethostname(),
+                **({"build": notes} if notes else {}),
             }
             (tmp / SIDECAR).write_text(json.dumps(sidecar, indent=2, sort_keys=True))
             for f in tmp.iterdir():
@@ -222,7 +231,7 @@ class EngineFromCache:
 
     cache: EngineCache
     recipe: BuildRecipe
-    build: Callable[[Path], None]
+    build: Callable[[Path], BuildNotes | None]
     on_build: Callable[[BuildRecipe], None] | None = None  # e.g. start a progress display
 
     def __call__(self) -> CacheEntry:

@@ -21,7 +21,7 @@ from engines.exceptions import EngineError
 if TYPE_CHECKING:
     from engines.assembly import DeferredLoader, EngineParams, EnginePlan
     from engines.backends.base import Runner
-    from engines.cache import BuildRecipe
+    from engines.cache import BuildNotes, BuildRecipe
 
 
 def _lazy(target: str) -> Callable[..., Any]:
@@ -46,7 +46,8 @@ class Backend:
     version: Callable[[], str]  # the installed library's version (part of the cache key)
     fingerprint: Callable[[str], DeviceFingerprint]  # engine device ("cpu", "cuda:N") -> the
     # fingerprint of what the artifact is built for (cpu vs cuda)
-    build: Callable[[EnginePlan, BuildRecipe, Path], None]  # write the artifact to a path
+    # Write the artifact to a path; may return notes for the sidecar (what it measured, chose).
+    build: Callable[[EnginePlan, BuildRecipe, Path], BuildNotes | None]
     runner: Callable[[EnginePlan, DeferredLoader | None], Runner]  # a runner (not active)
     precisions: tuple[str, ...]  # what it runs, its default first
     from_onnx: bool  # the artifact is built from the spec's ONNX (not the native network)
@@ -64,8 +65,14 @@ def _trt_flags(params: EngineParams) -> dict[str, Any]:
     return {"workspace_mb": params.workspace_mb}
 
 
-_ORT, _TORCH, _TRT = ("engines.backends.onnxruntime", "engines.backends.torch",
-                      "engines.backends.tensorrt")
+def _aoti_flags(params: EngineParams) -> dict[str, Any]:
+    from engines.backends.aoti.options import inductor_options
+
+    return {"inductor": inductor_options(params.device, params.autotune)}
+
+
+_ORT, _TORCH, _TRT, _AOTI = ("engines.backends.onnxruntime", "engines.backends.torch",
+                             "engines.backends.tensorrt", "engines.backends.aoti")
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend(name="onnxruntime", artifact_name="model.ort.onnx",
@@ -83,6 +90,12 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             runner=_lazy(f"{_TRT}.runner:make_trt_runner"),
             precisions=("fp16", "fp32", "int8", "fp8"), from_onnx=True, static_profiles=False,
             needs_artifact=True, key_flags=_trt_flags),
+    Backend(name="aoti", artifact_name="engine.aoti.zip",
+            version=_lazy(f"{_TORCH}.artifact:torch_version"), fingerprint=fingerprint_for,
+            build=_lazy(f"{_AOTI}.build:build_aoti_engine"),
+            runner=_lazy(f"{_AOTI}.runner:make_aoti_runner"),
+            precisions=("fp16", "fp32"), from_onnx=False, static_profiles=True,
+            needs_artifact=True, key_flags=_aoti_flags),
 )}
 
 

@@ -60,13 +60,18 @@ BACKEND_DEFAULTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
                               "max_batch": 64}]),
     "torch": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
     "tensorrt": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
+    "aoti": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
 }
 BACKEND_PRECISIONS = {"onnxruntime": {"fp32"}, "torch": {"fp32", "fp16"},
-                      "tensorrt": {"fp32", "fp16", "int8", "fp8"}}
+                      "tensorrt": {"fp32", "fp16", "int8", "fp8"}, "aoti": {"fp32", "fp16"}}
+# Backends that run the model's own torch network (the GPU preprocessing pipeline needs one).
+TORCH_NETWORK_BACKENDS = ("torch", "aoti")
 
 
 class ModelSettings(Section):
-    backend: Literal["onnxruntime", "torch", "tensorrt"] = "onnxruntime"
+    # aoti: AOTInductor packages compiled per static batch size (minutes per size, once; see
+    # `trt-worker engines build`), else like torch.
+    backend: Literal["onnxruntime", "torch", "tensorrt", "aoti"] = "onnxruntime"
     precision: Literal["fp32", "fp16", "int8", "fp8"] | None = None
     profiles: list[ProfileSettings] | None = None
     device: int = Field(0, ge=0)
@@ -76,7 +81,7 @@ class ModelSettings(Section):
     decode_threads: int = Field(default_factory=available_cpus, ge=1)
     jpeg_roundtrip: bool = True
     # Where images are decoded and resized: "cpu" (Pillow on a thread pool) or "gpu" (nvJPEG
-    # and torch kernels; torch backend only).
+    # and torch kernels; torch and aoti backends only).
     preprocess: Literal["cpu", "gpu"] = "cpu"
     # GPU backends: overlap H2D / compute / D2H on three streams (false: one stream, serial).
     pipeline_overlap: bool = True
@@ -91,12 +96,15 @@ class ModelSettings(Section):
         names = [p.name for p in self.effective_profiles]
         if len(set(names)) != len(names):
             raise ValueError("profile names must be unique")
+        if self.backend == "aoti" and any(p.kind != "static" for p in self.effective_profiles):
+            raise ValueError("backend aoti compiles static profiles only (one package per "
+                             "batch size); give its profiles batch_sizes")
         return self
 
     @model_validator(mode="after")
     def _preprocess_supported(self) -> ModelSettings:
-        if self.preprocess == "gpu" and self.backend != "torch":
-            raise ValueError("preprocess = gpu needs backend = torch")
+        if self.preprocess == "gpu" and self.backend not in TORCH_NETWORK_BACKENDS:
+            raise ValueError("preprocess = gpu needs backend = torch or aoti")
         if self.preprocess == "gpu" and self.jpeg_roundtrip:
             raise ValueError("preprocess = gpu cannot re-encode JPEG like the reference does; "
                              "set jpeg_roundtrip = false with it")

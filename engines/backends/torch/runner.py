@@ -148,21 +148,8 @@ class TorchRunner(Runner):
         return sum(len(v) for v in self._slots.values())
 
     def _activate(self) -> None:
-        try:
-            import torch
-        except ImportError as exc:
-            raise BackendUnavailable("torch does not import") from exc
+        torch = self._torch_for_device()
         native = native_net(self.spec)
-        if self.cuda and not torch.cuda.is_available():
-            raise BackendUnavailable("torch backend needs CUDA; none is available")
-        if not self.cuda and self.precision != "fp32":
-            raise BackendUnavailable("the torch runner on CPU runs fp32 only")
-        if self.cuda and self.precision == "fp32":
-            # torch lets cuDNN and cuBLAS use TF32 (10-bit mantissa) for "float32" by default,
-            # which is off from a float32 reference by ~2e-3. fp32 here means IEEE fp32.
-            # These flags are process-wide; an fp16 engine in the same process is unaffected.
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
         module, self._hash = load_native(native, self.device, self.precision, self._engine)
         net = module.to(device=self.device, dtype=getattr(torch, DTYPES[self.precision]))
         if native.channels_last:
@@ -173,11 +160,35 @@ class TorchRunner(Runner):
             if artifacts is not None:
                 torch.compiler.load_cache_artifacts(artifacts)
             self._fn = torch.compile(self._net, dynamic=False)
+        self._start()
+
+    def _torch_for_device(self) -> Any:
+        """torch, once the device and precision are known to work (fp32 set to IEEE fp32)."""
+        try:
+            import torch
+        except ImportError as exc:
+            raise BackendUnavailable("torch does not import") from exc
+        if self.cuda and not torch.cuda.is_available():
+            raise BackendUnavailable(f"{self.backend} backend needs CUDA; none is available")
+        if not self.cuda and self.precision != "fp32":
+            raise BackendUnavailable(f"the {self.backend} runner on CPU runs fp32 only")
+        if self.cuda and self.precision == "fp32":
+            # torch lets cuDNN and cuBLAS use TF32 (10-bit mantissa) for "float32" by default,
+            # which is off from a float32 reference by ~2e-3. fp32 here means IEEE fp32.
+            # These flags are process-wide; an fp16 engine in the same process is unaffected.
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        return torch
+
+    def _start(self) -> None:
+        """The CPU executor, or the CUDA stream and the static shapes' graphs."""
+        import torch
+
         if not self.cuda:
             self._cpu = ThreadPoolExecutor(1, thread_name_prefix=f"torch-{self.spec.model_id}")
             return
         self._stream = cuda_module().Stream(self.device)
-        if native.shared_graph_pool:
+        if native_net(self.spec).shared_graph_pool:
             self._pool = torch.cuda.graph_pool_handle()  # graphs come at first use
         elif self._graphs:
             for key in sorted(self._static):

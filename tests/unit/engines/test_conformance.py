@@ -89,6 +89,17 @@ def _trt(cache: Path) -> Runner:
     return TrtRunner(spec, profiles=STATIC, engine=loader)
 
 
+def _aoti(cache: Path) -> Runner:
+    """Compiled for the static sizes in the test's folder (every run compiles), without
+    max-autotune (minutes per size; the benchmark builds with it)."""
+    from engines.assembly import EngineParams, EnginePlan
+
+    plan = EnginePlan(open_nsfw_spec(), STATIC,
+                      EngineParams(backend="aoti", precision="fp16", cache_dir=cache,
+                                   autotune=False))
+    return plan.runner()
+
+
 RUNNERS = [
     pytest.param(_ort_plain, 1e-5, None, id="onnxruntime"),
     pytest.param(_ort_cached, 1e-5, None, id="onnxruntime-cached-artifact"),
@@ -97,6 +108,7 @@ RUNNERS = [
     pytest.param(_torch("fp16", RANGE), 1e-2, _cuda(), id="torch-fp16-eager-range"),
     pytest.param(_torch("fp32", RANGE, "cpu"), 1e-5, _torch_installed(), id="torch-fp32-cpu"),
     pytest.param(_trt, 1e-2, _tensorrt(), id="tensorrt-fp16"),
+    pytest.param(_aoti, 1e-2, _cuda(), id="aoti-fp16"),
 ]
 
 
@@ -133,6 +145,6 @@ def test_runner_matches_float32_reference(
 
 def _pad_static(runner: Runner, x: np.ndarray) -> np.ndarray:
     """Static-profile runners take offered sizes only; pad like the worker does."""
-    if runner.backend == "tensorrt":
+    if runner.backend == "tensorrt":  # (the aoti runner pads to its compiled sizes itself)
         return np.concatenate([x, np.repeat(x[:1], 8 - len(x), axis=0)])
     return x

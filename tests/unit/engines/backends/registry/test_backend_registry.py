@@ -20,7 +20,8 @@ GPU_LIBRARIES = ("torch", "tensorrt", "cuda", "onnxruntime", "diffusers", "trans
 
 def test_every_backend_has_a_record_with_its_artifact_name() -> None:
     assert {name: b.artifact_name for name, b in BACKENDS.items()} == {
-        "onnxruntime": "model.ort.onnx", "torch": "weights.pt", "tensorrt": "engine.plan"}
+        "onnxruntime": "model.ort.onnx", "torch": "weights.pt", "tensorrt": "engine.plan",
+        "aoti": "engine.aoti.zip"}
     assert backend("torch") is BACKENDS["torch"]
     with pytest.raises(EngineError, match="unknown backend 'tvm'"):
         backend("tvm")
@@ -42,17 +43,20 @@ def test_precisions_default_and_coerce() -> None:
     assert backend("tensorrt").precision("int8") == "int8"
 
 
-def test_only_tensorrt_adds_build_flags_and_needs_its_artifact() -> None:
+def test_compiled_backends_add_build_flags_and_need_their_artifact() -> None:
     params = EngineParams(workspace_mb=512)
     assert {n: dict(b.key_flags(params)) for n, b in BACKENDS.items()} == {
-        "onnxruntime": {}, "torch": {}, "tensorrt": {"workspace_mb": 512}}
-    assert [n for n, b in BACKENDS.items() if b.needs_artifact] == ["tensorrt"]
+        "onnxruntime": {}, "torch": {}, "tensorrt": {"workspace_mb": 512},
+        "aoti": {"inductor": {"max_autotune": True}}}
+    assert dict(backend("aoti").key_flags(EngineParams(device="cpu"))) == {"inductor": {}}
+    assert [n for n, b in BACKENDS.items() if b.needs_artifact] == ["tensorrt", "aoti"]
 
 
 def test_importing_the_engines_imports_no_gpu_library() -> None:
     modules = ["engines.backends.registry", "engines.assembly", "engines.backends.torch.runner",
                "engines.backends.torch.pipeline", "engines.backends.tensorrt.runner",
-               "engines.backends.tensorrt.builder", "engines.models.open_nsfw",
+               "engines.backends.tensorrt.builder", "engines.backends.aoti.runner",
+               "engines.backends.aoti.build", "engines.models.open_nsfw",
                "engines.models.minilm.engine", "engines.models.clip.engine",
                "engines.models.sd.engines"]
     code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"

@@ -1,0 +1,160 @@
+"""The AOTInductor backend's whole path on the CPU: compile (Inductor with the system C++
+compiler), verify, time, bundle, cache, load without compiling, serve padded batches.
+
+A tiny convolutional network keeps the compiles to seconds; open_nsfw on CUDA is in the
+conformance test and the benchmarks (bench/aoti_bench.py).
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engines.assembly import EngineParams, EnginePlan
+from engines.backends.aoti import build as aoti_build
+from engines.backends.aoti.bundle import read_bundle, shape_name
+from engines.backends.registry import backend
+from engines.exceptions import BackendUnavailable, EngineError, InferenceFailed
+from engines.loaders import OnnxModel
+from engines.profiles import RangeProfile, StaticProfile
+from engines.spec import EngineSpec, NativeNet, TensorSpec
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
+
+ITEM = (8, 8, 3)
+
+
+class _Tiny(torch.nn.Module):  # type: ignore[misc]
+    """NHWC pixels -> two probabilities, like open_nsfw (seeded weights, so fresh() is stable)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, 2)
+
+    def forward(self, x: Any) -> Any:
+        x = x.permute(0, 3, 1, 2).to(self.conv.weight.dtype)
+        return torch.softmax(self.fc(torch.relu(self.conv(x)).mean((2, 3))), dim=1).float()
+
+
+def _spec() -> EngineSpec:
+    return EngineSpec("tiny", lambda: OnnxModel(b"", "0" * 64, "no onnx"),
+                      (TensorSpec("x", (-1, *ITEM)),), (TensorSpec("p", (-1, 2)),),
+                      native=NativeNet(lambda device: (_Tiny().to(device), "a" * 64)))
+
+
+def _plan(cache: Path, sizes: tuple[int, ...] = (1, 4)) -> EnginePlan:
+    return EnginePlan(_spec(), (StaticProfile("p", ITEM, sizes),),
+                      EngineParams(backend="aoti", precision="fp32", device="cpu",
+                                   cache_dir=cache))
+
+
+def _x(n: int) -> np.ndarray:
+    return np.random.default_rng(n).standard_normal((n, *ITEM)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> EnginePlan:
+    """One build for the module (two shapes: ~30 s on two cores, most of it the first)."""
+    plan = _plan(tmp_path_factory.mktemp("cache"))
+    plan.loader()()
+    return plan
+
+
+def test_the_build_records_per_shape_choice_timings_error_and_compile_time(
+        built: EnginePlan) -> None:
+    entry = built.cache.lookup(built.recipe())
+    assert entry is not None and entry.artifact.name == "engine.aoti.zip"
+    notes = entry.sidecar["build"]
+    assert set(notes["serve"]) == {"b1_8x8x3", "b4_8x8x3"} == set(notes["shapes"])
+    for name, shape in notes["shapes"].items():
+        assert shape["serve"] == notes["serve"][name] in ("aoti", "eager")
+        assert set(shape["ms"]) == {"aoti", "eager"} and all(v > 0 for v in shape["ms"].values())
+        assert shape["serve"] == min(shape["ms"], key=shape["ms"].get)
+        assert shape["compile_seconds"] > 0 and shape["max_error"] <= 1e-3
+    assert set(read_bundle(entry.artifact)) == {"b1_8x8x3", "b4_8x8x3"}
+    assert entry.sidecar["flags"] == {"inductor": {}}  # the CPU build: Inductor's defaults
+
+
+def test_a_cached_engine_loads_without_compiling_and_serves_padded_batches(
+        built: EnginePlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_compile(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a cached engine must not compile")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compile)
+    monkeypatch.setattr(torch, "compile", no_compile)
+    ref = _Tiny().eval()
+    with built.runner() as runner:
+        assert runner.engine_hash == f"aoti-{built.recipe().key[:12]}"
+        for n in (1, 3, 4):  # 3 runs in the batch-4 package, padded, and comes back as 3 rows
+            got = runner.infer({"x": _x(n)}).result()["p"]
+            want = ref(torch.from_numpy(_x(n))).detach().numpy()
+            assert got.shape == (n, 2)
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        with pytest.raises(InferenceFailed, match="no compiled shape holds a batch of 5"):
+            runner.infer({"x": _x(5)})
+        with pytest.raises(InferenceFailed, match="missing input"):
+            runner.infer({"y": _x(1)})
+
+
+def test_the_runner_serves_what_the_sidecar_chose(built: EnginePlan, tmp_path: Path) -> None:
+    """Edit the choice (as if the eager network had measured faster for batch 4): the runner
+    then runs that shape uncompiled and still answers the same."""
+    entry = built.cache.lookup(built.recipe())
+    assert entry is not None
+    sidecar = json.loads((entry.path / "sidecar.json").read_text())
+    sidecar["build"]["serve"]["b4_8x8x3"] = "eager"
+    (entry.path / "sidecar.json").write_text(json.dumps(sidecar))
+    try:
+        with built.runner() as runner:
+            assert runner.serving == {"b1_8x8x3": sidecar["build"]["serve"]["b1_8x8x3"],
+                                      "b4_8x8x3": "eager"}
+            got = runner.infer({"x": _x(4)}).result()["p"]
+        np.testing.assert_allclose(got, _Tiny()(torch.from_numpy(_x(4))).detach().numpy(),
+                                   atol=1e-5, rtol=0)
+    finally:
+        (entry.path / "sidecar.json").write_text(json.dumps(entry.sidecar))
+
+
+def test_a_package_off_the_float32_network_fails_the_build_and_caches_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(aoti_build.TOLERANCE, "fp32", -1.0)  # any difference is too much
+    plan = _plan(tmp_path, sizes=(1,))
+    with pytest.raises(EngineError, match=r"b1_8x8x3: the compiled package is off from the "
+                                          r"float32 network by .* \(tolerance"):
+        plan.loader()()
+    assert plan.cache.lookup(plan.recipe()) is None
+    assert not list(tmp_path.glob("tiny/*/engine.aoti.zip"))
+
+
+def test_refusals(tmp_path: Path) -> None:
+    ranged = EnginePlan(_spec(), (RangeProfile("r", ITEM, ITEM, ITEM, 1, 2, 4),),
+                        EngineParams(backend="aoti", precision="fp32", device="cpu",
+                                     cache_dir=tmp_path))
+    with pytest.raises(BackendUnavailable, match="static profiles only"):
+        ranged.runner()
+    fp16_cpu = EnginePlan(_spec(), (StaticProfile("p", ITEM, (1,)),),
+                          EngineParams(backend="aoti", precision="fp16", device="cpu",
+                                       cache_dir=tmp_path))
+    with pytest.raises(BackendUnavailable, match="fp32 only"):
+        fp16_cpu.loader()()
+    assert backend("aoti").needs_artifact and backend("aoti").static_profiles
+
+
+def test_bundle_names_and_a_damaged_bundle(tmp_path: Path) -> None:
+    assert shape_name(8, (224, 224, 3)) == "b8_224x224x3"
+    assert shape_name(2, ()) == "b2_scalar"
+    bad = tmp_path / "engine.aoti.zip"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(EngineError, match="does not read"):
+        read_bundle(bad)
+    with zipfile.ZipFile(bad, "w") as z:  # members outside the naming scheme are ignored
+        z.writestr("../escape.pt2", b"x")
+        z.writestr("b1_8.pt2", b"y")
+    assert read_bundle(bad) == {"b1_8": b"y"}
