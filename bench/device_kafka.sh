@@ -91,8 +91,22 @@ bench|bench-before|tests|profile|aoti)
         [ -d bench/aoti-cache ] && cp -rn bench/aoti-cache/. /tmp/aoti-cache/
         BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) PYTHONPATH=/tmp/site:$ROOT \
             timeout 570 python3 bench/aoti_bench.py --cache /tmp/aoti-cache --out "$OUT" "$@" \
-            2>&1 | grep -v 'Warning\|warn(' | tail -60 | tee "$OUT/aoti.log"
-        mkdir -p "$OUT/aoti-cache" && cp -r /tmp/aoti-cache/. "$OUT/aoti-cache/" ;;
+            2>&1 | grep -v 'Warning\|warn(' | grep -v '^  \|AUTOTUNE\|Autotune\|autotuning' \
+            | tail -60 | tee "$OUT/aoti.log"
+        for order in 512,1 1,512; do  # a fresh process each: cold start-up costs, both orders
+            PYTHONPATH=/tmp/site:$ROOT python3 bench/aoti_load_probe.py --cache /tmp/aoti-cache \
+                --sizes $order 2>&1 | grep aoti_load_probe | tee -a "$OUT/aoti.log"
+        done
+        PYTHONPATH=/tmp/site:$ROOT python3 bench/aoti_load_probe.py --cache /tmp/aoti-cache \
+            --runner 2>&1 | grep aoti_load_probe | tee -a "$OUT/aoti.log"
+        # The built engines come back flat ($OUT allows two folder levels): <key>.<file>.
+        mkdir -p "$OUT/aoti-cache"
+        for entry in /tmp/aoti-cache/*/*/; do
+            key=$(basename "$entry")
+            for f in "$entry"engine.aoti.zip "$entry"sidecar.json; do
+                [ -f "$f" ] && cp "$f" "$OUT/aoti-cache/$key.$(basename "$f")"
+            done
+        done ;;
     bench-before)
         BENCH_COMMIT=$(cat .before/COMMIT) timeout 560 python3 bench/kafka_e2e.py \
             --code-root .before --out "$OUT" "$@" 2>&1 | grep -v '^%' | tee "$OUT/before.log" ;;

@@ -1,0 +1,68 @@
+"""Where a cached AOTInductor engine's start-up time goes, in a fresh process: torch import,
+CUDA context, ``torch._inductor`` import, each package's load and first call, and the whole
+runner activation through the engine cache.
+
+python bench/aoti_load_probe.py --cache DIR --sizes 512,1 [--runner]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ITEM = (224, 224, 3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache", type=Path, required=True)
+    ap.add_argument("--sizes", default="512,1")
+    ap.add_argument("--runner", action="store_true", help="time plan.runner().activate() only")
+    args = ap.parse_args()
+    t = {"start": time.perf_counter()}
+    import torch
+
+    t["import_torch"] = time.perf_counter()
+    torch.zeros(1, device="cuda").sum().item()
+    t["cuda_context"] = time.perf_counter()
+    import torch._inductor  # timed on purpose: its import is part of start-up
+
+    t["import_inductor"] = time.perf_counter()
+    from bench.aoti_bench import plan_for
+    from engines.backends.aoti.bundle import read_bundle, shape_name
+
+    steps = {}
+    for size in (int(s) for s in args.sizes.split(",")):
+        plan = plan_for(size, args.cache, autotune=True)
+        if args.runner:
+            started = time.perf_counter()
+            runner = plan.runner()
+            runner.activate()
+            steps[f"runner_activate_b{size}"] = time.perf_counter() - started
+            continue
+        entry = plan.cache.lookup(plan.recipe())
+        assert entry is not None, f"no cached engine for batch {size} in {args.cache}"
+        started = time.perf_counter()
+        data = read_bundle(entry.artifact)[shape_name(size, ITEM)]
+        model = torch._inductor.aoti_load_package(io.BytesIO(data), run_single_threaded=True)
+        loaded = time.perf_counter()
+        x = torch.zeros((size, *ITEM), device="cuda")
+        model(x)
+        torch.cuda.synchronize()
+        steps[f"load_b{size}"] = loaded - started
+        steps[f"first_call_b{size}"] = time.perf_counter() - loaded
+    names = list(t)
+    out = {n: round(t[n] - t[p], 3) for p, n in itertools.pairwise(names)}
+    out.update({k: round(v, 3) for k, v in steps.items()})
+    print("aoti_load_probe", json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
