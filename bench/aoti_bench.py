@@ -12,7 +12,6 @@ compiles overlap; the measurements then run in this process with every engine ca
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import subprocess
 import sys
@@ -93,14 +92,14 @@ def measure(size: int, cache: Path, autotune: bool) -> dict[str, Any]:
     import torch
 
     from engines.backends.aoti.build import time_variants
-    from engines.backends.aoti.bundle import read_bundle, shape_name
+    from engines.backends.aoti.bundle import load_package, read_bundle, shape_name
 
     plan = plan_for(size, cache, autotune)
     entry = plan.cache.lookup(plan.recipe())
     assert entry is not None, "built above"
     started = time.perf_counter()
     package = read_bundle(entry.artifact)[shape_name(size, ITEM)]
-    model = torch._inductor.aoti_load_package(io.BytesIO(package), run_single_threaded=True)
+    model = load_package(package, cuda=True)
     load_s = time.perf_counter() - started
     torch.cuda.synchronize()
     started = time.perf_counter()

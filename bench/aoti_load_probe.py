@@ -8,7 +8,6 @@ python bench/aoti_load_probe.py --cache DIR --sizes 512,1 [--runner]
 from __future__ import annotations
 
 import argparse
-import io
 import itertools
 import json
 import sys
@@ -22,10 +21,18 @@ ITEM = (224, 224, 3)
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cache", type=Path, required=True)
+    ap.add_argument("--cache", type=Path, default=Path("/tmp/aoti-cache"))
     ap.add_argument("--sizes", default="512,1")
     ap.add_argument("--runner", action="store_true", help="time plan.runner().activate() only")
+    ap.add_argument("--bundle", type=Path, default=None,
+                    help="load every package of this bundle file (no cache, no model package)")
+    ap.add_argument("--stacks-every", type=float, default=0.0,
+                    help="print every thread's stack every N seconds (where a slow step waits)")
     args = ap.parse_args()
+    if args.stacks_every:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.stacks_every, repeat=True)
     t = {"start": time.perf_counter()}
     import torch
 
@@ -36,10 +43,16 @@ def main() -> None:
 
     t["import_inductor"] = time.perf_counter()
     from bench.aoti_bench import plan_for
-    from engines.backends.aoti.bundle import read_bundle, shape_name
+    from engines.backends.aoti.bundle import load_package, read_bundle, shape_name
 
     steps = {}
-    for size in (int(s) for s in args.sizes.split(",")):
+    if args.bundle is not None:
+        for name, data in read_bundle(args.bundle).items():
+            started = time.perf_counter()
+            load_package(data, cuda=True)
+            steps[f"load_{name}"] = time.perf_counter() - started
+        args.sizes = ""
+    for size in (int(s) for s in args.sizes.split(",") if s):
         plan = plan_for(size, args.cache, autotune=True)
         if args.runner:
             started = time.perf_counter()
@@ -51,7 +64,7 @@ def main() -> None:
         assert entry is not None, f"no cached engine for batch {size} in {args.cache}"
         started = time.perf_counter()
         data = read_bundle(entry.artifact)[shape_name(size, ITEM)]
-        model = torch._inductor.aoti_load_package(io.BytesIO(data), run_single_threaded=True)
+        model = load_package(data, cuda=True)
         loaded = time.perf_counter()
         x = torch.zeros((size, *ITEM), device="cuda")
         model(x)

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engines.backends.aoti.bundle import shape_name, write_bundle
+from engines.backends.aoti.bundle import load_package, shape_name, write_bundle
 from engines.backends.aoti.options import inductor_options
 from engines.backends.torch.artifact import DTYPES, native_net
 from engines.backends.torch.graphs import capture, sample_input
@@ -109,7 +109,7 @@ def _build_shape(plan: EnginePlan, key: GraphKey, net: Any, reference: Any, path
         raise EngineError(f"{plan.spec.model_id} {name}: AOTInductor compile failed: "
                           f"{type(exc).__name__}: {exc}") from exc
     compile_s = time.monotonic() - started
-    model = torch._inductor.aoti_load_package(str(path), run_single_threaded=True)
+    model = load_package(path.read_bytes(), device.startswith("cuda"))
     with torch.no_grad():
         got, ref = model(*args).float(), reference(*args).float()
     error = float((got - ref).abs().max() / max(1.0, float(ref.abs().max())))

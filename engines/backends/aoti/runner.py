@@ -10,14 +10,13 @@ the runner's lock keeps calls single-threaded.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engines.backends.aoti.build import static_keys
-from engines.backends.aoti.bundle import read_bundle, shape_name
+from engines.backends.aoti.bundle import load_package, read_bundle, shape_name
 from engines.backends.base import InferHandle, Outputs
 from engines.backends.torch.artifact import DTYPES, native_net
 from engines.backends.torch.runner import GraphKey, TorchRunner
@@ -78,7 +77,7 @@ class AotiRunner(TorchRunner):
         self._eager_module: Any = None
 
     def _activate(self) -> None:
-        torch = self._torch_for_device()
+        self._torch_for_device()
         assert self._engine is not None
         entry = self._engine()
         serve = dict(entry.sidecar.get("build", {}).get("serve", {}))
@@ -90,8 +89,7 @@ class AotiRunner(TorchRunner):
                 raise EngineError(f"engine {entry.key}: no package for {name}; rebuild it")
             self.serving[name] = serve[name]
             nets[key] = (self._eager_net() if serve[name].startswith("eager") else
-                         torch._inductor.aoti_load_package(io.BytesIO(packages[name]),
-                                                           run_single_threaded=True))
+                         load_package(packages[name], self.cuda))
         self._net = self._fn = ShapeDispatch(nets)
         self._hash = f"aoti-{entry.key[:12]}"
         # Graphs only where the build measured one faster; other shapes run "eagerly" (one
