@@ -7,11 +7,13 @@ time). Members are named by :func:`shape_name`; each is loaded from memory.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from engines.exceptions import EngineError
 
@@ -42,16 +44,39 @@ def read_bundle(path: Path) -> dict[str, bytes]:
 
 def load_package(data: bytes, cuda: bool) -> Any:
     """A package from memory, ready to call (and to capture in a CUDA graph: single-threaded;
-    the runner's lock keeps it so).
-
-    For a CUDA package, the CPU-ISA probe ``aoti_load_package`` runs to fill in the device
-    metadata it compares with the package's is skipped (Inductor's ``cpp.vec_isa_ok``): on the
-    H200 machine that probe compiled and test-loaded a library per ISA in subprocesses, 36 s
-    on the first load in a process, and its result only feeds a warning; the kernels that run
-    are GPU kernels, and the cache key already pins the GPU. CPU packages keep the probe: their
-    kernels are built for the ISA it finds."""
+    the runner's lock keeps it so). CUDA packages load without the CPU-ISA probe
+    (:func:`skip_cpu_isa_probe`)."""
     import torch
 
-    patch = {"cpp.vec_isa_ok": True} if cuda else {}
-    with torch._inductor.config.patch(patch):
+    with skip_cpu_isa_probe() if cuda else contextlib.nullcontext():
         return torch._inductor.aoti_load_package(io.BytesIO(data), run_single_threaded=True)
+
+
+@contextlib.contextmanager
+def skip_cpu_isa_probe() -> Iterator[None]:
+    """``aoti_load_package`` compares the package's device metadata with this machine's, and
+    finding this machine's CPU ISA compiles and test-loads a library per ISA in subprocesses:
+    36 s on the first load in a process on the H200 machine (torch 2.11; Inductor's
+    ``cpp.vec_isa_ok`` does not skip the AMX probe). For a CUDA package the CPU ISA only feeds a
+    warning (its kernels are GPU kernels, and the engine cache key already pins the GPU), so
+    while loading, the metadata leaves the ISA out and the comparison skips it. torch has no
+    option for this; the patch is scoped to the load and falls back to the probe if torch's
+    internals move."""
+    try:
+        from torch._inductor import codecache, cpu_vec_isa
+    except ImportError:
+        yield
+        return
+    original = getattr(codecache, "get_device_information", None)
+    if original is None:
+        yield
+        return
+
+    def without_cpu_isa(device_type: str) -> dict[str, str]:
+        with mock.patch.object(cpu_vec_isa, "pick_vec_isa", lambda: cpu_vec_isa.invalid_vec_isa):
+            info = dict(original(device_type))
+        info.pop("AOTI_CPU_ISA", None)
+        return info
+
+    with mock.patch.object(codecache, "get_device_information", without_cpu_isa):
+        yield

@@ -158,3 +158,21 @@ def test_bundle_names_and_a_damaged_bundle(tmp_path: Path) -> None:
         z.writestr("../escape.pt2", b"x")
         z.writestr("b1_8.pt2", b"y")
     assert read_bundle(bad) == {"b1_8": b"y"}
+
+
+def test_cuda_packages_load_without_the_cpu_isa_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe compiles a library per ISA in subprocesses (36 s on the H200 machine); while a
+    CUDA package loads, the device metadata leaves the ISA out instead, and nothing else."""
+    from torch._inductor import codecache, cpu_vec_isa
+
+    from engines.backends.aoti.bundle import skip_cpu_isa_probe
+
+    def probed() -> None:
+        raise AssertionError("the CPU ISA was probed")
+
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", probed)
+    with skip_cpu_isa_probe():
+        info = codecache.get_device_information("cpu")
+    assert "AOTI_CPU_ISA" not in info and info["AOTI_MACHINE"]
+    with pytest.raises(AssertionError, match="probed"):  # outside the load, torch's own
+        codecache.get_device_information("cpu")
