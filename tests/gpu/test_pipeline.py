@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,8 +104,12 @@ def _rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-@pytest.mark.parametrize("preprocess", ["cpu", "gpu"])
-def test_gpu_task_scores_match_the_cpu_reference(preprocess: str) -> None:
+@pytest.mark.parametrize(("backend", "preprocess"),
+                         [("torch", "cpu"), ("torch", "gpu"), ("aoti", "gpu")])
+def test_gpu_task_scores_match_the_cpu_reference(backend: str, preprocess: str,
+                                                 tmp_path: Path) -> None:
+    """The GPU task on the eager network and on AOTInductor packages (compiled here without
+    max-autotune, for the default batch sizes: the pipeline captures them under its graphs)."""
     from engines.backends.onnxruntime import OrtRunner
     from worker.config import load_config
     from worker.devkit.conformance_inputs import synthetic_images
@@ -116,8 +121,10 @@ def test_gpu_task_scores_match_the_cpu_reference(preprocess: str) -> None:
     from worker.wire.moderation_jobs import ModerationJob
     from worker.wire.records import SourceRecord, SourceRef
 
-    cfg = load_config(model={"backend": "torch", "preprocess": preprocess,
-                             "jpeg_roundtrip": False}, engines={"use_cache": False})
+    cfg = load_config(model={"backend": backend, "preprocess": preprocess,
+                             "jpeg_roundtrip": False},
+                      engines={"use_cache": backend == "aoti", "cache_dir": tmp_path,
+                               "autotune": False})
     runner, plan = make_runner(cfg)
     runner.activate()
     task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]

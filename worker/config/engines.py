@@ -22,4 +22,7 @@ class EngineSettings(Section):
     calibration_dir: Path | None = None  # real sample images for INT8 calibration
     timing_cache: Path | None = None  # TensorRT timing cache (default: inside cache_dir)
     workspace_mb: int = Field(4096, ge=64)
+    # aoti: compile with Inductor's max-autotune (minutes per batch size, once; the fastest
+    # kernels). Off: a build in about a minute per size, slower kernels; a different cache key.
+    autotune: bool = True
     in_flight_slots: int = Field(2, ge=1, le=16)  # per batch size, GPU runners

@@ -34,7 +34,7 @@ def engine_params(cfg: WorkerConfig, backend: str, precision: str) -> EnginePara
         backend=backend, precision=precision, device=f"cuda:{cfg.model.device}",
         cache_dir=e.cache_dir, use_cache=e.use_cache, slots=e.in_flight_slots,
         intra_op_threads=cfg.model.intra_op_threads, workspace_mb=e.workspace_mb,
-        timing_cache=e.timing_cache, calibration_dir=e.calibration_dir)
+        timing_cache=e.timing_cache, calibration_dir=e.calibration_dir, autotune=e.autotune)
 
 
 def _calibration_sample(data: bytes) -> np.ndarray:
