@@ -24,8 +24,6 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/aoti-cache"))
     ap.add_argument("--sizes", default="512,1")
     ap.add_argument("--runner", action="store_true", help="time plan.runner().activate() only")
-    ap.add_argument("--bundle", type=Path, default=None,
-                    help="load every package of this bundle file (no cache, no model package)")
     ap.add_argument("--stacks-every", type=float, default=0.0,
                     help="print every thread's stack every N seconds (where a slow step waits)")
     args = ap.parse_args()
@@ -46,12 +44,6 @@ def main() -> None:
     from engines.backends.aoti.bundle import load_package, read_bundle, shape_name
 
     steps = {}
-    if args.bundle is not None:
-        for name, data in read_bundle(args.bundle).items():
-            started = time.perf_counter()
-            load_package(data, cuda=True)
-            steps[f"load_{name}"] = time.perf_counter() - started
-        args.sizes = ""
     for size in (int(s) for s in args.sizes.split(",") if s):
         plan = plan_for(size, args.cache, autotune=True)
         if args.runner:

@@ -26,10 +26,26 @@ if TYPE_CHECKING:
 CALIBRATION_BATCH = 8
 
 
+# The builder sets precisions with weak typing (BuilderFlag.FP16/INT8/FP8, int8_calibrator),
+# which TensorRT 11 removed; pyproject pins the extra to this range too.
+SUPPORTED_MAJOR = 10
+
+
 def trt_version() -> str:
     import tensorrt as trt
 
     return str(trt.__version__)
+
+
+def check_supported(version: str) -> None:
+    """Refuse a TensorRT this builder cannot drive, before building anything."""
+    major = version.split(".", 1)[0]
+    if not major.isdigit() or int(major) != SUPPORTED_MAJOR:
+        raise BackendUnavailable(
+            f"TensorRT {version} is installed; this builder drives TensorRT "
+            f"{SUPPORTED_MAJOR}.x (TensorRT 11 removed the weakly typed precision flags and "
+            f"the INT8 calibrator it uses): pip install 'tensorrt>={SUPPORTED_MAJOR},"
+            f"<{SUPPORTED_MAJOR + 1}', or use the torch or aoti backend")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +60,7 @@ class TrtBuildOptions:
 def build_trt_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> None:
     """The registry's builder: the plan's profiles and precision, INT8 calibrated on the
     plan's calibration images, the timing cache shared per TensorRT version and GPU."""
+    check_supported(recipe.backend_version)
     p, spec = plan.params, plan.spec
     calibrator = None
     if p.precision == "int8" and p.calibration_dir is not None and plan.preprocess is not None:

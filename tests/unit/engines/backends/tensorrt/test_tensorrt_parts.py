@@ -74,3 +74,19 @@ def test_builder_writes_a_plan(tmp_path: Path) -> None:
     build_trt_plan(open_nsfw_spec(), (StaticProfile("gpu", ITEM, (1, 8)),),
                    TrtBuildOptions("fp16", timing_cache=tmp_path / "t.cache"), out)
     assert out.stat().st_size > 1_000_000 and (tmp_path / "t.cache").is_file()
+
+
+def test_the_builder_refuses_tensorrt_majors_it_cannot_drive_and_the_pin_agrees() -> None:
+    import tomllib
+
+    from engines.backends.tensorrt.builder import SUPPORTED_MAJOR, check_supported
+    from engines.exceptions import BackendUnavailable
+
+    check_supported("10.13.3.9")
+    for version in ("11.0.0.1", "9.3.0", "unknown"):
+        with pytest.raises(BackendUnavailable, match=r"this builder drives TensorRT 10\.x"):
+            check_supported(version)
+    root = Path(__file__).resolve().parents[5]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert extras["tensorrt"] == [f"tensorrt>={SUPPORTED_MAJOR}.0,<{SUPPORTED_MAJOR + 1}"]
