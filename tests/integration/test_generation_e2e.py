@@ -199,7 +199,7 @@ def test_invalid_jobs_go_to_the_generation_dlq_with_their_reason_and_nothing_is_
         "bad-steps-zero": (raw("bad-steps-zero", steps=0), "schema"),
         "bad-prompt": (raw("bad-prompt", prompt="  "), "schema"),
         "bad-too-many": (raw("bad-too-many", num_images=5), "too_many_images"),
-        "bad-version": (raw("bad-version", v=2), "unsupported_version"),
+        "bad-version": (raw("bad-version", v=3), "unsupported_version"),
         "bad-not-msgpack": ((b"bad-not-msgpack", b"\xc1 not msgpack", None), "not_msgpack"),
     }
     records = [rec for rec, _ in bad.values()] + [job("good-after", num_images=1)]

@@ -1,6 +1,7 @@
 """A client in another language, written from the contract alone (schemas/clients/java): it
-sends jobs, reads results and DLQ records with read_committed from an exactly-once worker, and
-finds each answer on the partition Java's default partitioner picks for its key."""
+sends contract v2 jobs, reads results and DLQ records with read_committed from an exactly-once
+worker, finds each answer on the partition Java's default partitioner picks for its key, and
+each result in v2's one shape."""
 
 from __future__ import annotations
 
@@ -54,4 +55,5 @@ def test_the_java_client_is_answered_on_the_partitions_java_expects(
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got == {"sent": 8, "answered": 8, "statuses": {"ok": 6},
-                   "reasons": {"not_msgpack": 2}, "misplaced": 0}, got
+                   "reasons": {"not_msgpack": 2}, "schemas": {"moderation-result/v2": 6},
+                   "misplaced": 0, "not_v2": 0}, got

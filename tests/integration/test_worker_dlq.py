@@ -47,7 +47,7 @@ def _bad_jobs(jpeg: bytes) -> dict[str, tuple[bytes | None, str]]:
         "bad-invalid-utf8": (b"\x83\xa1v\x01\xa2id\xa2\xff\xfe\xa5image\xc4\x01x", "not_msgpack"),
         "bad-wrong-type": (job(id=123, image=jpeg), "schema"),
         "bad-missing-image": (job(id="bad-missing-image"), "schema"),
-        "bad-unknown-v": (msgpack.packb({"v": 2, "id": "x", "image": jpeg}), "unsupported_version"),
+        "bad-unknown-v": (msgpack.packb({"v": 3, "id": "x", "image": jpeg}), "unsupported_version"),
         "bad-tombstone": (None, "schema"),
         "bad-unknown-policy": (encode_job("bad-unknown-policy", jpeg, policy="nope"),
                                "unknown_policy"),

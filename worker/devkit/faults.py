@@ -117,7 +117,7 @@ def _class_builders(jpeg: bytes) -> dict[str, tuple[str, Builder]]:
         "missing_fields": ("schema", lambda i, r: _pack(
             r.choice([{"v": 1, "id": i}, {"v": 1, "image": jpeg}, {"id": i, "image": jpeg}]))),
         "unknown_v": ("unsupported_version", lambda i, r: _pack(
-            {"v": r.choice([0, 2, 3, 99]), "id": i, "image": jpeg})),
+            {"v": r.choice([0, 3, 4, 99]), "id": i, "image": jpeg})),
         "unknown_field": ("schema", lambda i, r: _pack(
             {"v": 1, "id": i, "image": jpeg, "colour": "red"})),
         "zero_byte_image": ("schema", lambda i, r: _pack({"v": 1, "id": i, "image": b""})),

@@ -23,6 +23,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 BootstrapOpt = Annotated[
     str | None, typer.Option("--bootstrap-servers", "-b", help="Kafka brokers host:port,...")
 ]
+# The jobs' `v`; the worker answers each job in its version. v1 is the default until it is
+# removed (README, "Wire contract").
+SchemaVersionOpt = Annotated[int, typer.Option(
+    min=1, max=2, help="Contract version of the jobs (1 or 2); results follow it.")]
 
 
 def _config(config: Path | None, bootstrap: str | None, **extra: Any) -> WorkerConfig:
@@ -94,13 +98,14 @@ def produce(
     deadline_ms: Annotated[
         int | None, typer.Option(min=0, help="Deadline, milliseconds from now.")
     ] = None,
+    schema_version: SchemaVersionOpt = 1,
 ) -> None:
     """Send the images of a folder as moderation jobs."""
     from worker.tools.produce import produce_folder
 
     cfg = _config(config, bootstrap_servers)
     sent = produce_folder(cfg, folder, topic=topic, count=count, prefix=prefix, policy=policy,
-                          deadline_in_ms=deadline_ms)
+                          deadline_in_ms=deadline_ms, version=schema_version)
     typer.echo(f"produced {len(sent)} jobs to {topic or cfg.topics.jobs}")
 
 
@@ -135,6 +140,7 @@ def generate(
     out: Annotated[Path | None, typer.Option(
         help="Wait and write the images here as <id>-<index>-<seed>.png.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for answers.")] = 600.0,
+    schema_version: SchemaVersionOpt = 1,
 ) -> None:
     """Send text-to-image jobs to a generation worker (`trt-worker run --task generation`)."""
     from worker.tools.generate import GenerateRequest, run_generate
@@ -146,7 +152,7 @@ def generate(
     req = GenerateRequest(prompt, num_images=n, negative_prompt=negative, width=width,
                           height=height, steps=steps, guidance_scale=guidance,
                           scheduler=scheduler, seed=seed, jobs=count, job_id=job_id,
-                          deadline_in_ms=deadline_ms)
+                          deadline_in_ms=deadline_ms, version=schema_version)
     ok = run_generate(cfg, req, topic=topic, wait=wait or out is not None, out_dir=out,
                       timeout_s=timeout, echo=typer.echo)
     raise typer.Exit(0 if ok else 1)

@@ -25,8 +25,9 @@ from worker.kafka import consumer_settings
 from worker.tools.produce import send_jobs as send_records
 from worker.tools.replay.headers import as_dict
 from worker.wire.generation_codec import encode_generation_job
-from worker.wire.generation_jobs import GENERATION_JOB_SCHEMA, SEED_MODULUS
+from worker.wire.generation_jobs import GENERATION_JOB_SCHEMAS, SEED_MODULUS
 from worker.wire.moderation_codec import decode_result
+from worker.wire.versions import V1
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,7 @@ class GenerateRequest:
     jobs: int = 1
     job_id: str | None = None  # one job: this id; several: the prefix of their ids
     deadline_in_ms: int | None = None
+    version: int = V1  # contract version of the jobs (and so of their results)
 
 
 def job_ids(req: GenerateRequest) -> list[str]:
@@ -74,13 +76,15 @@ def build_jobs(req: GenerateRequest, now_ms: int | None = None) -> list[tuple[st
             job_id, req.prompt, negative_prompt=req.negative_prompt, width=req.width,
             height=req.height, steps=req.steps, guidance_scale=req.guidance_scale,
             scheduler=req.scheduler, seed=seed, num_images=req.num_images,
-            deadline_ms=deadline)))
+            deadline_ms=deadline, version=req.version)))
     return out
 
 
-def send_generation_jobs(cfg: WorkerConfig, topic: str, jobs: Iterable[tuple[str, bytes]]) -> int:
-    """Produce ``jobs`` (key = job id) and wait until every one is acknowledged."""
-    return send_records(cfg, topic, jobs, GENERATION_JOB_SCHEMA)
+def send_generation_jobs(cfg: WorkerConfig, topic: str, jobs: Iterable[tuple[str, bytes]],
+                         version: int = V1) -> int:
+    """Produce ``jobs`` (key = job id, header ``ktw.schema`` of contract ``version``) and wait
+    until every one is acknowledged."""
+    return send_records(cfg, topic, jobs, GENERATION_JOB_SCHEMAS[version])
 
 
 @dataclass(slots=True)
@@ -223,7 +227,7 @@ def run_generate(cfg: WorkerConfig, req: GenerateRequest, *, topic: str | None, 
     jobs_topic = topic or topics.jobs
     reader = AnswerReader(cfg, topics.results, topics.dlq) if wait else None
     try:
-        send_generation_jobs(cfg, jobs_topic, jobs)
+        send_generation_jobs(cfg, jobs_topic, jobs, req.version)
         echo(f"sent {len(jobs)} job(s) ({_describe(req)}) to {jobs_topic}: "
              f"{', '.join(i for i, _ in jobs[:5])}{' ...' if len(jobs) > 5 else ''}")
         if reader is None:

@@ -12,8 +12,9 @@ import msgpack
 from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, DeliveryFailed
 from worker.kafka import Producer, producer_settings
-from worker.wire.moderation_jobs import JOB_SCHEMA, SCHEMA_VERSION
+from worker.wire.moderation_jobs import JOB_SCHEMAS
 from worker.wire.records import Headers
+from worker.wire.versions import V1
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp"})
 
@@ -34,8 +35,10 @@ def image_files(folder: Path) -> list[Path]:
 
 
 def encode_job(job_id: str, image: bytes, *, text: str | None = None, policy: str | None = None,
-               deadline_ms: int | None = None) -> bytes:
-    doc: dict[str, object] = {"v": SCHEMA_VERSION, "id": job_id, "image": image}
+               deadline_ms: int | None = None, version: int = V1) -> bytes:
+    """A moderation job in contract ``version`` (v1 and v2 jobs have the same fields; the
+    version picks the form of the result)."""
+    doc: dict[str, object] = {"v": version, "id": job_id, "image": image}
     if text is not None:
         doc["text"] = text
     if policy is not None:
@@ -60,8 +63,10 @@ def produce_folder(
     prefix: str = "job-",
     policy: str | None = None,
     deadline_in_ms: int | None = None,
+    version: int = V1,
 ) -> list[SentJob]:
-    """Produce ``count`` jobs (default: one per image) and wait until all are acknowledged."""
+    """Produce ``count`` jobs (default: one per image) in contract ``version`` and wait until
+    all are acknowledged."""
     files = image_files(folder)
     payloads = {p: p.read_bytes() for p in files}
     sent = [SentJob(job_id, path) for job_id, path in _jobs(files, count or len(files), prefix)]
@@ -72,9 +77,9 @@ def produce_folder(
             if deadline_in_ms is not None:
                 deadline = int(time.time() * 1e3) + deadline_in_ms
             yield job.id, encode_job(job.id, payloads[job.path], policy=policy,
-                                     deadline_ms=deadline)
+                                     deadline_ms=deadline, version=version)
 
-    send_jobs(cfg, topic or cfg.topics.jobs, records(), JOB_SCHEMA)
+    send_jobs(cfg, topic or cfg.topics.jobs, records(), JOB_SCHEMAS[version])
     return sent
 
 

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 
 from worker.exceptions import JobRejected
+from worker.wire.msgpack_map import peek_version
 from worker.wire.records import Headers, SourceRecord
 from worker.wire.trace import trace_headers
 
@@ -81,6 +82,12 @@ def _ours(record: SourceRecord, error: JobRejected, worker_id: str) -> Headers:
     }
     if record.timestamp_ms is not None:
         ours["source.timestamp"] = str(record.timestamp_ms)
+    # The job's contract version, when its value says (even one this worker does not speak):
+    # a by-reference record has no value to read it from, and a redrive or a reader picks the
+    # schema by it. Added in contract v2; readers that do not know it skip it.
+    version = peek_version(record.value)
+    if version is not None:
+        ours["source.v"] = str(version)
     # The same facts under Kafka Connect's dead-letter header names (KIP-298), so tooling
     # built for Connect's DLQs reads these records too.
     connect = {"topic": record.topic, "partition": str(record.partition),

@@ -2,8 +2,7 @@
 
 Contract-level checks live here (types, ranges, the scheduler names); checks against this
 worker's configuration (sizes it has engines for, its step range, images per job) are in
-:mod:`worker.tasks.generation.intake`. ``tests/unit/generation/test_generation_schemas.py`` keeps
-this
+:mod:`worker.tasks.generation.intake`. ``tests/unit/wire/test_generation_schemas.py`` keeps this
 module and ``schemas/generation-*.schema.json`` in agreement.
 """
 
@@ -17,7 +16,6 @@ import msgpack
 from worker.exceptions import SchemaViolation
 from worker.tasks.generation.schedulers import SCHEDULERS
 from worker.wire.generation_jobs import SEED_MODULUS, GenerationJob, GenerationResult
-from worker.wire.moderation_jobs import SCHEMA_VERSION
 
 # The msgpack framing rules (no ext types, UTF-8 strings, a map at the top) are the same for
 # every payload of the contract, so they are shared rather than restated.
@@ -29,6 +27,7 @@ from worker.wire.msgpack_map import (
     type_name,
     unpack_map,
 )
+from worker.wire.versions import V1, VERSIONS
 
 MAX_PROMPT_CHARS = 2000
 MIN_SIDE, MAX_SIDE, SIDE_MULTIPLE = 64, 2048, 8
@@ -73,17 +72,19 @@ def _guidance(obj: dict[Any, Any]) -> float | None:
     return float(value)
 
 
-def _header(obj: dict[Any, Any]) -> None:
-    check_envelope(obj, GENERATION_JOB_FIELDS, SCHEMA_VERSION)
+def _header(obj: dict[Any, Any]) -> int:
+    """The job's version, once its envelope and required fields are there."""
+    version = check_envelope(obj, GENERATION_JOB_FIELDS, VERSIONS)
     for key in ("id", "prompt"):
         if key not in obj:
             raise SchemaViolation(f"missing required field '{key}'")
+    return version
 
 
 def decode_generation_job(payload: bytes) -> GenerationJob:
     """Decode and validate one generation job; raise a :class:`JobRejected` subclass if bad."""
     obj = unpack_map(payload)
-    _header(obj)
+    version = _header(obj)
     job_id = require_str(obj, "id", max_chars=MAX_ID_CHARS)
     prompt = require_str(obj, "prompt", max_chars=MAX_PROMPT_CHARS)
     if not prompt.strip():
@@ -109,7 +110,7 @@ def decode_generation_job(payload: bytes) -> GenerationJob:
         height=sides[1] or d.height, steps=steps or d.steps,
         guidance_scale=d.guidance_scale if guidance is None else guidance,
         scheduler=scheduler, seed=default_seed(job_id) if seed is None else seed,
-        num_images=num_images or d.num_images, deadline_ms=deadline)
+        num_images=num_images or d.num_images, deadline_ms=deadline, schema_version=version)
 
 
 def encode_generation_job(job_id: str, prompt: str, *, negative_prompt: str | None = None,
@@ -117,8 +118,9 @@ def encode_generation_job(job_id: str, prompt: str, *, negative_prompt: str | No
                           steps: int | None = None, guidance_scale: float | None = None,
                           scheduler: str | None = None, seed: int | None = None,
                           num_images: int | None = None, deadline_ms: int | None = None,
-                          validate: bool = True) -> bytes:
-    """One generation job as msgpack (``schemas/generation-job.schema.json``).
+                          validate: bool = True, version: int = V1) -> bytes:
+    """One generation job as msgpack (``schemas/generation-job.schema.json``, or the
+    ``.v2`` one for ``version`` 2: the same fields).
 
     Fields left ``None`` are omitted and take the contract's defaults (a missing seed is derived
     from the id). With ``validate`` the payload is decoded back through
@@ -129,7 +131,7 @@ def encode_generation_job(job_id: str, prompt: str, *, negative_prompt: str | No
         "negative_prompt": negative_prompt, "width": width, "height": height, "steps": steps,
         "guidance_scale": guidance_scale, "scheduler": scheduler, "seed": seed,
         "num_images": num_images, "deadline_ms": deadline_ms}
-    doc: dict[str, Any] = {"v": SCHEMA_VERSION, "id": job_id, "prompt": prompt}
+    doc: dict[str, Any] = {"v": version, "id": job_id, "prompt": prompt}
     doc.update({k: v for k, v in optional.items() if v is not None})
     payload: bytes = msgpack.packb(doc, use_bin_type=True)
     if validate:
@@ -149,7 +151,7 @@ def generation_result_to_dict(result: GenerationResult) -> dict[str, Any]:
             doc["png"] = im.png
         images.append(doc)
     out: dict[str, Any] = {
-        "v": SCHEMA_VERSION, "id": result.id, "status": result.status.value,
+        "v": result.schema_version, "id": result.id, "status": result.status.value,
         "model_id": result.model_id, "engine_hashes": dict(result.engine_hashes),
         "random_weights": result.random_weights, "images": images,
         "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()},

@@ -11,9 +11,12 @@ from dataclasses import dataclass, field
 
 from worker.wire.moderation_jobs import Status
 from worker.wire.records import SourceRef
+from worker.wire.versions import V1, schema_ids
 
-GENERATION_JOB_SCHEMA = "generation-job/v1"
-GENERATION_RESULT_SCHEMA = "generation-result/v1"
+# ktw.schema header values by contract version (worker.wire.versions). v2 changed nothing in
+# generation jobs and results but their ``v``.
+GENERATION_JOB_SCHEMAS = schema_ids("generation-job")
+GENERATION_RESULT_SCHEMAS = schema_ids("generation-result")
 SEED_MODULUS = 2**32
 
 
@@ -30,6 +33,7 @@ class GenerationJob:
     seed: int = 0
     num_images: int = 1
     deadline_ms: int | None = None
+    schema_version: int = V1  # the job's ``v``: its result is written in the same version
 
     def image_seed(self, index: int) -> int:
         return (self.seed + index) % SEED_MODULUS
@@ -66,3 +70,4 @@ class GenerationResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     source: SourceRef | None = None
+    schema_version: int = V1  # the job's: the version the result is encoded in

@@ -1,8 +1,8 @@
 """msgpack <-> typed jobs and results, with precise validation errors.
 
 The checks here are written by hand (not a JSON Schema validator at run time) because they run
-once per Kafka record on the hot path; ``tests/unit/test_schemas.py`` keeps them in agreement
-with the JSON Schema files in ``schemas/`` on every example and on mutated examples.
+once per Kafka record on the hot path; ``tests/unit/wire/test_schemas.py`` keeps them in
+agreement with the JSON Schema files in ``schemas/`` on every example and on mutated examples.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import msgpack
 
 from worker.exceptions import SchemaViolation
 from worker.wire.moderation_jobs import (
-    SCHEMA_VERSION,
+    NO_RULE,
     ModerationJob,
     ModerationResult,
     Status,
@@ -29,8 +29,9 @@ from worker.wire.msgpack_map import (
     type_name,
     unpack_map,
 )
+from worker.wire.versions import V1, V2, VERSIONS
 
-# Contract maxima (mirrored in schemas/moderation-job.schema.json). Operational limits from the
+# Contract maxima (mirrored in schemas/moderation-job[.v2].schema.json). Operational limits from
 # config may be stricter, never looser.
 MAX_TEXT_CHARS = 100_000
 MAX_IMAGE_BYTES = 64 * 1024 * 1024
@@ -53,7 +54,7 @@ def decode_moderation_job(payload: bytes, limits: DecodeLimits | None = None) ->
     """Decode and validate one moderation job; raise a :class:`JobRejected` subclass if bad."""
     limits = limits or DecodeLimits()
     obj = unpack_map(payload)
-    check_envelope(obj, JOB_FIELDS, SCHEMA_VERSION)
+    version = check_envelope(obj, JOB_FIELDS, VERSIONS)
     if "id" not in obj:
         raise SchemaViolation("missing required field 'id'")
 
@@ -85,7 +86,8 @@ def decode_moderation_job(payload: bytes, limits: DecodeLimits | None = None) ->
         )
     if image is None and (text is None or not TEXT_PRESENT.search(text)):
         raise SchemaViolation("job has neither image nor text")
-    return ModerationJob(id=job_id, image=image, text=text, policy=policy, deadline_ms=deadline)
+    return ModerationJob(id=job_id, image=image, text=text, policy=policy, deadline_ms=deadline,
+                         schema_version=version)
 
 
 # An enum member's ``.value`` is a descriptor call (~0.3 us); a dict lookup by member is not.
@@ -94,9 +96,16 @@ _VERDICT = {m: m.value for m in Verdict}
 
 
 def result_to_dict(result: ModerationResult) -> dict[str, Any]:
-    """The result as a plain map (the msgpack payload), omitting absent optional fields."""
+    """The result as a plain map (the msgpack payload) in its ``schema_version``.
+
+    v1 omits absent optional fields, ``rule`` and ``models`` included (open_nsfw-only results
+    have neither). v2 always writes both: ``rule`` is :data:`NO_RULE` when no rule decided
+    (any status but ok), ``models`` empty then. The keys come in the same order in both, v1's
+    exactly as before v2 existed, so a v1 payload is byte-identical to what it was.
+    """
+    version = result.schema_version
     out: dict[str, Any] = {
-        "v": SCHEMA_VERSION,
+        "v": version,
         "id": result.id,
         "status": _STATUS[result.status],
         "policy": result.policy,
@@ -116,12 +125,27 @@ def result_to_dict(result: ModerationResult) -> dict[str, Any]:
             "partition": result.source.partition,
             "offset": result.source.offset,
         }
-    # Image-and-text policies only: open_nsfw-only results stay byte-identical to v1's.
-    if result.rule is not None:
-        out["rule"] = result.rule
-    if result.models:
-        out["models"] = list(result.models)  # a msgpack array decodes as a list
+    if version == V1:
+        if result.rule is not None:
+            out["rule"] = result.rule
+        if result.models:
+            out["models"] = list(result.models)  # a msgpack array decodes as a list
+    elif version == V2:
+        out["rule"] = _v2_rule(result)
+        out["models"] = list(result.models)
+    else:
+        raise ValueError(f"result {result.id!r}: no contract version {version} "
+                         f"(known: {sorted(VERSIONS)})")
     return out
+
+
+def _v2_rule(result: ModerationResult) -> str:
+    if result.status is not Status.OK:
+        return NO_RULE
+    if result.rule is None or not result.models:
+        # A task bug, not a property of the job: every v2 ok result names its rule and models.
+        raise ValueError(f"v2 result {result.id!r} is ok but has no rule or no models")
+    return result.rule
 
 
 def encode_result(result: ModerationResult) -> bytes:
@@ -131,7 +155,8 @@ def encode_result(result: ModerationResult) -> bytes:
 def decode_result(payload: bytes) -> dict[str, Any]:
     """Decode a result payload (used by the demo, replay and tests); no validation beyond map.
 
-    The map is what :func:`result_to_dict` wrote: optional fields (``verdict``, ``error``,
-    ``source``, ``rule``, ``models``) only where set, ``models`` as a list.
+    The map is what :func:`result_to_dict` wrote, in the version its ``v`` names: optional
+    fields (``verdict``, ``error``, ``source``; in v1 ``rule`` and ``models`` too) only where
+    set, ``models`` as a list.
     """
     return unpack_map(payload)

@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from worker.wire.records import SourceRef
+from worker.wire.versions import V1, schema_ids
 
-SCHEMA_VERSION = 1
-JOB_SCHEMA = "moderation-job/v1"
-RESULT_SCHEMA = "moderation-result/v1"
+# ktw.schema header values by contract version (worker.wire.versions).
+JOB_SCHEMAS = schema_ids("moderation-job")
+RESULT_SCHEMAS = schema_ids("moderation-result")
+# contract v2: the ``rule`` of a result that no rule decided (any status but ok).
+NO_RULE = "none"
 
 
 class Status(StrEnum):
@@ -37,6 +40,7 @@ class ModerationJob:
     text: str | None = None
     policy: str = "default"
     deadline_ms: int | None = None
+    schema_version: int = V1  # the job's ``v``: its result is written in the same version
 
 
 # Not frozen: made per message, and a frozen dataclass's __init__ costs ~1 us more per object.
@@ -54,6 +58,8 @@ class ModerationResult:
     source: SourceRef | None = None
     # Image-and-text policies (worker.tasks.moderation.scoring.policies.Decision): the rule
     # that decided, e.g. "block:text.violence" or "allow", and the models that ran, in the
-    # order they ran. Unset for open_nsfw-only results, which keep their v1 shape.
+    # order they ran. Unset for open_nsfw-only results, which keep their v1 shape in v1 (the
+    # open_nsfw task sets them when it encodes a v2 result), and for results not ok.
     rule: str | None = None
     models: tuple[str, ...] = ()
+    schema_version: int = V1  # the job's: the version the result is encoded in

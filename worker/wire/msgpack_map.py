@@ -11,7 +11,7 @@ from typing import Any
 
 import msgpack
 
-from worker.exceptions import MalformedPayload, SchemaViolation, UnsupportedVersion
+from worker.exceptions import JobRejected, MalformedPayload, SchemaViolation, UnsupportedVersion
 
 MAX_ID_CHARS = 256
 INT64_MAX = 2**63 - 1
@@ -77,15 +77,31 @@ def require_str(obj: dict[Any, Any], key: str, *, max_chars: int, min_chars: int
     return value
 
 
-def check_envelope(obj: dict[Any, Any], fields: frozenset[str], version: int) -> None:
-    """``v`` present, an integer, the version this worker speaks; no field outside ``fields``."""
+def check_envelope(obj: dict[Any, Any], fields: frozenset[str], versions: frozenset[int]
+                   ) -> int:
+    """``v`` present, an integer, one of the ``versions`` this worker speaks; no field outside
+    ``fields``. Returns ``v``. A float or a bool is a schema violation, not another version:
+    msgpack tells the types apart, so ``1.0`` or ``true`` is a malformed ``v``."""
     if "v" not in obj:
         raise SchemaViolation("missing required field 'v'")
     v = obj["v"]
     if type(v) is not int:
         raise SchemaViolation(f"field 'v': expected integer, got {type_name(v)}")
-    if v != version:
-        raise UnsupportedVersion(f"schema version v={v} is not supported (this worker: {version})")
+    if v not in versions:
+        speaks = ", ".join(map(str, sorted(versions)))
+        raise UnsupportedVersion(f"schema version v={v} is not supported (this worker: {speaks})")
     unknown = set(obj) - fields
     if unknown:
         raise SchemaViolation(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}")
+    return v
+
+
+def peek_version(payload: bytes | None) -> int | None:
+    """The integer ``v`` of a payload that is a contract map, else None (not msgpack, no
+    ``v``, or a ``v`` that is no integer). For dead letters, which name the version of the job
+    they reject; never on the path of a job that is answered."""
+    try:
+        v = unpack_map(payload or b"").get("v")
+    except JobRejected:
+        return None
+    return v if type(v) is int else None

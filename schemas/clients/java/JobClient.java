@@ -1,13 +1,16 @@
 // A moderation client written from schemas/ and the README alone, in another language than the
-// worker: it sends jobs (moderation-job.schema.json: a msgpack map, key = job id) and reads their
-// results and DLQ records back with read_committed, checking that every answer sits on the
-// partition Java's default partitioner picks for its key.
+// worker: it sends contract v2 jobs (moderation-job.v2.schema.json: a msgpack map, key = job id)
+// and reads their results and DLQ records back with read_committed, checking that every answer
+// sits on the partition Java's default partitioner picks for its key, and that every result is
+// a v2 one (header ktw.schema = moderation-result/v2, v = 2, rule and models present, scores
+// keyed <model>.<label>: moderation-result.v2.schema.json).
 //
 //   mvn -B -q -f schemas/clients/java/pom.xml dependency:copy-dependencies -DoutputDirectory=libs
 //   java -cp "libs/*" schemas/clients/java/JobClient.java \
 //        BOOTSTRAP JOBS_TOPIC RESULTS_TOPIC DLQ_TOPIC IMAGE_FILE COUNT [BAD_COUNT] [TIMEOUT_S]
 //
-// Prints one JSON line: sent, answered, per-status and per-reason counts, misplaced answers.
+// Prints one JSON line: sent, answered, per-status, per-reason and per-ktw.schema counts,
+// misplaced answers and results not in v2's shape.
 
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -72,7 +75,8 @@ public class JobClient {
         c.put("isolation.level", "read_committed");  // exactly-once outputs: committed only
         Map<String, String> answered = new TreeMap<>();
         Map<String, Integer> statuses = new TreeMap<>(), reasons = new TreeMap<>();
-        int misplaced = 0;
+        Map<String, Integer> schemas = new TreeMap<>();
+        int misplaced = 0, notV2 = 0;
         try (KafkaConsumer<String, byte[]> consumer =
                  new KafkaConsumer<>(c, new StringDeserializer(), new ByteArrayDeserializer())) {
             int resultParts = consumer.partitionsFor(results).size();
@@ -95,6 +99,12 @@ public class JobClient {
                         String status = m.get(ValueFactory.newString("status")).toString();
                         answered.put(r.key(), status);
                         statuses.merge(status, 1, Integer::sum);
+                        Header schema = r.headers().lastHeader("ktw.schema");
+                        schemas.merge(schema == null ? "?" : new String(
+                            schema.value(), StandardCharsets.UTF_8), 1, Integer::sum);
+                        if (!v2Shape(m)) {
+                            notV2++;
+                        }
                     } else {
                         Header h = r.headers().lastHeader("ktw.dlq.error.reason");
                         String reason = h == null ? "?" : new String(h.value(),
@@ -106,19 +116,39 @@ public class JobClient {
             }
         }
         System.out.printf("{\"sent\": %d, \"answered\": %d, \"statuses\": %s, \"reasons\": %s, "
-                          + "\"misplaced\": %d}%n", sent.size(), answered.size(), json(statuses),
-                          json(reasons), misplaced);
+                          + "\"schemas\": %s, \"misplaced\": %d, \"not_v2\": %d}%n",
+                          sent.size(), answered.size(), json(statuses), json(reasons),
+                          json(schemas), misplaced, notV2);
     }
 
-    /** A v1 job: {"v": 1, "id": str, "image": bin} (schemas/moderation-job.schema.json). */
+    /** A v2 job: {"v": 2, "id": str, "image": bin} (schemas/moderation-job.v2.schema.json). */
     static byte[] job(String id, byte[] image) throws java.io.IOException {
         MessageBufferPacker pk = MessagePack.newDefaultBufferPacker();
         pk.packMapHeader(3);
-        pk.packString("v").packInt(1);
+        pk.packString("v").packInt(2);
         pk.packString("id").packString(id);
         pk.packString("image").packBinaryHeader(image.length);
         pk.writePayload(image);
         return pk.toByteArray();
+    }
+
+    /** v = 2, a rule (str) and models (array) whatever the status, scores keyed model.label. */
+    static boolean v2Shape(Map<Value, Value> m) {
+        Value v = m.get(ValueFactory.newString("v"));
+        Value rule = m.get(ValueFactory.newString("rule"));
+        Value models = m.get(ValueFactory.newString("models"));
+        Value scores = m.get(ValueFactory.newString("scores"));
+        if (v == null || !v.isIntegerValue() || v.asIntegerValue().toInt() != 2
+                || rule == null || !rule.isStringValue() || models == null
+                || !models.isArrayValue() || scores == null || !scores.isMapValue()) {
+            return false;
+        }
+        for (Value key : scores.asMapValue().keySet()) {
+            if (!key.isStringValue() || !key.asStringValue().asString().contains(".")) {
+                return false;
+            }
+        }
+        return true;
     }
 
     static String json(Map<String, Integer> m) {

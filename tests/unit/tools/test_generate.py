@@ -28,11 +28,19 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "schemas" / "examples")
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_encoder_reproduces_every_job_example(contract: Any, path: Path) -> None:
-    wire = contract.to_wire("generation-job", json.loads(path.read_text()))
+    name = contract.name_for_example(path)
+    wire = contract.to_wire(name, json.loads(path.read_text()))
     fields = {k: v for k, v in wire.items() if k not in ("v", "id", "prompt")}
-    payload = encode_generation_job(wire["id"], wire["prompt"], **fields)
+    payload = encode_generation_job(wire["id"], wire["prompt"], version=wire["v"], **fields)
     assert msgpack.unpackb(payload, raw=False) == wire
-    assert contract.errors("generation-job", msgpack.unpackb(payload, raw=False)) == []
+    assert contract.errors(name, msgpack.unpackb(payload, raw=False)) == []
+
+
+def test_build_jobs_writes_the_requested_version() -> None:
+    (_, v1), = build_jobs(GenerateRequest("a cat", job_id="j"))
+    (_, v2), = build_jobs(GenerateRequest("a cat", job_id="j", version=2))
+    assert decode_generation_job(v1).schema_version == 1
+    assert decode_generation_job(v2).schema_version == 2
 
 
 def test_encoder_leaves_out_unset_fields_and_takes_the_defaults(contract: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from worker.exceptions import (
@@ -74,6 +75,7 @@ def test_appended_headers_name_error_and_source() -> None:
         "source.partition": "3",
         "source.offset": "1042",
         "source.timestamp": "1796000000000",
+        "source.v": "1",  # the job's contract version, from its value
         "worker": "worker-7",
     }
 
@@ -87,6 +89,35 @@ def test_timestamp_header_is_absent_when_the_record_has_none() -> None:
 def test_timestamp_zero_is_still_written() -> None:
     dl = dead_letter(_record(timestamp_ms=0), SchemaViolation("x"), "w")
     assert _ours(dl.headers)["source.timestamp"] == "0"
+
+
+@pytest.mark.parametrize(("value", "version"), [
+    (msgpack.packb({"v": 2, "id": "j"}), "2"),
+    (msgpack.packb({"id": "j", "v": 3, "image": b"\xff" * 100}), "3"),  # unsupported: told too
+    (msgpack.packb({"v": 2**64 - 1}), str(2**64 - 1)),
+])
+def test_the_jobs_contract_version_is_named_when_its_value_has_one(value: bytes, version: str
+                                                                   ) -> None:
+    assert _ours(dead_letter(_record(value=value), UnsupportedVersion("x"), "w").headers)[
+        "source.v"] == version
+
+
+@pytest.mark.parametrize("value", [
+    None, b"", b"\xc1", msgpack.packb([2]), msgpack.packb({"id": "j"}),
+    msgpack.packb({"v": 1.0}), msgpack.packb({"v": True}), msgpack.packb({"v": "2"}),
+    msgpack.packb({"v": 2}) + b"\x00",  # trailing bytes: not a contract document
+], ids=repr)
+def test_no_version_is_named_for_a_value_without_an_integer_v(value: bytes | None) -> None:
+    assert "source.v" not in _ours(dead_letter(_record(value=value), SchemaViolation("x"),
+                                               "w").headers)
+
+
+def test_a_reference_names_the_version_of_the_value_it_leaves_behind() -> None:
+    from worker.wire.dlq import dead_letter_by_reference
+
+    rec = _record(value=msgpack.packb({"v": 2, "id": "j", "image": b"\xff" * 5000}))
+    assert _ours(dead_letter_by_reference(rec, OversizedMessage("x"), "w").headers)[
+        "source.v"] == "2"
 
 
 def test_record_without_headers_gets_only_ours() -> None:

@@ -1,8 +1,9 @@
 """The generation wire contract: schemas/generation-*.json, their examples and the codec agree.
 
-Same rules as tests/unit/test_schemas.py for moderation: examples valid on the msgpack side,
-job examples decode, result examples are reproduced by the codec, mutated jobs are refused by
-both the schema and the codec, and the codec never accepts what the schema refuses.
+Same rules as tests/unit/wire/test_schemas.py for moderation, in both contract versions:
+examples valid on the msgpack side, job examples decode, result examples are reproduced by the
+codec, mutated jobs are refused by both the schema and the codec, and the codec never accepts
+what the schema refuses.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from worker.wire.generation_codec import (
     default_seed,
     generation_result_to_dict,
 )
-from worker.wire.generation_jobs import BlobRef, GeneratedImage, GenerationJob, GenerationResult
+from worker.wire.generation_jobs import (
+    GENERATION_RESULT_SCHEMAS,
+    BlobRef,
+    GeneratedImage,
+    GenerationJob,
+    GenerationResult,
+)
 from worker.wire.moderation_jobs import Status
 from worker.wire.records import SourceRef
 
@@ -35,6 +42,8 @@ EXAMPLES = sorted((SCHEMAS / "examples").glob("generation-*.json"))
 JOBS = [p for p in EXAMPLES if p.name.startswith("generation-job.")]
 RESULTS = [p for p in EXAMPLES if p.name.startswith("generation-result.")]
 HASHES = {"text_encoder": "t", "unet": "u", "vae": "v"}
+JOB = {1: "generation-job", 2: "generation-job.v2"}
+RESULT = {1: "generation-result", 2: "generation-result.v2"}
 
 
 def _load(path: Path) -> Any:
@@ -45,15 +54,16 @@ def _ids(paths: list[Path]) -> list[str]:
     return [p.name for p in paths]
 
 
-def test_both_generation_schemas_have_examples(contract: Any) -> None:
-    assert {"generation-job", "generation-result"} <= set(contract.names)
-    assert len(JOBS) >= 2 and len(RESULTS) >= 3
-    assert {contract.name_for_example(p) for p in EXAMPLES} == {"generation-job",
-                                                                 "generation-result"}
+def test_both_generation_schemas_have_examples_in_both_versions(contract: Any) -> None:
+    assert {*JOB.values(), *RESULT.values()} <= set(contract.names)
+    assert len(JOBS) >= 3 and len(RESULTS) >= 4
+    assert {contract.name_for_example(p) for p in EXAMPLES} == {*JOB.values(), *RESULT.values()}
 
 
-def test_codec_constants_mirror_the_job_schema(contract: Any) -> None:
-    props = contract.schema("generation-job")["properties"]
+@pytest.mark.parametrize("version", [1, 2])
+def test_codec_constants_mirror_the_job_schema(contract: Any, version: int) -> None:
+    props = contract.schema(JOB[version])["properties"]
+    assert props["v"]["const"] == version
     assert set(props) == codec.GENERATION_JOB_FIELDS
     assert props["prompt"]["maxLength"] == codec.MAX_PROMPT_CHARS
     assert props["negative_prompt"]["maxLength"] == codec.MAX_PROMPT_CHARS
@@ -75,7 +85,7 @@ def test_example_is_valid_on_the_msgpack_side(contract: Any, path: Path) -> None
 
 @pytest.mark.parametrize("path", JOBS, ids=_ids(JOBS))
 def test_job_example_decodes_with_the_codec(contract: Any, path: Path) -> None:
-    wire = contract.to_wire("generation-job", _load(path))
+    wire = contract.to_wire(contract.name_for_example(path), _load(path))
     job = decode_generation_job(msgpack.packb(wire, use_bin_type=True))
     d = GenerationJob(id="", prompt="")
     assert job == GenerationJob(
@@ -83,7 +93,8 @@ def test_job_example_decodes_with_the_codec(contract: Any, path: Path) -> None:
         width=wire.get("width", d.width), height=wire.get("height", d.height),
         steps=wire.get("steps", d.steps), guidance_scale=wire.get("guidance_scale", 7.5),
         scheduler=wire.get("scheduler", "ddim"), seed=wire.get("seed", default_seed(wire["id"])),
-        num_images=wire.get("num_images", 1), deadline_ms=wire.get("deadline_ms"))
+        num_images=wire.get("num_images", 1), deadline_ms=wire.get("deadline_ms"),
+        schema_version=wire["v"])
 
 
 def _result_from_example(doc: dict[str, Any]) -> GenerationResult:
@@ -97,13 +108,13 @@ def _result_from_example(doc: dict[str, Any]) -> GenerationResult:
         id=doc["id"], status=Status(doc["status"]), model_id=doc["model_id"],
         engine_hashes=doc["engine_hashes"], random_weights=doc["random_weights"],
         images=tuple(images), timings_ms=doc["timings_ms"], error=doc.get("error"),
-        source=SourceRef(**src) if src else None)
+        source=SourceRef(**src) if src else None, schema_version=doc["v"])
 
 
 @pytest.mark.parametrize("path", RESULTS, ids=_ids(RESULTS))
 def test_result_to_dict_reproduces_the_result_example(contract: Any, path: Path) -> None:
     doc = _load(path)
-    wire = contract.to_wire("generation-result", doc)
+    wire = contract.to_wire(contract.name_for_example(path), doc)
     assert generation_result_to_dict(_result_from_example(doc)) == wire
 
 
@@ -133,13 +144,25 @@ def _image(**kw: Any) -> GeneratedImage:
         (Status.OK, (_image(blob=BlobRef("file:///b/0.png", "0" * 64, 10)),), True),
         (Status.OK, (_image(blob=BlobRef("file:///b/0.png", "XYZ", 10)),), False),
         (Status.OK, (_image(png=b"\x89PNG\r\n\x1a\n", seed=2**32),), False),
+        (Status.OK, (_image(png=b"GIF89a\x01\x00"),), False),  # not a PNG
+        (Status.OK, (_image(png=b"\x89PNG\r\n\x1a"),), False),  # a signature cut short
     ],
     ids=["ok-inline", "ok-empty", "error-empty", "expired-with-image", "ok-blob",
-         "ok-blob-bad-sha", "ok-seed-2**32"],
+         "ok-blob-bad-sha", "ok-seed-2**32", "ok-gif", "ok-7-bytes"],
 )
-def test_result_schema_rules(contract: Any, status: Status, images: Any, valid: bool) -> None:
-    result = GenerationResult("j", status, "m", HASHES, True, images, {"total": 1.0})
-    assert (contract.errors("generation-result", generation_result_to_dict(result)) == []) is valid
+@pytest.mark.parametrize("version", [1, 2])
+def test_result_schema_rules(contract: Any, status: Status, images: Any, valid: bool,
+                             version: int) -> None:
+    result = GenerationResult("j", status, "m", HASHES, True, images, {"total": 1.0},
+                              schema_version=version)
+    doc = generation_result_to_dict(result)
+    assert doc["v"] == version
+    assert (contract.errors(RESULT[version], doc) == []) is valid
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_result_header_names_the_results_version(version: int) -> None:
+    assert GENERATION_RESULT_SCHEMAS[version] == f"generation-result/v{version}"
 
 
 def test_an_image_with_both_png_and_blob_is_refused(contract: Any) -> None:
@@ -152,8 +175,9 @@ def test_an_image_with_both_png_and_blob_is_refused(contract: Any) -> None:
 # --- mutated jobs: refused by schema and codec --------------------------------------------------
 
 
-def _full() -> dict[str, Any]:
-    return _load(SCHEMAS / "examples" / "generation-job.full.json")  # type: ignore[no-any-return]
+def _full(version: int) -> dict[str, Any]:
+    doc: dict[str, Any] = _load(SCHEMAS / "examples" / "generation-job.full.json")
+    return {**doc, "v": version}
 
 
 def _drop(key: str) -> Callable[[dict[str, Any]], Any]:
@@ -168,7 +192,9 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], Any], type[JobRejected]]] 
     ("drop-v", _drop("v"), SchemaViolation),
     ("drop-id", _drop("id"), SchemaViolation),
     ("drop-prompt", _drop("prompt"), SchemaViolation),
-    ("v=2", _set("v", 2), UnsupportedVersion),
+    ("v=3", _set("v", 3), UnsupportedVersion),
+    ("v=2.0", _set("v", 2.0), SchemaViolation),
+    ("steps=25.0", _set("steps", 25.0), SchemaViolation),
     ('prompt=""', _set("prompt", ""), SchemaViolation),
     ("prompt-whitespace", _set("prompt", " \t\n "), SchemaViolation),
     ("prompt-2001", _set("prompt", "p" * 2001), SchemaViolation),
@@ -197,19 +223,24 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], Any], type[JobRejected]]] 
 ]
 
 
-def test_the_unmutated_base_is_accepted_by_both(contract: Any) -> None:
-    doc = _full()
-    assert contract.errors("generation-job", doc) == []
-    decode_generation_job(msgpack.packb(doc, use_bin_type=True))
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_unmutated_base_is_accepted_by_both(contract: Any, version: int) -> None:
+    doc = _full(version)
+    assert contract.errors(JOB[version], doc) == []
+    assert contract.errors(JOB[3 - version], doc) != []
+    job = decode_generation_job(msgpack.packb(doc, use_bin_type=True))
+    assert job.schema_version == version
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize(("mutate", "expected"), [m[1:] for m in MUTATIONS],
                          ids=[m[0] for m in MUTATIONS])
 def test_mutated_job_is_rejected_by_schema_and_codec(
-    contract: Any, mutate: Callable[[dict[str, Any]], Any], expected: type[JobRejected]
+    contract: Any, mutate: Callable[[dict[str, Any]], Any], expected: type[JobRejected],
+    version: int
 ) -> None:
-    doc = mutate(_full())
-    assert contract.errors("generation-job", doc) != [], "schema accepted the mutation"
+    doc = mutate(_full(version))
+    assert contract.errors(JOB[version], doc) != [], "schema accepted the mutation"
     with pytest.raises(JobRejected) as info:
         decode_generation_job(msgpack.packb(doc, use_bin_type=True))
     assert type(info.value) is expected
@@ -238,7 +269,7 @@ def test_image_seeds_wrap_modulo_2_32() -> None:
 _ANY = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
                  st.floats(allow_nan=False), st.text(max_size=12), st.binary(max_size=8))
 _PLAUSIBLE = {
-    "v": st.just(1),
+    "v": st.sampled_from([1, 2]),
     "id": st.text(min_size=1, max_size=300),
     "prompt": st.text(max_size=40),
     "negative_prompt": st.one_of(st.none(), st.text(max_size=20)),
@@ -267,7 +298,7 @@ def _near_jobs(draw: st.DrawFn) -> dict[str, Any]:
 @given(doc=_near_jobs())
 def test_codec_never_accepts_a_job_the_schema_refuses(contract: Any, doc: Any) -> None:
     try:
-        decode_generation_job(msgpack.packb(doc, use_bin_type=True))
+        job = decode_generation_job(msgpack.packb(doc, use_bin_type=True))
     except JobRejected:
         return
-    assert contract.errors("generation-job", doc) == []
+    assert contract.errors(JOB[job.schema_version], doc) == []

@@ -182,16 +182,27 @@ def test_non_integer_version_is_schema_violation(v: Any) -> None:
     assert "'v'" in str(err)
 
 
-@pytest.mark.parametrize("v", [0, 2, -1, 2**64 - 1, -(2**63)])
+@pytest.mark.parametrize("v", [0, 3, -1, 2**64 - 1, -(2**63)])
 def test_other_integer_version_is_unsupported_version(v: int) -> None:
     err = _reject(_pack(_job(v=v)))
     assert type(err) is UnsupportedVersion
-    assert f"v={v}" in str(err)
+    assert f"v={v}" in str(err) and "this worker: 1, 2" in str(err)
 
 
 def test_unsupported_version_wins_over_unknown_fields() -> None:
-    """A v2 job may carry v2 fields; say 'unsupported version', not 'unknown field'."""
-    assert type(_reject(_pack(_job(v=2, priority=1)))) is UnsupportedVersion
+    """A v3 job may carry v3 fields; say 'unsupported version', not 'unknown field'."""
+    assert type(_reject(_pack(_job(v=3, priority=1)))) is UnsupportedVersion
+
+
+@pytest.mark.parametrize("v", [1, 2])
+def test_the_job_carries_its_version(v: int) -> None:
+    job = decode_moderation_job(_pack(_job(v=v, text="caption", policy="strict")))
+    assert job.schema_version == v
+    assert (job.id, job.image, job.text, job.policy) == ("job-1", IMAGE, "caption", "strict")
+
+
+def test_a_v2_job_has_v1_s_fields_and_no_others() -> None:
+    assert type(_reject(_pack(_job(v=2, rule="allow")))) is SchemaViolation
 
 
 def test_missing_version_is_schema_violation() -> None:
@@ -389,6 +400,11 @@ def test_producer_tool_omits_absent_optional_fields() -> None:
     assert doc == {"v": 1, "id": "j", "image": IMAGE}
 
 
+def test_producer_tool_writes_the_version_it_is_given() -> None:
+    assert msgpack.unpackb(encode_job("j", IMAGE, version=2), raw=False)["v"] == 2
+    assert decode_moderation_job(encode_job("j", IMAGE, version=2)).schema_version == 2
+
+
 @settings(max_examples=300, deadline=None, database=None)
 @given(
     job_id=st.text(min_size=1, max_size=256),
@@ -456,6 +472,42 @@ def test_open_nsfw_result_payload_is_byte_identical_to_v1() -> None:
           "verdict": "allow", "source": {"topic": "moderation.jobs", "partition": 1,
                                          "offset": 2}}
     assert encode_result(result) == _pack(v1)
+
+
+def test_a_v1_result_keeps_rule_and_models_out_when_unset_whatever_its_status() -> None:
+    for status in Status:
+        doc = result_to_dict(_result(status=status, verdict=None))
+        assert doc["v"] == 1 and not {"rule", "models"} & set(doc)
+
+
+def test_v2_result_always_writes_rule_and_models_in_v1_s_key_order() -> None:
+    ok = _result(scores={"open_nsfw.sfw": 0.9, "open_nsfw.nsfw": 0.1}, rule="allow",
+                 models=("open_nsfw",), schema_version=2, source=SourceRef("j", 1, 2))
+    doc = result_to_dict(ok)
+    assert list(doc) == ["v", "id", "status", "policy", "model_id", "engine_hash", "scores",
+                         "timings_ms", "verdict", "source", "rule", "models"]
+    assert (doc["v"], doc["rule"], doc["models"]) == (2, "allow", ["open_nsfw"])
+    assert decode_result(encode_result(ok)) == doc
+
+
+@pytest.mark.parametrize("status", [Status.EXPIRED, Status.REJECTED, Status.ERROR])
+def test_v2_result_without_a_deciding_rule_says_none(status: Status) -> None:
+    doc = result_to_dict(_result(status=status, verdict=None, error="x", schema_version=2))
+    assert (doc["rule"], doc["models"], doc["scores"]) == ("none", [], {})
+    assert "verdict" not in doc
+
+
+@pytest.mark.parametrize("kw", [{"rule": None, "models": ("open_nsfw",)},
+                                {"rule": "allow", "models": ()}], ids=repr)
+def test_a_v2_ok_result_without_rule_or_models_is_a_bug_not_a_payload(kw: dict[str, Any]
+                                                                      ) -> None:
+    with pytest.raises(ValueError, match="no rule or no models"):
+        result_to_dict(_result(schema_version=2, **kw))
+
+
+def test_a_result_in_a_version_the_contract_does_not_have_is_refused() -> None:
+    with pytest.raises(ValueError, match="no contract version 3"):
+        result_to_dict(_result(schema_version=3))
 
 
 def test_result_to_dict_rounds_timings_to_microseconds() -> None:

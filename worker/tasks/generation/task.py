@@ -33,7 +33,7 @@ from worker.tasks.generation.schedulers import make_schedule
 from worker.tasks.protocol import source_ref
 from worker.wire.generation_codec import decode_generation_job, encode_generation_result
 from worker.wire.generation_jobs import (
-    GENERATION_RESULT_SCHEMA,
+    GENERATION_RESULT_SCHEMAS,
     GeneratedImage,
     GenerationJob,
     GenerationResult,
@@ -104,7 +104,7 @@ class GenerationTask(BatchedTask[GenerationPending]):
         return self.encode_result(result), headers
 
     def headers(self, result: GenerationResult) -> list[tuple[str, bytes]]:
-        return [("ktw.schema", GENERATION_RESULT_SCHEMA.encode()),
+        return [("ktw.schema", GENERATION_RESULT_SCHEMAS[result.schema_version].encode()),
                 ("ktw.model", result.model_id.encode()),
                 ("ktw.engine", result.engine_hashes.get("unet", "").encode())]
 
@@ -231,4 +231,5 @@ class GenerationTask(BatchedTask[GenerationPending]):
         return GenerationResult(
             id=p.job.id, status=status, model_id=self.model_id,
             engine_hashes=self.engines.engine_hashes(), random_weights=self.engines.random_weights,
-            images=images, timings_ms=timings or {}, error=error, source=p.ref)
+            images=images, timings_ms=timings or {}, error=error, source=p.ref,
+            schema_version=p.job.schema_version)

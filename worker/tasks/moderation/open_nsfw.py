@@ -32,19 +32,22 @@ from worker.tasks.moderation.images.cpu import (
     decode_views,
     preprocess_open_nsfw,
 )
-from worker.tasks.moderation.scoring.verdict import verdict_for
+from worker.tasks.moderation.scoring.verdict import OPEN_NSFW_RULES, verdict_for
 from worker.tasks.protocol import source_ref
 from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job, encode_result
 from worker.wire.moderation_jobs import (
-    RESULT_SCHEMA,
+    RESULT_SCHEMAS,
     ModerationJob,
     ModerationResult,
     Status,
     Verdict,
 )
 from worker.wire.records import Headers, SourceRecord, SourceRef
+from worker.wire.versions import V1
 
 NSFW = LABELS.index("nsfw")  # the score a job's worst view is picked by
+OPEN_NSFW = "open_nsfw"  # the model's name in image-and-text policies (and in contract v2)
+_QUALIFIED = {label: f"{OPEN_NSFW}.{label}" for label in LABELS}
 log = structlog.get_logger("worker")
 
 
@@ -90,10 +93,29 @@ def no_image(job: ModerationJob) -> NothingToScore:
                           "image: nothing to score")
 
 
-def moderation_headers(model_id: str, engine_hash: str) -> Headers:
-    """The headers of a moderation result on the results topic."""
-    return [("ktw.schema", RESULT_SCHEMA.encode()), ("ktw.model", model_id.encode()),
+def moderation_headers(model_id: str, engine_hash: str, version: int) -> Headers:
+    """The headers of a moderation result on the results topic, in contract ``version``."""
+    return [("ktw.schema", RESULT_SCHEMAS[version].encode()), ("ktw.model", model_id.encode()),
             ("ktw.engine", engine_hash.encode())]
+
+
+def as_open_nsfw_policy(result: ModerationResult) -> ModerationResult:
+    """An open_nsfw-only result as an image-and-text policy running open_nsfw alone gives it,
+    contract v2's one shape: scores keyed ``open_nsfw.<label>``, the rule that decided
+    (:data:`OPEN_NSFW_RULES`) and ``models`` ``("open_nsfw",)``. A result not ok is returned as
+    it is: it has no scores, no rule and no models (the v2 encoder writes ``rule: "none"``).
+
+    Done when a v2 result is encoded, not when it is made: the open_nsfw plug-in of the
+    image-and-text task reads the plain labels of the results it gets from this task."""
+    r, verdict = result, result.verdict
+    if r.status is not Status.OK or verdict is None:  # ok without a verdict: the encoder says
+        return r
+    return ModerationResult(
+        id=r.id, status=r.status, policy=r.policy, model_id=r.model_id,
+        engine_hash=r.engine_hash, verdict=verdict,
+        scores={_QUALIFIED[label]: v for label, v in r.scores.items()},
+        timings_ms=r.timings_ms, error=r.error, source=r.source,
+        rule=OPEN_NSFW_RULES[verdict], models=(OPEN_NSFW,), schema_version=r.schema_version)
 
 
 class OpenNsfwTask(BatchedTask[Pending]):
@@ -111,7 +133,7 @@ class OpenNsfwTask(BatchedTask[Pending]):
         self.profiles = profiles
         self._own_runner = own_runner
         self._decode_limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
-        self._headers: Headers = []
+        self._headers: dict[int, Headers] = {}  # by contract version
         self.input_name, self.output_name = spec.inputs[0].name, spec.outputs[0].name
         self._limits = ImageLimits(cfg.limits.max_image_pixels, cfg.limits.max_image_side)
         self._decode_pool = ThreadPoolExecutor(cfg.model.decode_threads,
@@ -131,11 +153,16 @@ class OpenNsfwTask(BatchedTask[Pending]):
         return Pending(source_ref(record), job, consumed_at, record, epoch)
 
     def encode(self, result: ModerationResult) -> tuple[bytes, Headers]:
-        # Every result of this task carries the same headers: built once (after warm-up: the
-        # engine hash is the loaded artifact's).
-        if not self._headers:
-            self._headers = moderation_headers(self.model_id, self.engine_hash)
-        return encode_result(result), self._headers
+        # Every result of one contract version carries the same headers: built once per
+        # version (after warm-up: the engine hash is the loaded artifact's).
+        version = result.schema_version
+        headers = self._headers.get(version)
+        if headers is None:
+            headers = self._headers[version] = moderation_headers(
+                self.model_id, self.engine_hash, version)
+        if version != V1:
+            result = as_open_nsfw_policy(result)
+        return encode_result(result), headers
 
     def check_policy(self, job: ModerationJob) -> None:
         """Intake check: the policy is configured, and the job has an image to score."""
@@ -292,6 +319,6 @@ class OpenNsfwTask(BatchedTask[Pending]):
         return ModerationResult(
             id=p.job.id, status=status, policy=p.job.policy, model_id=self.model_id,
             engine_hash=self.engine_hash, scores=scores or {}, timings_ms=timings or {},
-            error=error, source=p.ref, verdict=verdict,
+            error=error, source=p.ref, verdict=verdict, schema_version=p.job.schema_version,
         )
 

@@ -71,7 +71,8 @@ def decide(models: Models, state: JobState, now_ms: int
         return ModerationResult(id=p.job.id, status=status, policy=p.job.policy,
                                 model_id=model_id, engine_hash=engine_hash, source=p.ref,
                                 timings_ms=timings, verdict=verdict, scores=scores or {},
-                                error=error, rule=rule, models=models_run)
+                                error=error, rule=rule, models=models_run,
+                                schema_version=p.job.schema_version)
 
     if state.expired:
         late = now_ms - (p.job.deadline_ms or now_ms)

@@ -216,4 +216,5 @@ class PolicyModerationTask:
             return Answer(p.ref, p.record, p.epoch, p.job.id, rejection=o.rejection)
         r = o.result
         return Answer(p.ref, p.record, p.epoch, r.id, r.status.value, r.id.encode(),
-                      encode_result(r), moderation_headers(r.model_id, r.engine_hash))
+                      encode_result(r),
+                      moderation_headers(r.model_id, r.engine_hash, r.schema_version))

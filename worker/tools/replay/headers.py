@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.wire.moderation_jobs import RESULT_SCHEMA
+from worker.wire.moderation_jobs import RESULT_SCHEMAS
 from worker.wire.records import Headers, SourceRef
+from worker.wire.versions import V1
 
 SCHEMA = "ktw.schema"
 MODEL = "ktw.model"
@@ -20,9 +21,11 @@ DLQ_SOURCE_OFFSET = "ktw.dlq.source.offset"
 DLQ_REASON = "ktw.dlq.error.reason"
 
 
-def result_headers(model: str, engine: str, replay_id: str, ref: SourceRef) -> Headers:
+def result_headers(model: str, engine: str, replay_id: str, ref: SourceRef,
+                   version: int = V1) -> Headers:
+    """A moderation result's headers (in contract ``version``) with its source's."""
     return [
-        (SCHEMA, RESULT_SCHEMA.encode()),
+        (SCHEMA, RESULT_SCHEMAS[version].encode()),
         (MODEL, model.encode()),
         (ENGINE, engine.encode()),
         *source_headers(replay_id, ref),

@@ -80,6 +80,19 @@ def test_result_is_valid_and_holds_a_png_of_the_job_size(task: GenerationTask,
     assert ("ktw.schema", b"generation-result/v1") in task.headers(r)
 
 
+def test_a_v2_job_is_answered_in_v2_with_the_same_images(task: GenerationTask,
+                                                       contract: Any) -> None:
+    v1, v2 = only(task, payload()), only(task, payload(v=2))
+    doc = generation_result_to_dict(v2)
+    assert (v1.schema_version, v2.schema_version, doc["v"]) == (1, 2, 2)
+    assert contract.errors("generation-result.v2", doc) == []
+    assert ("ktw.schema", b"generation-result/v2") in task.headers(v2)
+    assert v2.images == v1.images
+    expired = task.expired_result(task.pending(payload(v=2, deadline_ms=1),
+                                               SourceRef("generation.jobs", 0, 9)), 5)
+    assert contract.errors("generation-result.v2", generation_result_to_dict(expired)) == []
+
+
 @pytest.mark.parametrize("scheduler", ["ddim", "euler", "euler_a"])
 def test_same_seed_gives_identical_png_bytes(task: GenerationTask, scheduler: str) -> None:
     a, b = (only(task, payload(scheduler=scheduler)) for _ in range(2))

@@ -21,8 +21,8 @@ from worker.tasks.batcher import Batch, DynamicBatcher
 from worker.tasks.moderation.engine_setup.open_nsfw import EnginePlan, engine_plan
 from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
 from worker.tasks.moderation.open_nsfw import OpenNsfwTask, Outcome, Pending
-from worker.wire.moderation_codec import result_to_dict
-from worker.wire.moderation_jobs import ModerationJob, Status, Verdict
+from worker.wire.moderation_codec import decode_result, encode_result, result_to_dict
+from worker.wire.moderation_jobs import ModerationJob, ModerationResult, Status, Verdict
 from worker.wire.records import SourceRecord, SourceRef
 
 CORRUPT = b"\xff\xd8\xff\xe0 this is not really a jpeg"
@@ -247,6 +247,71 @@ def test_an_image_less_job_in_a_batch_is_rejected_and_the_others_scored(
     assert not {"rule", "models"} & set(result_to_dict(photo.result))
 
 
+# --- contract versions: the result follows the job's v ----------------------------------------
+
+
+def test_v1_and_v2_jobs_in_one_batch_are_each_answered_in_their_version(
+    task: OpenNsfwTask, plan: EnginePlan, sample_paths: list[Path], contract: Any
+) -> None:
+    image = sample_paths[0].read_bytes()
+    items = [_pending("v1", image, 0), _pending("v2", image, 1, schema_version=2)]
+    outcomes = _by_id(_run(task, _batch(plan, items)))
+    (v1_value, v1_headers), (v2_value, v2_headers) = (
+        task.encode(outcomes[k].result) for k in ("v1", "v2"))  # type: ignore[arg-type]
+    assert ("ktw.schema", b"moderation-result/v1") in v1_headers
+    assert ("ktw.schema", b"moderation-result/v2") in v2_headers
+    v1, v2 = decode_result(v1_value), decode_result(v2_value)
+    assert contract.errors("moderation-result", v1) == []
+    assert contract.errors("moderation-result.v2", v2) == []
+    # v1: open_nsfw's plain labels, no rule or models, exactly as before v2 existed.
+    assert v1["v"] == 1 and set(v1["scores"]) == {"sfw", "nsfw"}
+    assert not {"rule", "models"} & set(v1)
+    assert v1_value == encode_result(outcomes["v1"].result)  # type: ignore[arg-type]
+    # v2: the image-and-text form, the same scores.
+    assert (v2["v"], v2["rule"], v2["models"], v2["verdict"]) == (2, "allow", ["open_nsfw"],
+                                                                  "allow")
+    assert v2["scores"] == {f"open_nsfw.{k}": v for k, v in v1["scores"].items()}
+    assert {k: v for k, v in v2.items() if k not in ("v", "id", "scores", "source", "rule",
+                                                     "models", "timings_ms")} == {
+        k: v for k, v in v1.items() if k not in ("v", "id", "scores", "source", "timings_ms")}
+
+
+def test_encoding_a_v2_result_leaves_the_result_as_the_plug_in_reads_it(
+    task: OpenNsfwTask, plan: EnginePlan, sample_paths: list[Path]
+) -> None:
+    """The image-and-text task's open_nsfw plug-in reads this task's results' plain labels."""
+    p = _pending("v2", sample_paths[0].read_bytes(), schema_version=2)
+    result = _by_id(_run(task, _batch(plan, [p])))["v2"].result
+    assert result is not None and result.schema_version == 2
+    task.encode(result)
+    assert set(result.scores) == {"sfw", "nsfw"} and result.rule is None and not result.models
+
+
+@pytest.mark.parametrize(("verdict", "rule"), [(Verdict.BLOCK, "block:open_nsfw.nsfw"),
+                                               (Verdict.REVIEW, "review:open_nsfw.nsfw"),
+                                               (Verdict.ALLOW, "allow")])
+def test_a_v2_verdict_names_the_rule_that_decided_it(
+    task: OpenNsfwTask, contract: Any, verdict: Verdict, rule: str
+) -> None:
+    result = ModerationResult("j", Status.OK, "default", "open_nsfw", "e", verdict=verdict,
+                              scores={"sfw": 0.5, "nsfw": 0.5}, schema_version=2)
+    doc = decode_result(task.encode(result)[0])
+    assert (doc["rule"], doc["models"]) == (rule, ["open_nsfw"])
+    assert contract.errors("moderation-result.v2", doc) == []
+
+
+def test_a_v2_job_past_its_deadline_is_answered_with_rule_none(
+    task: OpenNsfwTask, contract: Any
+) -> None:
+    p = _pending("late", b"unused", deadline_ms=1_796_000_000_000, schema_version=2)
+    value, headers = task.encode(task.expired_result(p, 1_796_000_000_250))
+    doc = decode_result(value)
+    assert ("ktw.schema", b"moderation-result/v2") in headers
+    assert (doc["v"], doc["status"], doc["rule"], doc["models"], doc["scores"]) == (
+        2, "expired", "none", [], {})
+    assert contract.errors("moderation-result.v2", doc) == []
+
+
 # --- deadlines ----------------------------------------------------------------------------------
 
 
@@ -316,6 +381,10 @@ def test_inference_failure_answers_every_good_job_with_status_error(
         assert o.result.verdict is None
         assert o.result.error is not None and "device lost" in o.result.error
         assert contract.errors("moderation-result", result_to_dict(o.result)) == []
+        o.result.schema_version = 2  # what a v2 job's error result would be
+        doc = decode_result(task.encode(o.result)[0])
+        assert (doc["rule"], doc["models"]) == ("none", [])
+        assert contract.errors("moderation-result.v2", doc) == []
 
 
 def _nsfw_of(runner: OrtRunner, plan: EnginePlan, img: Any) -> float:

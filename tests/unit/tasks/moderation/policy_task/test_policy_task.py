@@ -333,3 +333,51 @@ def test_the_loop_sees_one_task_admit_schedule_collect(task: PolicyModerationTas
     assert ("ktw.model", b"minilm_l6_v2") in (a.headers or [])
     assert decode_result(b.value)["models"] == ["open_nsfw", "clip"]
     assert ("ktw.model", b"open_nsfw+clip") in (b.headers or [])
+
+
+# --- contract versions: the result follows the job's v ----------------------------------------
+
+
+def _answer_docs(task: PolicyModerationTask, *jobs: Pending
+                 ) -> dict[str, tuple[dict[str, Any], dict[str, bytes]]]:
+    """Each job's result as the loop would produce it: the decoded value and the headers."""
+    out = {}
+    for job_id, o in _drain(task, *jobs).items():
+        a = PolicyModerationTask._answer(o)
+        assert a.value is not None
+        out[job_id] = decode_result(a.value), dict(a.headers or [])  # type: ignore[arg-type]
+    return out
+
+
+def test_v1_and_v2_jobs_are_each_answered_in_their_version(
+        task: PolicyModerationTask, photo: bytes, contract: Any) -> None:
+    docs = _answer_docs(task, _pending("v1", 0, text=VIOLENT, policy="captions"),
+                        _pending("v2", 1, text=VIOLENT, policy="captions", schema_version=2),
+                        _pending("late", 2, image=photo, policy="ads", deadline_ms=1,
+                                 schema_version=2))
+    (v1, h1), (v2, h2), (late, h3) = docs["v1"], docs["v2"], docs["late"]
+    assert h1["ktw.schema"] == b"moderation-result/v1"
+    assert h2["ktw.schema"] == h3["ktw.schema"] == b"moderation-result/v2"
+    assert contract.errors("moderation-result", v1) == []
+    assert contract.errors("moderation-result.v2", v2) == []
+    assert contract.errors("moderation-result.v2", late) == []
+    # Image-and-text results already had v2's shape in v1: only v differs.
+    assert {k: v for k, v in v2.items() if k not in ("v", "id", "source", "timings_ms")} == {
+        k: v for k, v in v1.items() if k not in ("v", "id", "source", "timings_ms")}
+    assert (v1["v"], v2["v"], v2["rule"], v2["models"]) == (1, 2, "block:text.violence",
+                                                           ["text"])
+    # Not ok: v1 leaves rule and models out, v2 says no rule decided.
+    assert (late["status"], late["rule"], late["models"], late["scores"]) == (
+        "expired", "none", [], {})
+
+
+def test_an_open_nsfw_only_policy_answers_v2_as_the_open_nsfw_task_does(
+        task: PolicyModerationTask, photo: bytes, contract: Any) -> None:
+    """With image-and-text policies configured, the model.policies ones run here: a v2 result
+    has the same form as the open_nsfw task's (worker.tasks.moderation.open_nsfw)."""
+    (doc, headers), = _answer_docs(task, _pending("legacy", image=photo,
+                                                  schema_version=2)).values()
+    assert headers["ktw.schema"] == b"moderation-result/v2"
+    assert (doc["policy"], doc["rule"], doc["models"]) == ("default", "allow", ["open_nsfw"])
+    assert set(doc["scores"]) == {"open_nsfw.sfw", "open_nsfw.nsfw"}
+    assert contract.errors("moderation-result.v2", doc) == []
