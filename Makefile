@@ -7,18 +7,30 @@ STAMP := $(VENV)/.installed
 # Everything the tests exercise on a CPU machine (torch runs on the CPU there; CUDA tests skip).
 # The demo needs none of it: the core package runs open_nsfw on ONNX Runtime.
 EXTRAS ?= dev,gpu,text,clip,gen,otel
+# Exact versions (see its header; `make lock` regenerates it).
+CONSTRAINTS ?= constraints.txt
 
-.PHONY: demo test lint unit integration jars clean
+.PHONY: demo test lint unit fast integration jars clean
 
-$(CORE): pyproject.toml
+$(CORE): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e .
 	touch $(CORE)
 
 $(STAMP): $(CORE)
-	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+.PHONY: lock
+lock:  ## constraints.txt from a throwaway venv with every extra, at the newest allowed versions
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install -q --upgrade pip
+	.lock-venv/bin/pip install -q -e '.[$(EXTRAS)]'
+	{ sed -n '/^#/p' $(CONSTRAINTS); .lock-venv/bin/pip freeze --exclude-editable; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	rm -rf .lock-venv
 
 jars: $(CORE)  ## resolve the Kafka broker jars from Maven Central (cached; not with an external cluster)
 	@if [ -n "$$KAFKA_BOOTSTRAP_SERVERS" ]; then \
@@ -37,6 +49,9 @@ test: $(STAMP) jars  ## unit + integration (real broker); GPU tests skip without
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
+
+fast: $(STAMP)  ## unit tests without the slow ones (compiles, real models): the edit-test loop
+	$(BIN)/python -m pytest -q -m "not slow" tests/unit
 
 integration: $(STAMP) jars
 	$(BIN)/python -m pytest -q tests/integration

@@ -67,6 +67,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> EnginePlan:
     return plan
 
 
+@pytest.mark.slow  # compiles
 def test_the_build_records_per_shape_choice_timings_error_and_compile_time(
         built: EnginePlan) -> None:
     entry = built.cache.lookup(built.recipe())
@@ -82,6 +83,7 @@ def test_the_build_records_per_shape_choice_timings_error_and_compile_time(
     assert entry.sidecar["flags"] == {"inductor": {}}  # the CPU build: Inductor's defaults
 
 
+@pytest.mark.slow  # compiles
 def test_a_cached_engine_loads_without_compiling_and_serves_padded_batches(
         built: EnginePlan, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_compile(*args: Any, **kwargs: Any) -> None:
@@ -103,6 +105,7 @@ def test_a_cached_engine_loads_without_compiling_and_serves_padded_batches(
             runner.infer({"y": _x(1)})
 
 
+@pytest.mark.slow  # compiles
 def test_the_runner_serves_what_the_sidecar_chose(built: EnginePlan, tmp_path: Path) -> None:
     """Edit the choice (as if the eager network had measured faster for batch 4): the runner
     then runs that shape uncompiled and still answers the same."""
@@ -122,6 +125,7 @@ def test_the_runner_serves_what_the_sidecar_chose(built: EnginePlan, tmp_path: P
         (entry.path / "sidecar.json").write_text(json.dumps(entry.sidecar))
 
 
+@pytest.mark.slow  # compiles
 def test_a_package_off_the_float32_network_fails_the_build_and_caches_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(aoti_build.TOLERANCE, "fp32", -1.0)  # any difference is too much

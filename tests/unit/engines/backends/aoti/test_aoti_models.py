@@ -25,6 +25,7 @@ from tests.unit.tasks.moderation.text.conftest import (
 )
 
 pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
+pytestmark = pytest.mark.slow  # a compile per model: about two minutes in all on two cores
 
 __all__ = ["minilm_dir", "minilm_net", "text_cache", "text_spec", "tiny_clip", "tokenizer"]
 
