@@ -24,6 +24,11 @@ class UnknownTopic(ConfigError):
     client); create it (``trt-worker topics create``) or fix the name."""
 
 
+class TopicNotAuthorized(ConfigError):
+    """This client may not read the jobs topic or write a results or DLQ topic (the broker's
+    ACLs); grant the operation or fix the name."""
+
+
 class JobRejected(WorkerError):
     """A job cannot be processed; it goes to the dead-letter queue with this reason.
 

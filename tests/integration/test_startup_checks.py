@@ -48,3 +48,65 @@ def test_a_dlq_smaller_than_the_jobs_topic_is_reported(kafka_bootstrap: str,
     assert warned[0]["jobs_max_message_bytes"] == 4000000
     with pytest.raises(WorkerError, match=f"results-nope-{tag}"):
         check_topics(cfg, f"jobs-{tag}", f"results-nope-{tag}", f"dlq-{tag}")
+
+
+def test_a_results_topic_the_worker_may_not_write_stops_it_at_start_up(tmp_path: Path) -> None:
+    """A broker with an authorizer and a DENY of WRITE on the results topic: the worker exits 2
+    at start-up naming the topic and the operation. Before, it started, consumed, and failed at
+    its first result (at-least-once: exited and crash-looped on the same offset)."""
+    import os
+
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    from worker.devkit.local_kafka import LocalKafka
+
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip():
+        pytest.skip("starts its own broker with an authorizer; KAFKA_BOOTSTRAP_SERVERS points "
+                    "at an external cluster")
+    tag = uuid.uuid4().hex[:8]
+    topics = Topics(f"jobs-{tag}", f"results-{tag}", f"dlq-{tag}", f"group-{tag}")
+    # Everyone may do everything (no ACL found) but WRITE on the results topic: a PLAINTEXT
+    # client is User:ANONYMOUS, the broker's own requests included, and they need no topic WRITE.
+    acl_broker = LocalKafka(workdir=tmp_path / "kafka", extra_config={
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "true"})
+    with acl_broker as kafka:
+        bootstrap = kafka.bootstrap_servers
+        create_topics(bootstrap, [topics.jobs, topics.results, topics.dlq])
+        # A topic with any ACL no longer falls under "no ACL found": allow everything on it,
+        # then deny WRITE (a DENY wins), so the client still sees the topic.
+        acls = [AclBinding(ResourceType.TOPIC, topics.results, ResourcePatternType.LITERAL,
+                           "User:ANONYMOUS", "*", op, permission)
+                for op, permission in ((AclOperation.ALL, AclPermissionType.ALLOW),
+                                       (AclOperation.WRITE, AclPermissionType.DENY))]
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the answer
+        for fut in admin.create_acls(acls).values():
+            fut.result(30)
+        proc = WorkerProcess(worker_env(worker_config(bootstrap, topics)), tmp_path / "w.log")
+        code = proc.wait(120)
+        text = proc.log_text()
+    assert code == 2, text[-2000:]
+    assert f"WRITE on results-{tag}" in text and "ACLs" in text
+    assert f"dlq-{tag}" not in text.split("may not")[-1].split("\n")[0]  # only what is refused
+    assert "worker_started" not in text
+
+
+def test_the_broker_reports_what_this_client_may_do(kafka_bootstrap: str) -> None:
+    """Without an authorizer every operation is reported; the start-up check passes."""
+    from worker.kafka.admin import Admin
+    from worker.kafka.topics import check_topics
+
+    tag = uuid.uuid4().hex[:8]
+    names = [f"jobs-{tag}", f"results-{tag}", f"dlq-{tag}"]
+    create_topics(kafka_bootstrap, names)
+    cfg = worker_config(kafka_bootstrap, Topics(*names, f"g-{tag}"))
+    ops = Admin(cfg).authorized_operations(names)
+    assert all(o is not None and {"READ", "WRITE"} <= o for o in ops.values()), ops
+    check_topics(cfg, *names)

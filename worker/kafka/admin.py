@@ -104,6 +104,21 @@ class Admin:
                                   self.configs(ResourceType.TOPIC, name))
         return out
 
+    def authorized_operations(self, names: list[str]) -> dict[str, frozenset[str] | None]:
+        """What this client may do on each topic, by ACL operation name (``READ``, ``WRITE``,
+        ``ALL``...), as the broker reports it (KIP-430); None where it reports nothing. A
+        broker without an authorizer reports every operation."""
+        unique = list(dict.fromkeys(names))
+        futures = self.client.describe_topics(ck.TopicCollection(unique),
+                                              include_authorized_operations=True,
+                                              request_timeout=self.timeout)
+        out: dict[str, frozenset[str] | None] = {}
+        for name in unique:
+            ops = wait(futures[name], f"describe topic {name!r}", self.timeout
+                       ).authorized_operations
+            out[name] = None if ops is None else frozenset(op.name for op in ops)
+        return out
+
     def committed(self, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
         """The group's committed offset per partition (None: no commit). A coordinator that
         is still loading (a broker just started) or moving is asked again."""

@@ -37,7 +37,8 @@ def _cfg(config: Path | None, backend: str | None, precision: str | None) -> Wor
 @engines_app.command()
 def build(
     config: ConfigOpt = None,
-    backend: Annotated[str | None, typer.Option(help="onnxruntime | torch | tensorrt")] = None,
+    backend: Annotated[str | None, typer.Option(
+        help="onnxruntime | torch | aoti | tensorrt")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32 | fp16 | int8 | fp8")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if cached.")] = False,
 ) -> None:
@@ -55,12 +56,19 @@ def build(
                   console=console, transient=False) as progress:
         what = (f"building {plan.spec.model_id} ({plan.backend} {plan.precision}, profiles "
                 f"{profiles}) for {recipe.device.describe()}")
+        if plan.backend == "aoti":  # say why nothing seems to happen for a while
+            what += (" - AOTInductor compiles each batch size: minutes per size with "
+                     "max-autotune on CUDA (engines.autotune)")
         progress.add_task(escape(what), total=None)
         started = time.monotonic()
         with cache.lock(recipe):
             entry = cache.save(recipe, loader.build)
     console.print(f"built {entry.path} in {time.monotonic() - started:.1f} s "
                   f"({entry.sidecar['artifact']['bytes'] / 1e6:.1f} MB)")
+    for name, shape in entry.sidecar.get("build", {}).get("shapes", {}).items():
+        timings = ", ".join(f"{v} {ms} ms" for v, ms in shape["ms"].items() if ms is not None)
+        console.print(f"  {name}: serving {shape['serve']} ({timings}); compiled in "
+                      f"{shape['compile_seconds']} s, max error {shape['max_error']:.1e}")
 
 
 def _cache(cache_dir: str | None) -> EngineCache:
