@@ -28,12 +28,15 @@ class LocalKafka:
         cache_dir: Path | None = None,
         num_partitions: int = 1,
         extra_config: dict[str, str] | None = None,
+        extra_listeners: dict[str, tuple[int, int]] | None = None,
         keep_logs_on_failure: bool = True,
     ) -> None:
         self.version = version
         self.cache_dir = cache_dir
         self.num_partitions = num_partitions
         self.extra_config = dict(extra_config or {})
+        # name -> (port bound, port advertised): config.server_properties
+        self.extra_listeners = dict(extra_listeners or {})
         self.keep_logs_on_failure = keep_logs_on_failure
         self.paused = False
         self._given_workdir = workdir
@@ -96,8 +99,8 @@ class LocalKafka:
     def _start_once(self, libs: Path, attempt: int, timeout: float) -> str:
         started = time.monotonic()
         port, props, log4j = config.write_attempt_files(
-            self.workdir, self.log_path, attempt, self.num_partitions, self.extra_config
-        )
+            self.workdir, self.log_path, attempt, self.num_partitions, self.extra_config,
+            self.extra_listeners)
         process.format_storage(libs, log4j, props, config.random_cluster_id(), self.log_path)
         self._proc = process.launch_broker(libs, log4j, props, self.log_path)
         bootstrap = f"127.0.0.1:{port}"

@@ -40,7 +40,11 @@ def server_properties(
     data_dir: Path,
     num_partitions: int,
     extra: Mapping[str, str] | None = None,
+    extra_listeners: Mapping[str, tuple[int, int]] | None = None,
 ) -> dict[str, str]:
+    """``extra_listeners``: more PLAINTEXT listeners, name -> (port bound, port advertised),
+    e.g. one advertised at a proxy's port so clients that bootstrap through the proxy keep
+    talking through it (the broker answers metadata with the listener's advertised address)."""
     host = "127.0.0.1"
     props = {
         "process.roles": "broker,controller",
@@ -73,6 +77,10 @@ def server_properties(
         "num.network.threads": "2",
         "num.io.threads": "4",
     }
+    for name, (bound, advertised) in (extra_listeners or {}).items():
+        props["listeners"] += f",{name}://{host}:{bound}"
+        props["advertised.listeners"] += f",{name}://{host}:{advertised}"
+        props["listener.security.protocol.map"] += f",{name}:PLAINTEXT"
     props.update(extra or {})
     return props
 
@@ -107,7 +115,8 @@ logger.statechange.level = WARN
 
 
 def write_attempt_files(
-    workdir: Path, log_file: Path, attempt: int, num_partitions: int, extra: Mapping[str, str]
+    workdir: Path, log_file: Path, attempt: int, num_partitions: int, extra: Mapping[str, str],
+    extra_listeners: Mapping[str, tuple[int, int]] | None = None,
 ) -> tuple[int, Path, Path]:
     """Pick ports and write server.properties + log4j2.properties for one start attempt.
 
@@ -126,6 +135,7 @@ def write_attempt_files(
         data_dir=data_dir,
         num_partitions=num_partitions,
         extra=extra,
+        extra_listeners=extra_listeners,
     )
     props_file = workdir / "server.properties"
     props_file.write_text(render_properties(props))
