@@ -90,7 +90,11 @@ def test_a_results_topic_the_worker_may_not_write_stops_it_at_start_up(tmp_path:
         for fut in admin.create_acls(acls).values():
             fut.result(30)
         proc = WorkerProcess(worker_env(worker_config(bootstrap, topics)), tmp_path / "w.log")
-        code = proc.wait(120)
+        try:
+            code = proc.wait(120)
+        finally:  # a worker that started anyway (the bug) must not outlive the test
+            if proc.proc.poll() is None:
+                proc.kill9()
         text = proc.log_text()
     assert code == 2, text[-2000:]
     assert f"WRITE on results-{tag}" in text and "ACLs" in text
