@@ -94,6 +94,13 @@ class ResultTooLarge(JobRejected):
     reason = "result_too_large"
 
 
+class ResultUnencodable(JobRejected):
+    """The worker could not serialise the job's result (a bug the message names): the job is
+    dead-lettered, to be redriven once fixed, rather than crash the worker on every restart."""
+
+    reason = "internal_error"
+
+
 class OversizedMessage(JobRejected):
     """The Kafka record is larger than the configured maximum job size."""
 

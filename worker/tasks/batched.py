@@ -16,12 +16,16 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, Generic, TypeVar
 
+import structlog
+
 from engines.profiles import Profile
 from worker.config import BatchSettings
-from worker.exceptions import SchemaViolation
+from worker.exceptions import ResultUnencodable, SchemaViolation
 from worker.tasks.batcher import Batch, Batchable, DynamicBatcher, NoProfileFits
 from worker.tasks.protocol import Answer, ConsumedBatch, TaskTopics, admit_each
 from worker.wire.records import Headers, SourceRecord, SourceRef, TopicPartitionKey
+
+log = structlog.get_logger("worker")
 
 P = TypeVar("P", bound=Batchable)
 
@@ -168,7 +172,15 @@ class BatchedTask(abc.ABC, Generic[P]):
                  return_when=FIRST_COMPLETED)
 
     def _answer(self, p: Any, result: Any) -> Answer:
-        value, headers = self.encode(result)
+        try:
+            value, headers = self.encode(result)
+        except Exception as exc:  # noqa: BLE001 - any bug in one result: ResultUnencodable
+            log.error("result_unencodable", job_id=getattr(result, "id", None),
+                      topic=p.ref.topic, partition=p.ref.partition, offset=p.ref.offset,
+                      error=f"{type(exc).__name__}: {exc}"[:300])
+            return Answer(p.ref, p.record, p.epoch, rejection=ResultUnencodable(
+                f"the worker could not encode this job's result: {type(exc).__name__}: "
+                f"{exc}"[:500]))
         # A StrEnum member is a str: stored as it is (no .value lookup per job).
         return Answer(p.ref, p.record, p.epoch, result.id, result.status,
                       result.id.encode(), value, headers)

@@ -58,6 +58,7 @@ class ScriptedTask(BatchedTask[Item]):
 
     def __init__(self) -> None:
         self.futures: list[tuple[Future[list[Outcome]], Batch[Item]]] = []
+        self.unencodable = ""  # a result id whose encode() fails
 
     @property
     def engine_hash(self) -> str:
@@ -91,6 +92,8 @@ class ScriptedTask(BatchedTask[Item]):
         return Result(f"j{p.ref.offset}", Status.EXPIRED)
 
     def encode(self, result: Result) -> tuple[bytes, list[tuple[str, str | bytes | None]]]:
+        if result.id == self.unencodable:
+            raise TypeError("can not serialize 'set' object")
         return f"{result.id}:{result.status.value}".encode(), [("ktw.schema", b"s")]
 
     def close(self) -> None: ...
@@ -197,3 +200,19 @@ def test_a_failing_batch_raises_out_of_collect() -> None:
     task.futures[0][0].set_exception(RuntimeError("task bug"))
     with pytest.raises(RuntimeError, match="task bug"):
         task.collect(block=True)
+
+
+def test_a_result_that_does_not_encode_dead_letters_its_job_and_nothing_else() -> None:
+    """One result the task cannot serialise (a bug) used to raise out of collect() and stop the
+    worker, on every restart at the same offset; now its job goes to the DLQ, named."""
+    task = _task()
+    task.unencodable = "j1"
+    task.admit(_batch(_record(0), _record(1), _record(2), epoch=5))
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    task.finish()
+    by_offset = {a.ref.offset: a for a in task.collect(block=True)}
+    assert by_offset[0].value == b"j0:ok" and by_offset[2].value == b"j2:ok"
+    bad = by_offset[1]
+    assert bad.rejection is not None and bad.rejection.reason == "internal_error"
+    assert "TypeError: can not serialize 'set' object" in str(bad.rejection)
+    assert bad.value is None and bad.epoch == 5 and bad.record.value == b"ok"
