@@ -101,6 +101,13 @@ class ResultUnencodable(JobRejected):
     reason = "internal_error"
 
 
+class TaskFailed(JobRejected):
+    """The task kept failing on this job alone (after its batch failed and was split down to
+    it): dead-lettered, to be redriven once the cause is fixed."""
+
+    reason = "internal_error"
+
+
 class OversizedMessage(JobRejected):
     """The Kafka record is larger than the configured maximum job size."""
 

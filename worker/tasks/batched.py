@@ -20,12 +20,27 @@ import structlog
 
 from engines.profiles import Profile
 from worker.config import BatchSettings
-from worker.exceptions import ResultUnencodable, SchemaViolation
+from worker.exceptions import (
+    JobRejected,
+    ResultUnencodable,
+    SchemaViolation,
+    TaskFailed,
+    WorkerError,
+)
 from worker.tasks.batcher import Batch, Batchable, DynamicBatcher, NoProfileFits
 from worker.tasks.protocol import Answer, ConsumedBatch, TaskTopics, admit_each
 from worker.wire.records import Headers, SourceRecord, SourceRef, TopicPartitionKey
 
 log = structlog.get_logger("worker")
+# A job whose batch of one fails this many times is dead-lettered (internal_error).
+FAILED_ALONE_LIMIT = 2
+
+
+def sticky_device_error(message: str) -> bool:
+    """A CUDA error that poisons the context (an illegal address, a launch failure): every
+    later call fails too, so splitting the batch cannot help. Out of memory is not sticky."""
+    text = message.lower()
+    return ("cuda error" in text or "cudaerror" in text) and "out of memory" not in text
 
 P = TypeVar("P", bound=Batchable)
 
@@ -101,8 +116,10 @@ class BatchedTask(abc.ABC, Generic[P]):
         """Read jobs from ``topics`` through ``batcher``: the task is now what the loop serves."""
         self.topics, self._batcher = topics, batcher
         self._max_message_bytes = max_message_bytes
-        # future, jobs, start, profile name, the profile's capacity in jobs
-        self._in_flight: list[tuple[Future[list[Any]], int, float, str, int]] = []
+        # future, jobs, start, profile name, the profile's capacity in jobs, the batch
+        self._in_flight: list[tuple[Future[list[Any]], int, float, str, int, Batch[P]]] = []
+        # Times a job failed in a batch of its own (poisoned-batch isolation: _isolate).
+        self._failed_alone: dict[SourceRef, int] = {}
 
     @property
     def batcher(self) -> DynamicBatcher[P]:
@@ -127,22 +144,30 @@ class BatchedTask(abc.ABC, Generic[P]):
         answers = [self._answer(p, self.expired_result(p, now_ms)) for p in due.expired]
         cap = self.batcher.max_batch_size
         for batch in due.batches:
-            profile = batch.profile
-            self._in_flight.append((self.submit(batch), len(batch.items), time.monotonic(),
-                                    profile.name, min(cap, profile.max_batch)))
+            self._launch(batch, cap)
         return answers
+
+    def _launch(self, batch: Batch[P], cap: int) -> None:
+        profile = batch.profile
+        self._in_flight.append((self.submit(batch), len(batch.items), time.monotonic(),
+                                profile.name, min(cap, profile.max_batch), batch))
 
     def collect(self, *, block: bool) -> list[Answer]:
         answers: list[Answer] = []
         pending = []
-        for entry in self._in_flight:
-            fut, size, started, profile, capacity = entry
+        in_flight_before = len(self._in_flight)
+        for entry in self._in_flight[:in_flight_before]:
+            fut, size, started, profile, capacity, batch = entry
             if not (block or fut.done()):
                 pending.append(entry)
                 continue
-            # An exception here is a bug in the task, not a bad job: it stops the worker
-            # without committing those offsets.
-            outcomes = fut.result()
+            try:
+                outcomes = fut.result()
+            except Exception as exc:  # fatal ones re-raised, the rest isolated (_isolate)
+                if self.fatal(exc):
+                    raise  # stops the worker without committing these jobs
+                answers += self._isolate(batch, exc)
+                continue
             done = time.monotonic()
             if self.on_batch_done is not None:
                 self.on_batch_done((done - started) * 1e3, size, profile, capacity)
@@ -154,11 +179,51 @@ class BatchedTask(abc.ABC, Generic[P]):
                     a = self._answer(p, outcome.result)
                     a.consumed_at, a.batched_at, a.done_at = p.consumed_at, started, done
                     answers.append(a)
-        self._in_flight = pending
+        # Halves resubmitted by _isolate while collecting stay in flight.
+        self._in_flight = pending + self._in_flight[in_flight_before:]
         return answers
+
+    def fatal(self, exc: BaseException) -> bool:
+        """Whether a batch's failure must stop the worker instead of being isolated: a fatal
+        worker error, or a CUDA error that poisons the context (every later call fails too)."""
+        if isinstance(exc, WorkerError) and not exc.recoverable and not isinstance(
+                exc, JobRejected):
+            return True
+        return sticky_device_error(str(exc))
+
+    def _isolate(self, batch: Batch[P], exc: BaseException) -> list[Answer]:
+        """A batch that failed as a whole (a bug one job triggers, a transient failure): its
+        halves run again, down to single jobs; a job that fails alone ``FAILED_ALONE_LIMIT``
+        times is dead-lettered (``internal_error``, the exception named), so one job cannot
+        stop the worker on every restart nor take its batch-mates with it."""
+        items = batch.items
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+        if len(items) > 1:
+            log.warning("batch_failed_split", jobs=len(items), profile=batch.profile.name,
+                        error=why)
+            mid = len(items) // 2
+            for half in (items[:mid], items[mid:]):
+                self._launch(Batch(batch.profile, half, batch.profile.padded(len(half))),
+                             self.batcher.max_batch_size)
+            return []
+        p: Any = items[0]  # the task's item: ref, record, epoch (as in _answer)
+        tries = self._failed_alone.get(p.ref, 0) + 1
+        if tries < FAILED_ALONE_LIMIT:
+            self._failed_alone[p.ref] = tries
+            log.warning("job_failed_alone_retried", topic=p.ref.topic,
+                        partition=p.ref.partition, offset=p.ref.offset, error=why)
+            self._launch(batch, self.batcher.max_batch_size)
+            return []
+        self._failed_alone.pop(p.ref, None)
+        log.error("job_failed_alone", topic=p.ref.topic, partition=p.ref.partition,
+                  offset=p.ref.offset, attempts=tries, error=why)
+        return [Answer(p.ref, p.record, p.epoch, rejection=TaskFailed(
+            f"the task failed on this job alone {tries} times: {why}"))]
 
     def remove(self, keys: set[TopicPartitionKey]) -> None:
         self.batcher.remove(lambda p: p.partition_key in keys)
+        self._failed_alone = {r: n for r, n in self._failed_alone.items()
+                              if (r.topic, r.partition) not in keys}
 
     def held(self) -> int:
         return len(self.batcher) + sum(entry[1] for entry in self._in_flight)

@@ -193,13 +193,61 @@ def test_remove_drops_only_the_named_partitions_queued_jobs() -> None:
     assert [a.ref.partition for a in task.collect(block=True)] == [0]
 
 
-def test_a_failing_batch_raises_out_of_collect() -> None:
+def test_a_sticky_device_error_raises_out_of_collect() -> None:
+    """A CUDA error that poisons the context fails every later call: splitting cannot help, so
+    it stops the worker (without committing the batch's jobs)."""
     task = _task()
-    task.admit(_batch(_record(0)))
-    task.schedule(2.0, NOW_MS, free=1, force=False)
-    task.futures[0][0].set_exception(RuntimeError("task bug"))
-    with pytest.raises(RuntimeError, match="task bug"):
+    task.admit(_batch(_record(0), _record(1)))
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    task.futures[0][0].set_exception(RuntimeError("CUDA error: an illegal memory access"))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
         task.collect(block=True)
+
+
+def _run_until_answered(task: ScriptedTask, poison: bytes) -> list[Answer]:
+    """Finish every submitted batch, failing those holding ``poison``, until nothing is held."""
+    answers: list[Answer] = []
+    for _ in range(50):
+        for fut, batch in task.futures:
+            if fut.done():
+                continue
+            if any(p.record.value == poison for p in batch.items):
+                fut.set_exception(TypeError(f"task bug on {poison!r}"))
+        task.finish()
+        answers += task.collect(block=True)
+        if task.held() == 0:
+            return answers
+    raise AssertionError("never drained")
+
+
+def test_a_batch_one_job_breaks_is_split_until_that_job_is_dead_lettered_alone() -> None:
+    """Before: any exception out of a batch stopped the worker, and every restart (and every
+    member taking the partition over) stopped on the same job."""
+    task = _task(delay_s=60.0)
+    values = [b"ok", b"ok", b"poison", b"ok"]
+    task.admit(_batch(*(_record(off, v) for off, v in enumerate(values)), epoch=2))
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    answers = _run_until_answered(task, b"poison")
+    by_offset = {a.ref.offset: a for a in answers}
+    assert sorted(by_offset) == [0, 1, 2, 3] and len(answers) == 4  # each answered once
+    assert [by_offset[o].value for o in (0, 1, 3)] == [b"j0:ok", b"j1:ok", b"j3:ok"]
+    bad = by_offset[2]
+    assert bad.rejection is not None and bad.rejection.reason == "internal_error"
+    assert "failed on this job alone 2 times: TypeError: task bug" in str(bad.rejection)
+    assert bad.epoch == 2 and bad.record.value == b"poison"
+    # 4 jobs, then halves of 2, then the poisoned one alone twice: 1 + 2 + 2 + 1 batches.
+    assert len(task.futures) == 6 and task._failed_alone == {}
+
+
+def test_a_transient_failure_costs_a_retry_not_a_dead_letter() -> None:
+    task = _task(delay_s=60.0)
+    task.admit(_batch(_record(0)))
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    task.futures[0][0].set_exception(OSError("blob store timed out"))
+    assert task.collect(block=True) == [] and task.held() == 1  # retried alone
+    task.finish()
+    [answer] = task.collect(block=True)
+    assert answer.rejection is None and answer.value == b"j0:ok"
 
 
 def test_a_result_that_does_not_encode_dead_letters_its_job_and_nothing_else() -> None:

@@ -23,7 +23,7 @@ from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 from worker.config import WorkerConfig
 from worker.exceptions import JobRejected, NothingToScore, UnknownPolicy
-from worker.tasks.batched import BatchedTask, QueuedJob
+from worker.tasks.batched import BatchedTask, QueuedJob, sticky_device_error
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.images.cpu import (
     CROP,
@@ -49,13 +49,6 @@ NSFW = LABELS.index("nsfw")  # the score a job's worst view is picked by
 OPEN_NSFW = "open_nsfw"  # the model's name in image-and-text policies (and in contract v2)
 _QUALIFIED = {label: f"{OPEN_NSFW}.{label}" for label in LABELS}
 log = structlog.get_logger("worker")
-
-
-def sticky_device_error(message: str) -> bool:
-    """A CUDA error that poisons the context (an illegal address, a launch failure): every
-    later call fails too, so splitting the batch cannot help. Out of memory is not sticky."""
-    text = message.lower()
-    return ("cuda error" in text or "cudaerror" in text) and "out of memory" not in text
 
 
 @dataclass(slots=True)
