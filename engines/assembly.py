@@ -87,7 +87,10 @@ class EnginePlan:
             model_id=self.spec.model_id, onnx_sha256=identity, backend=b.name,
             backend_version=b.version(), device=b.fingerprint(self.params.device),
             precision=self.params.precision,
-            profiles=tuple(p.to_dict() for p in self.profiles) if self.key_profiles else (),
+            # Backends that compile per profile (TensorRT, AOTInductor: needs_artifact) always
+            # key on them, whatever the model says about its artifact.
+            profiles=(tuple(p.to_dict() for p in self.profiles)
+                      if self.key_profiles or b.needs_artifact else ()),
             flags=flags, artifact_name=b.artifact_name)
 
     def loader(self, on_build: Callable[[BuildRecipe], None] | None = None) -> EngineFromCache:

@@ -65,7 +65,9 @@ class GenerationSettings(Section):
     weights_dir: Path | None = None
     random_weights: Literal["sd15", "tiny"] | None = None
     random_seed: int = Field(0, ge=0)
-    backend: Literal["torch", "onnxruntime"] = "torch"
+    # aoti: AOTInductor packages per batch size (built once, minutes each with max-autotune);
+    # serving them imports neither diffusers nor transformers.
+    backend: Literal["torch", "onnxruntime", "aoti"] = "torch"
     precision: Literal["fp32", "fp16"] | None = None  # None: fp16 on CUDA, else fp32
     device: str = Field("cuda:0", pattern=r"^(cpu|cuda(:\d+)?)$")  # torch backend only
     sizes: list[SizeSettings] = Field(default_factory=_sizes)
@@ -112,12 +114,12 @@ class GenerationSettings(Section):
         if any(b % 2 for b in self.unet_batch_sizes):
             raise ValueError("generation.unet_batch_sizes must be even (guidance pairs)")
         if self.effective_precision == "fp16" and not self.on_cuda:
-            raise ValueError("fp16 needs the torch backend on a CUDA device")
+            raise ValueError("fp16 needs the torch or aoti backend on a CUDA device")
         return self
 
     @property
     def on_cuda(self) -> bool:
-        return self.backend == "torch" and self.device.startswith("cuda")
+        return self.backend in ("torch", "aoti") and self.device.startswith("cuda")
 
     @property
     def effective_precision(self) -> str:

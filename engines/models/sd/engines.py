@@ -29,11 +29,12 @@ from engines.models.sd.weights import SdWeights
 
 @dataclass(frozen=True)
 class SdEngineOptions:
-    backend: str = "torch"  # "torch" | "onnxruntime"
+    backend: str = "torch"  # "torch" | "aoti" | "onnxruntime"
     precision: str = "fp16"
     device: str = "cuda:0"  # torch only; "cpu" runs the torch reference in fp32
     cuda_graphs: bool = True
     compile: bool = False
+    autotune: bool = True  # aoti: max-autotune
     slots: int = 2
     intra_op_threads: int | None = None
     text_sizes: tuple[int, ...] = TEXT_SIZES
@@ -46,7 +47,8 @@ class SdEngineOptions:
             backend=self.backend, precision=self.precision, device=self.device,
             cache_dir=cache.root if cache is not None else None, use_cache=cache is not None,
             slots=self.slots, intra_op_threads=self.intra_op_threads,
-            cuda_graphs=self.cuda_graphs, compile=self.compile and component == "unet")
+            cuda_graphs=self.cuda_graphs, compile=self.compile and component == "unet",
+            autotune=self.autotune)
 
 
 @dataclass

@@ -92,3 +92,17 @@ def test_torch_artifact_is_built_once_then_loaded_into_the_skeleton(tmp_path: Pa
     entries = EngineCache(tmp_path).entries()
     assert len(built) == 1 and len(entries) == 1 and entries[0].artifact.name == "weights.pt"
     assert hashes == [f"torch-{entries[0].key[:12]}"] * 2
+
+
+@needs_torch
+def test_backends_that_compile_per_profile_key_on_profiles_even_when_the_model_says_not(
+        tmp_path: Path) -> None:
+    """SD's plans leave profiles out of the key (a weights artifact serves every shape); an
+    AOTInductor or TensorRT artifact is compiled for them, so it must key on them: before, an
+    engine built for one set of batch sizes was found (and failed to load) for another."""
+    static = (StaticProfile("p", ITEM_SHAPE, (1, 8)),)
+    recipes = {b: EnginePlan(open_nsfw_spec(), static, EngineParams(
+        backend=b, cache_dir=tmp_path, device="cpu"), key_profiles=False).recipe()
+        for b in ("torch", "aoti")}
+    assert recipes["torch"].profiles == ()
+    assert recipes["aoti"].profiles == (static[0].to_dict(),)

@@ -38,11 +38,11 @@ def weights_from(g: GenerationSettings) -> SdWeights:
         "downloaded), or generation.random_weights = 'sd15' | 'tiny' for tests and benchmarks")
 
 
-def engine_options(g: GenerationSettings, intra_op_threads: int | None = None
-                   ) -> SdEngineOptions:
+def engine_options(g: GenerationSettings, intra_op_threads: int | None = None,
+                   autotune: bool = True) -> SdEngineOptions:
     return SdEngineOptions(
         backend=g.backend, precision=g.effective_precision, device=g.device,
-        cuda_graphs=g.cuda_graphs,
+        cuda_graphs=g.cuda_graphs, autotune=autotune,
         compile=g.compile, intra_op_threads=intra_op_threads,
         text_sizes=tuple(g.text_batch_sizes), unet_sizes=tuple(g.unet_batch_sizes),
         vae_sizes=tuple(g.vae_batch_sizes))
@@ -55,7 +55,8 @@ def make_engines(cfg: WorkerConfig, on_build: Callable[[BuildRecipe], None] | No
     resolutions = tuple(Resolution(s.width, s.height) for s in g.sizes)
     try:
         return make_sd_engines(weights_from(g), resolutions,
-                               engine_options(g, cfg.model.intra_op_threads), cache, on_build)
+                               engine_options(g, cfg.model.intra_op_threads,
+                                              cfg.engines.autotune), cache, on_build)
     except ValueError as exc:  # a configured size the architecture cannot produce
         raise ConfigError(f"generation: {exc}") from exc
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from engines.assembly import EngineParams, EnginePlan
-from engines.cache import EngineCache
 from engines.profiles import StaticProfile
 from engines.spec import EngineSpec
 from tests.unit.tasks.moderation.clip.conftest import tiny_clip
@@ -70,24 +69,37 @@ def test_clip_towers(tiny_clip: Path, tmp_path: Path) -> None:
         assert np.abs(want).max() > 0.01 and np.abs(got - want).max() < 1e-4
 
 
-def test_sd_nets(tmp_path: Path) -> None:
+def _gen_config(cache: Path) -> Any:
+    from worker.config import load_config
+
+    return load_config(None, engines={"cache_dir": str(cache)}, generation={
+        "random_weights": "tiny", "backend": "aoti", "device": "cpu",
+        "sizes": [{"width": 128, "height": 64}], "unet_batch_sizes": [2],
+        "text_batch_sizes": [2], "vae_batch_sizes": [1], "max_steps": 4})
+
+
+def test_sd_nets_through_the_generation_config(tmp_path: Path) -> None:
+    """The three SD nets as AOTInductor packages (the worker's generation settings, tiny
+    random weights, non-square latents) answer like the torch engines; then a fresh process
+    serving a generation job from those cached packages imports neither diffusers nor
+    transformers."""
     from engines.models.sd.engines import SdEngineOptions, make_sd_engines
     from engines.models.sd.specs import Resolution
-    from tests.unit.tasks.generation.gen_support import MISSING, SIZES, TINY, RandomSdWeights
+    from tests.unit.tasks.generation.gen_support import MISSING, TINY, RandomSdWeights
+    from worker.tasks.generation.setup import make_engines
 
     if MISSING:
         pytest.skip(f"needs the gen extra ({', '.join(MISSING)} missing)")
-    res = Resolution(*SIZES[1])  # non-square latents
-    engines = {}
-    for backend in ("aoti", "torch"):
-        opts = SdEngineOptions(backend=backend, precision="fp32", device="cpu",
-                               intra_op_threads=1, unet_sizes=(2,), text_sizes=(2,),
-                               vae_sizes=(1,))
-        engines[backend] = make_sd_engines(RandomSdWeights(TINY, 0), (res,), opts,
-                                           EngineCache(tmp_path))
-        engines[backend].activate()
+    cfg = _gen_config(tmp_path)
+    res = Resolution(128, 64)
+    engines = {"aoti": make_engines(cfg)}
+    opts = SdEngineOptions(backend="torch", precision="fp32", device="cpu", unet_sizes=(2,),
+                           text_sizes=(2,), vae_sizes=(1,))
+    engines["torch"] = make_sd_engines(RandomSdWeights(TINY, 0), (res,), opts, None)
+    for e in engines.values():
+        e.activate()
     rng = np.random.default_rng(1)
-    dims, (c, h, w) = engines["torch"].dims, (4, res.height // 8, res.width // 8)
+    c, h, w = 4, res.height // 8, res.width // 8
     feeds = {
         "text_encoder": {"input_ids": np.ones((2, 77), np.int64)},
         "unet": {"sample": rng.standard_normal((2, c, h, w)).astype(np.float32),
@@ -107,4 +119,26 @@ def test_sd_nets(tmp_path: Path) -> None:
     finally:
         for e in engines.values():
             e.deactivate()
-    assert dims is not None
+    _serves_without_diffusers_or_transformers(tmp_path)
+
+
+SERVE = """
+import json, sys
+from tests.unit.engines.backends.aoti.test_aoti_models import _gen_config
+from worker.tasks.generation.setup import make_generation_task
+task = make_generation_task(_gen_config(__import__("pathlib").Path(sys.argv[1])))
+task.warm_up()  # activates the engines and runs a job through every shape
+print(json.dumps(sorted(m for m in ("diffusers", "transformers") if m in sys.modules)))
+"""
+
+
+def _serves_without_diffusers_or_transformers(cache: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[5]
+    done = subprocess.run([sys.executable, "-c", SERVE, str(cache)], capture_output=True,
+                          text=True, cwd=root, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
