@@ -53,6 +53,10 @@ def main() -> None:
     ap.add_argument("--naive-jobs", type=int, default=1000)
     ap.add_argument("--engine-sizes", default="1,8,32,128,256")
     ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--gpus", type=int, default=0,
+                    help="spread worker processes over this many GPUs, one visible to each "
+                         "(process i on GPU i mod N), as `trt-worker run --gpus` does; with "
+                         "--procs 1,N the summary gives N GPUs' rate over one GPU's")
     ap.add_argument("--worker-overrides", default="",
                     help='JSON merged over the worker config, e.g. {"batch": '
                          '{"max_in_flight_batches": 8}}')
@@ -74,7 +78,7 @@ def main() -> None:
         "benchmark": "kafka_e2e_open_nsfw", "env": environment(),
         "code_root": str(root), "code_commit": os.environ.get("BENCH_CODE_COMMIT", "unknown"),
         "params": {"jobs": args.jobs, "procs": args.procs, "preprocess": args.preprocess,
-                   "naive_jobs": args.naive_jobs,
+                   "naive_jobs": args.naive_jobs, "gpus": args.gpus,
                    "worker_overrides": json.loads(args.worker_overrides or "{}")},
     }
     photos = jpeg_photos(4096, seed=0)
@@ -91,7 +95,8 @@ def main() -> None:
     try:
         runs = []
         for procs in (int(p) for p in args.procs.split(",")):
-            r = end_to_end(bootstrap, photos, args.jobs, args.preprocess, None, procs)
+            r = end_to_end(bootstrap, photos, args.jobs, args.preprocess, None, procs,
+                           args.gpus)
             runs.append(r)
             print("sustained:", r, flush=True)
         record["sustained"] = runs
@@ -100,7 +105,7 @@ def main() -> None:
             half = best["sustained_fps"] / 2
             record["half_load"] = end_to_end(bootstrap, photos, min(int(half * 10), 100_000),
                                              args.preprocess, half,
-                                             int(best["worker_processes"]))
+                                             int(best["worker_processes"]), args.gpus)
             print("half load:", record["half_load"], flush=True)
         if args.naive_jobs:
             record["naive"] = naive(bootstrap, photos, args.naive_jobs)
@@ -110,6 +115,11 @@ def main() -> None:
                              best["sustained_fps"], "of_engine": best["sustained_fps"] / ceiling}
         if "naive" in record:
             record["summary"]["vs_naive"] = best["sustained_fps"] / record["naive"]["fps"]
+        one = [r for r in runs if r["gpus"] == 1 and r["worker_processes"] == 1]
+        if args.gpus > 1 and one:
+            record["summary"]["gpu_scaling"] = {
+                f"{r['gpus']}_gpus_over_1": r["sustained_fps"] / one[0]["sustained_fps"]
+                for r in runs if r["gpus"] > 1}
     finally:
         broker.stop()
     print("summary:", record.get("summary"), flush=True)

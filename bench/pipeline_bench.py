@@ -271,8 +271,11 @@ def worker_cfg(bootstrap: str, tag: str, preprocess: str) -> Any:
 
 
 def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready: Any,
-                 stop: Any, hops: Any) -> None:
-    """One worker process: the Python loop is per process, so K processes share one GPU."""
+                 stop: Any, hops: Any, gpu: str | None = None) -> None:
+    """One worker process: the Python loop is per process, so K processes share one GPU, or
+    each gets its own (``gpu``: the one device it sees, as `trt-worker run --gpus` does)."""
+    if gpu is not None:  # before anything initialises CUDA in this (spawned) process
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     from worker.logs import configure_logging
     from worker.loop.worker import Worker
 
@@ -292,7 +295,8 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
 
 
 def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
-               rate: float | None, procs: int = 1) -> dict[str, float]:
+               rate: float | None, procs: int = 1, gpus: int = 0) -> dict[str, float]:
+    """``gpus`` > 0: worker process i sees only GPU ``i % gpus`` (0: all share the default)."""
     import multiprocessing as mp
 
     from worker.devkit.local_kafka.admin import create_topics
@@ -309,8 +313,9 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
     members = [(ctx.Value("q", 0), ctx.Event()) for _ in range(procs)]
     hops = ctx.Queue()
     children = [ctx.Process(target=_worker_proc,
-                            args=(bootstrap, tag, preprocess, c, r, stop, hops))
-                for c, r in members]
+                            args=(bootstrap, tag, preprocess, c, r, stop, hops,
+                                  str(i % gpus) if gpus else None))
+                for i, (c, r) in enumerate(members)]
     results: dict[str, float] = {}
     produced: dict[str, float] = {}
     reader = threading.Thread(target=collect, args=(bootstrap, cfg.topics.results, n, 300,
@@ -340,7 +345,8 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
         ch.join(90)
     ts = np.array(sorted(results.values()), dtype=np.float64) * 1e3
     out: dict[str, Any] = {"jobs": n, "answered": len(results), "preprocess": preprocess,
-                           "worker_processes": procs, "hops": per_process}
+                           "worker_processes": procs, "gpus": min(procs, gpus) if gpus else 1,
+                           "hops": per_process}
     if rate is None:
         # Sustained rate from the worker's own counter between 10% and 90% of the jobs.
         t10 = next(t for t, c in progress if c >= 0.1 * n)
