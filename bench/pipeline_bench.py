@@ -295,8 +295,12 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
 
 
 def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
-               rate: float | None, procs: int = 1, gpus: int = 0) -> dict[str, float]:
-    """``gpus`` > 0: worker process i sees only GPU ``i % gpus`` (0: all share the default)."""
+               rate: float | None, procs: int = 1, gpus: int = 0,
+               produce_after_ready: bool | None = None) -> dict[str, float]:
+    """``gpus`` > 0: worker process i sees only GPU ``i % gpus`` (0: all share the default).
+    ``produce_after_ready`` (sustained runs; default: with several processes): the jobs are
+    produced once every process holds partitions, instead of before the processes start.
+    Compare runs made the same way only."""
     import multiprocessing as mp
 
     from worker.devkit.local_kafka.admin import create_topics
@@ -310,7 +314,9 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
     # one ready would take every partition and a rebalance would follow mid-run (seen on two
     # GPUs: one process answered 88% of the jobs, the rebalance inside the measured window),
     # so then the jobs are produced, as fast as possible, once every process holds partitions.
-    produce_first = rate is None and procs == 1
+    if produce_after_ready is None:
+        produce_after_ready = procs > 1
+    produce_first = rate is None and not produce_after_ready
     if produce_first:
         produce_jobs(bootstrap, cfg.topics.jobs, photos, n, "j", None)
     ctx = mp.get_context("spawn")
