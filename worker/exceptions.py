@@ -94,16 +94,11 @@ class ResultTooLarge(JobRejected):
     reason = "result_too_large"
 
 
-class ResultUnencodable(JobRejected):
-    """The worker could not serialise the job's result (a bug the message names): the job is
-    dead-lettered, to be redriven once fixed, rather than crash the worker on every restart."""
-
-    reason = "internal_error"
-
-
 class TaskFailed(JobRejected):
-    """The task kept failing on this job alone (after its batch failed and was split down to
-    it): dead-lettered, to be redriven once the cause is fixed."""
+    """The task kept failing on this job alone (its batch failed and was split down to it), or
+    could not serialise its result: a bug or a fault the message names. The job is
+    dead-lettered, to be redriven once the cause is fixed, rather than stop the worker at the
+    same offset on every restart."""
 
     reason = "internal_error"
 

@@ -22,7 +22,6 @@ from engines.profiles import Profile
 from worker.config import BatchSettings
 from worker.exceptions import (
     JobRejected,
-    ResultUnencodable,
     SchemaViolation,
     TaskFailed,
     WorkerError,
@@ -116,8 +115,8 @@ class BatchedTask(abc.ABC, Generic[P]):
         """Read jobs from ``topics`` through ``batcher``: the task is now what the loop serves."""
         self.topics, self._batcher = topics, batcher
         self._max_message_bytes = max_message_bytes
-        # future, jobs, start, profile name, the profile's capacity in jobs, the batch
-        self._in_flight: list[tuple[Future[list[Any]], int, float, str, int, Batch[P]]] = []
+        # (future of its outcomes, time.monotonic() at submit, the batch)
+        self._in_flight: list[tuple[Future[list[Any]], float, Batch[P]]] = []
         # Times a job failed in a batch of its own (poisoned-batch isolation: _isolate).
         self._failed_alone: dict[SourceRef, int] = {}
 
@@ -142,22 +141,19 @@ class BatchedTask(abc.ABC, Generic[P]):
     def schedule(self, now: float, now_ms: int, *, free: int, force: bool) -> list[Answer]:
         due = self.batcher.schedule(now, now_ms, limit=max(free, 0), force=force)
         answers = [self._answer(p, self.expired_result(p, now_ms)) for p in due.expired]
-        cap = self.batcher.max_batch_size
         for batch in due.batches:
-            self._launch(batch, cap)
+            self._launch(batch)
         return answers
 
-    def _launch(self, batch: Batch[P], cap: int) -> None:
-        profile = batch.profile
-        self._in_flight.append((self.submit(batch), len(batch.items), time.monotonic(),
-                                profile.name, min(cap, profile.max_batch), batch))
+    def _launch(self, batch: Batch[P]) -> None:
+        self._in_flight.append((self.submit(batch), time.monotonic(), batch))
 
     def collect(self, *, block: bool) -> list[Answer]:
         answers: list[Answer] = []
         pending = []
         in_flight_before = len(self._in_flight)
         for entry in self._in_flight[:in_flight_before]:
-            fut, size, started, profile, capacity, batch = entry
+            fut, started, batch = entry
             if not (block or fut.done()):
                 pending.append(entry)
                 continue
@@ -170,7 +166,9 @@ class BatchedTask(abc.ABC, Generic[P]):
                 continue
             done = time.monotonic()
             if self.on_batch_done is not None:
-                self.on_batch_done((done - started) * 1e3, size, profile, capacity)
+                profile = batch.profile
+                self.on_batch_done((done - started) * 1e3, len(batch.items), profile.name,
+                                   min(self.batcher.max_batch_size, profile.max_batch))
             for outcome in outcomes:
                 p = outcome.pending
                 if outcome.rejection is not None:
@@ -203,8 +201,7 @@ class BatchedTask(abc.ABC, Generic[P]):
                         error=why)
             mid = len(items) // 2
             for half in (items[:mid], items[mid:]):
-                self._launch(Batch(batch.profile, half, batch.profile.padded(len(half))),
-                             self.batcher.max_batch_size)
+                self._launch(Batch(batch.profile, half, batch.profile.padded(len(half))))
             return []
         p: Any = items[0]  # the task's item: ref, record, epoch (as in _answer)
         tries = self._failed_alone.get(p.ref, 0) + 1
@@ -212,7 +209,7 @@ class BatchedTask(abc.ABC, Generic[P]):
             self._failed_alone[p.ref] = tries
             log.warning("job_failed_alone_retried", topic=p.ref.topic,
                         partition=p.ref.partition, offset=p.ref.offset, error=why)
-            self._launch(batch, self.batcher.max_batch_size)
+            self._launch(batch)
             return []
         self._failed_alone.pop(p.ref, None)
         log.error("job_failed_alone", topic=p.ref.topic, partition=p.ref.partition,
@@ -226,7 +223,7 @@ class BatchedTask(abc.ABC, Generic[P]):
                               if (r.topic, r.partition) not in keys}
 
     def held(self) -> int:
-        return len(self.batcher) + sum(entry[1] for entry in self._in_flight)
+        return len(self.batcher) + sum(len(entry[2].items) for entry in self._in_flight)
 
     def in_flight(self) -> int:
         return len(self._in_flight) if self._batcher is not None else 0
@@ -239,11 +236,11 @@ class BatchedTask(abc.ABC, Generic[P]):
     def _answer(self, p: Any, result: Any) -> Answer:
         try:
             value, headers = self.encode(result)
-        except Exception as exc:  # noqa: BLE001 - any bug in one result: ResultUnencodable
+        except Exception as exc:  # noqa: BLE001 - any bug in one result: TaskFailed
             log.error("result_unencodable", job_id=getattr(result, "id", None),
                       topic=p.ref.topic, partition=p.ref.partition, offset=p.ref.offset,
                       error=f"{type(exc).__name__}: {exc}"[:300])
-            return Answer(p.ref, p.record, p.epoch, rejection=ResultUnencodable(
+            return Answer(p.ref, p.record, p.epoch, rejection=TaskFailed(
                 f"the worker could not encode this job's result: {type(exc).__name__}: "
                 f"{exc}"[:500]))
         # A StrEnum member is a str: stored as it is (no .value lookup per job).

@@ -31,7 +31,7 @@ import numpy as np
 
 from engines.backends.aoti.bundle import load_package, shape_name, write_bundle
 from engines.backends.aoti.options import inductor_options
-from engines.backends.torch.artifact import DTYPES, native_net
+from engines.backends.torch.artifact import in_engine_form, native_net
 from engines.backends.torch.graphs import capture, sample_input
 from engines.backends.torch.runner import GraphKey, graph_shapes
 from engines.cache import BuildNotes, BuildRecipe
@@ -67,7 +67,7 @@ def build_aoti_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> Build
     import torch
 
     p = plan.params
-    device, dtype = p.device, getattr(torch, DTYPES[p.precision])
+    device = p.device
     cuda = device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         raise BackendUnavailable("the aoti backend builds for CUDA here and none is available")
@@ -76,9 +76,7 @@ def build_aoti_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> Build
     native = native_net(plan.spec)
     module, _ = native.fresh(device if native.build_on_target else "cpu")
     reference = module.to(device=device, dtype=torch.float32).eval()
-    net = copy.deepcopy(reference).to(dtype=dtype)
-    if native.channels_last:
-        net = net.to(memory_format=torch.channels_last)
+    net = in_engine_form(copy.deepcopy(reference), native, device, p.precision)
     shapes: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="aoti-", dir=out.parent) as tmp, _ieee_fp32(cuda):
         packages = {}

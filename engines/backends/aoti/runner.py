@@ -18,7 +18,7 @@ import numpy as np
 from engines.backends.aoti.build import static_keys
 from engines.backends.aoti.bundle import load_package, read_bundle, shape_name
 from engines.backends.base import InferHandle, Outputs
-from engines.backends.torch.artifact import DTYPES, native_net
+from engines.backends.torch.artifact import in_engine_form, native_net
 from engines.backends.torch.runner import GraphKey, TorchRunner
 from engines.exceptions import BackendUnavailable, EngineError, InferenceFailed
 
@@ -100,15 +100,10 @@ class AotiRunner(TorchRunner):
     def _eager_net(self) -> Any:
         """The model's own network in the engine precision (a shape the build found faster
         uncompiled); made once."""
-        import torch
-
         if self._eager_module is None:
             native = native_net(self.spec)
             module, _ = native.fresh(self.device)
-            net = module.to(device=self.device, dtype=getattr(torch, DTYPES[self.precision]))
-            if native.channels_last:
-                net = net.to(memory_format=torch.channels_last)
-            self._eager_module = net.eval()
+            self._eager_module = in_engine_form(module, native, self.device, self.precision)
         return self._eager_module
 
     def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle:

@@ -34,6 +34,17 @@ def native_net(spec: EngineSpec) -> NativeNet:
     return spec.native
 
 
+def in_engine_form(module: Any, native: NativeNet, device: str, precision: str) -> Any:
+    """The network as an engine runs it: on ``device``, in ``precision``, channels-last where
+    the model says so, in eval mode."""
+    import torch
+
+    net = module.to(device=device, dtype=getattr(torch, DTYPES[precision]))
+    if native.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    return net.eval()
+
+
 def build_torch_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> None:
     """The registry's builder: the fresh network's state dict in the plan's precision."""
     import torch

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engines.backends.base import EventHandle, FutureHandle, InferHandle, Outputs, Runner
-from engines.backends.torch.artifact import DTYPES, load_native, native_net
+from engines.backends.torch.artifact import DTYPES, in_engine_form, load_native, native_net
 from engines.backends.torch.graphs import (
     GraphSlot,
     as_torch_stream,
@@ -151,10 +151,7 @@ class TorchRunner(Runner):
         torch = self._torch_for_device()
         native = native_net(self.spec)
         module, self._hash = load_native(native, self.device, self.precision, self._engine)
-        net = module.to(device=self.device, dtype=getattr(torch, DTYPES[self.precision]))
-        if native.channels_last:
-            net = net.to(memory_format=torch.channels_last)
-        self._net = self._fn = net.eval()
+        self._net = self._fn = in_engine_form(module, native, self.device, self.precision)
         if self._compile:
             artifacts = read_verified(self._compile_cache)
             if artifacts is not None:

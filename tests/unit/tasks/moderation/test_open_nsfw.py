@@ -460,7 +460,7 @@ class _ScriptedRunner(Runner):
         return "scripted-0"
 
     def _activate(self) -> None:
-        pass
+        self.calls.clear()  # each activation counts its own engine calls
 
     def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle:
         x = next(iter(feeds.values()))
@@ -475,7 +475,7 @@ class _ScriptedRunner(Runner):
         return FutureHandle(fut)
 
     def _deactivate(self) -> None:
-        pass
+        self.fail = None  # an inactive runner answers nothing (infer() refuses before this)
 
 
 def _images(sample_paths: list[Path], n: int) -> list[Pending]:
@@ -483,18 +483,23 @@ def _images(sample_paths: list[Path], n: int) -> list[Pending]:
             for k in range(n)]
 
 
+def _outcomes(cfg: WorkerConfig, runner: _ScriptedRunner, plan: EnginePlan,
+              items: list[Pending]) -> list[Outcome]:
+    """``items`` as one batch through an OpenNsfwTask on ``runner`` (activated for it)."""
+    with runner:
+        task = OpenNsfwTask(cfg, runner, plan.spec)
+        try:
+            return _run(task, _batch(plan, items))
+        finally:
+            task.close()
+
+
 def test_a_batch_that_runs_out_of_memory_is_split_until_it_fits(
         cfg: WorkerConfig, plan: EnginePlan, sample_paths: list[Path]) -> None:
     """Before: the whole batch was answered ``error``."""
     oom = _ScriptedRunner(lambda x: "CUDA out of memory. Tried to allocate 2.00 GiB"
                           if len(x) > 2 else None)
-    items = _images(sample_paths, 7)
-    with oom:
-        task = OpenNsfwTask(cfg, oom, plan.spec)
-        try:
-            outcomes = _run(task, _batch(plan, items))
-        finally:
-            task.close()
+    outcomes = _outcomes(cfg, oom, plan, _images(sample_paths, 7))
     assert [o.result.status for o in outcomes if o.result] == [Status.OK] * 7
     assert max(oom.calls) == 7 and min(oom.calls) <= 2
     # The scores are those of each job's own row, not of a neighbour's.
@@ -509,12 +514,7 @@ def test_only_the_job_whose_row_keeps_failing_is_answered_error(
     assert isinstance(poison, np.ndarray)
     bad = _ScriptedRunner(lambda x: "kernel failed on this input"
                           if any(np.array_equal(r, poison[0]) for r in x) else None)
-    with bad:
-        task = OpenNsfwTask(cfg, bad, plan.spec)
-        try:
-            outcomes = _run(task, _batch(plan, items))
-        finally:
-            task.close()
+    outcomes = _outcomes(cfg, bad, plan, items)
     status = {o.pending.job.id: o.result.status for o in outcomes if o.result}
     assert status.pop("j4") is Status.ERROR
     assert set(status.values()) == {Status.OK}
@@ -525,11 +525,6 @@ def test_a_sticky_cuda_error_stops_the_batch_instead_of_answering_it(
     """An illegal address poisons the context: answering jobs ``error`` would commit them;
     the batch fails, which stops the worker without committing."""
     sticky = _ScriptedRunner(lambda x: "CUDA error: an illegal memory access was encountered")
-    with sticky:
-        task = OpenNsfwTask(cfg, sticky, plan.spec)
-        try:
-            with pytest.raises(InferenceFailed, match="illegal memory access"):
-                _run(task, _batch(plan, _images(sample_paths, 3)))
-        finally:
-            task.close()
+    with pytest.raises(InferenceFailed, match="illegal memory access"):
+        _outcomes(cfg, sticky, plan, _images(sample_paths, 3))
     assert sticky.calls == [3]  # not split: it cannot help
