@@ -40,15 +40,25 @@ class HopTimes:
         b.counts[bisect_left(b.bounds, seconds)] += 1
         b.sum += seconds
 
+    def add_many(self, hop: str, values: list[float]) -> None:
+        self._samples[hop].extend(values)
+        b = self.buckets[hop]
+        counts, bounds = b.counts, b.bounds
+        for v in values:
+            counts[bisect_left(bounds, v)] += 1
+        b.sum += sum(values)
+
     def answered(self, answers: list[Any]) -> None:
         """The queue, engine and output hops of answers the engine ran (worker.tasks.protocol
-        .Answer: consumed_at, batched_at, done_at), as they are produced."""
-        now, add = time.monotonic(), self.add
-        for a in answers:
-            if a.done_at:
-                add("queue", a.batched_at - a.consumed_at)
-                add("engine", a.done_at - a.batched_at)
-                add("output", now - a.done_at)
+        .Answer: consumed_at, batched_at, done_at), as they are produced. One list per hop for
+        the whole batch of answers: three ``add`` calls per job cost more than the lists."""
+        now = time.monotonic()
+        ran = [a for a in answers if a.done_at]
+        if not ran:
+            return
+        self.add_many("queue", [a.batched_at - a.consumed_at for a in ran])
+        self.add_many("engine", [a.done_at - a.batched_at for a in ran])
+        self.add_many("output", [now - a.done_at for a in ran])
 
     def summary(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}

@@ -27,3 +27,19 @@ def test_windows_keep_only_the_most_recent_samples() -> None:
 
 def test_every_hop_the_loop_reports_is_known() -> None:
     assert HOPS == ("intake", "queue", "engine", "output", "delivery")
+
+
+def test_answered_records_queue_engine_and_output_of_answers_the_engine_ran() -> None:
+    from types import SimpleNamespace as A
+
+    hops = HopTimes()
+    ran = [A(consumed_at=1.0, batched_at=1.5, done_at=2.0 + i) for i in range(3)]
+    rejected = A(consumed_at=1.0, batched_at=0.0, done_at=0.0)  # never reached the engine
+    hops.answered([*ran, rejected])
+    s = hops.summary()
+    assert set(s) == {"queue", "engine", "output"}
+    assert s["queue"]["n"] == s["engine"]["n"] == s["output"]["n"] == 3
+    assert s["queue"]["p50_ms"] == 500.0 and s["engine"]["p99_ms"] == 2500.0
+    # The histograms count what the windows hold.
+    assert sum(hops.buckets["engine"].counts) == 3
+    assert abs(hops.buckets["engine"].sum - (0.5 + 1.5 + 2.5)) < 1e-9
