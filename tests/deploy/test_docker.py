@@ -213,14 +213,15 @@ def test_build_context_keeps_what_the_build_copies(dockerfile: Path) -> None:
 
 @pytest.mark.slow
 def test_cpu_image_dependencies_are_binary_wheels_for_its_python(tmp_path: Path) -> None:
-    """python:3.12-slim has no compiler: every dependency of `pip install .` must resolve to a
-    wheel for CPython 3.12 on manylinux x86_64 (pip's dry run, from PyPI; ~5 s)."""
+    """python:3.12-slim has no compiler: every dependency of `pip install .`, at the versions
+    constraints.txt pins (as the image builds it), must resolve to a wheel for CPython 3.12 on
+    manylinux x86_64 (pip's dry run, from PyPI; ~5 s)."""
     import shutil
     import sys
 
     # The image's build context (Dockerfile.cpu.dockerignore), copied: the build writes there.
     src = tmp_path / "src"
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "constraints.txt"):
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, src / name)
     for name in ("worker", "engines"):
@@ -231,7 +232,8 @@ def test_cpu_image_dependencies_are_binary_wheels_for_its_python(tmp_path: Path)
     proc = run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-cache-dir",
                 "--disable-pip-version-check", "--ignore-installed", "--python-version", "3.12",
                 "--only-binary=:all:", *platforms, "--platform", "manylinux2014_x86_64",
-                "--target", str(tmp_path / "t"), "--report", str(tmp_path / "r.json"), str(src)],
+                "--target", str(tmp_path / "t"), "--report", str(tmp_path / "r.json"),
+                "-c", str(src / "constraints.txt"), str(src)],
                timeout=300)
     if proc.returncode != 0 and ("NewConnectionError" in proc.stderr
                                  or "Failed to establish" in proc.stderr):
