@@ -43,7 +43,7 @@ from worker.devkit.workers import (
 from worker.wire.generation_codec import default_seed, encode_generation_job
 from worker.wire.moderation_codec import decode_result
 
-MISSING = [m for m in ("torch", "diffusers", "transformers") if importlib.util.find_spec(m) is None]
+MISSING = [m for m in ("torch", "tokenizers", "safetensors") if importlib.util.find_spec(m) is None]
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(bool(MISSING), reason=f"needs the gen extra ({', '.join(MISSING)} "

@@ -66,7 +66,7 @@ class GenerationSettings(Section):
     random_weights: Literal["sd15", "tiny"] | None = None
     random_seed: int = Field(0, ge=0)
     # aoti: AOTInductor packages per batch size (built once, minutes each with max-autotune);
-    # serving them imports no diffusers (nor transformers, but for a weights folder's tokenizer).
+    # serving them loads no network code at all, only the packages.
     backend: Literal["torch", "onnxruntime", "aoti"] = "torch"
     precision: Literal["fp32", "fp16"] | None = None  # None: fp16 on CUDA, else fp32
     device: str = Field("cuda:0", pattern=r"^(cpu|cuda(:\d+)?)$")  # torch backend only

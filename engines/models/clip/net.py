@@ -98,7 +98,9 @@ class _TextEmbeddings(nn.Module):
         self.position_embedding = nn.Embedding(c.max_position_embeddings, c.hidden_size)
 
 
-class _TextModel(nn.Module):
+# The text transformer CLIP models share: the moderation CLIP tower and the SD text encoder
+# (engines.models.sd.modules.text) use it with the same parameter names.
+class ClipTextTransformer(nn.Module):
     def __init__(self, c: TowerConfig) -> None:
         super().__init__()
         self.embeddings, self.encoder = _TextEmbeddings(c), _Encoder(c)
@@ -128,7 +130,7 @@ class ClipTextEncoder(nn.Module):
 
     def __init__(self, c: TowerConfig, projection_dim: int) -> None:
         super().__init__()
-        self.text_model = _TextModel(c)
+        self.text_model = ClipTextTransformer(c)
         self.text_projection = nn.Linear(c.hidden_size, projection_dim, bias=False)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

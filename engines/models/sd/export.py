@@ -56,7 +56,7 @@ class OnnxFromNet:
             with (tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(),
                   torch.no_grad()):
                 out = Path(tmp) / "model.onnx"
-                # Tracing warns about every Python-level shape check in diffusers; expected.
+                # Tracing warns about every Python-level shape check in the nets; expected.
                 warnings.simplefilter("ignore")
                 torch.onnx.export(net, _example(self.component, self.weights), out,
                                   input_names=[t.name for t in inputs],

@@ -5,14 +5,15 @@ return tensors (no config objects, no dict outputs), and each engine's boundary 
 once: float32 in and out on the wire, the network's own dtype (fp16 on GPUs) inside. The VAE
 decoder also folds in the latent scaling and the conversion to uint8 NHWC pixels, so a batch of
 images leaves the device as 1/4 of the bytes and needs no host arithmetic before PNG encoding.
-Imports torch, diffusers and transformers; only the torch backend and the ONNX export load it.
+The networks are the in-house modules of :mod:`engines.models.sd.modules` (same parameter names
+as transformers' and diffusers' classes); this module imports torch only, and only the torch
+and aoti backends and the ONNX export load it.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -29,7 +30,7 @@ class TextEncoderNet(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # SD 1.5 conditions on the last layer's normalised states (not the pooled output).
-        return self.clip(input_ids=input_ids).last_hidden_state.float()
+        return self.clip(input_ids).float()
 
 
 class UNetNet(nn.Module):
@@ -42,9 +43,7 @@ class UNetNet(nn.Module):
     def forward(self, sample: torch.Tensor, timestep: torch.Tensor,
                 encoder_hidden_states: torch.Tensor) -> torch.Tensor:
         dtype = self.unet.conv_in.weight.dtype
-        out = self.unet(sample.to(dtype), timestep, encoder_hidden_states=encoder_hidden_states.to(
-            dtype), return_dict=False)[0]
-        return out.float()
+        return self.unet(sample.to(dtype), timestep, encoder_hidden_states.to(dtype)).float()
 
 
 class VaeDecoderNet(nn.Module):
@@ -66,26 +65,29 @@ class VaeDecoderNet(nn.Module):
         return (x * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
 
+# Each raises ValueError naming the config key it does not support.
 def text_encoder(config: dict[str, Any]) -> TextEncoderNet:
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from engines.models.sd.modules.text import ClipTextModel
 
-    return TextEncoderNet(CLIPTextModel(CLIPTextConfig.from_dict(dict(config))))
+    return TextEncoderNet(ClipTextModel(config))
 
 
 def unet(config: dict[str, Any]) -> UNetNet:
-    from diffusers import UNet2DConditionModel
+    from engines.models.sd.modules.unet import UNet2DCondition
 
-    return UNetNet(UNet2DConditionModel.from_config(dict(config)))
+    return UNetNet(UNet2DCondition(config))
 
 
 def vae_decoder(config: dict[str, Any]) -> VaeDecoderNet:
-    from diffusers import AutoencoderKL
+    """The decoder half only (post_quant_conv + decoder): generation never encodes."""
+    from engines.models.sd.modules.vae import VaeDecoder
 
-    vae = AutoencoderKL.from_config(dict(config))
-    return VaeDecoderNet(vae, float(vae.config.scaling_factor))
+    vae = VaeDecoder(config)
+    return VaeDecoderNet(vae, vae.scaling_factor)
 
 
-BUILDERS = {"text_encoder": text_encoder, "unet": unet, "vae": vae_decoder}
+BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
+    "text_encoder": text_encoder, "unet": unet, "vae": vae_decoder}
 
 
 def skeleton(component: str, config: dict[str, Any], device: str = "cpu", *,
@@ -93,8 +95,7 @@ def skeleton(component: str, config: dict[str, Any], device: str = "cpu", *,
     """The architecture built directly on ``device``: with freshly initialised weights (a full
     UNet initialises in well under a second on a GPU, ~10 s on a CPU), or, ``initialised=False``,
     with parameters allocated but not initialised, for a ``load_state_dict`` that overwrites
-    every one of them (strict loading checks that). Buffers computed in constructors (position
-    ids) are built either way."""
+    every one of them (strict loading checks that). The modules hold no buffers."""
     with _parameter_init_skipped() if not initialised else nullcontext(), torch.device(device):
         return BUILDERS[component](config).eval()
 
@@ -107,23 +108,15 @@ _skip_lock = threading.Lock()
 
 @contextmanager
 def _parameter_init_skipped() -> Iterator[None]:
-    """Modules built inside get allocated but not initialised parameters (``torch.nn.init``
-    and transformers' own init are no-ops). Process-wide, so serialised by a lock."""
+    """Modules built inside get allocated but not initialised parameters: every
+    ``torch.nn.init`` function is a no-op (torch's layers and the in-house modules initialise
+    through them only). Process-wide, so serialised by a lock."""
     with _skip_lock:
         saved = {n: getattr(nn.init, n) for n in _INIT_FUNCTIONS if hasattr(nn.init, n)}
-        hf: Any = nullcontext()
-        # transformers 5 keeps it in .initialization, 4.x in .modeling_utils.
-        for where in ("transformers.initialization", "transformers.modeling_utils"):
-            try:
-                hf = importlib.import_module(where).no_init_weights()
-                break
-            except (ImportError, AttributeError):
-                continue
         try:
             for name in saved:
                 setattr(nn.init, name, lambda tensor, *a, **k: tensor)
-            with hf:
-                yield
+            yield
         finally:
             for name, fn in saved.items():
                 setattr(nn.init, name, fn)

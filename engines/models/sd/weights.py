@@ -2,8 +2,9 @@
 
 Both answer the same questions: the shapes (:class:`SdDims`), a stable identity per component
 (the engine cache keys on it in place of ONNX bytes, since every artifact is derived from these
-weights), the network with its weights, and the tokenizer. Nothing here downloads anything:
-``from_pretrained`` is always called on a local path with ``local_files_only=True``.
+weights), the network with its weights, and the tokenizer. Nothing here downloads anything. The
+networks are the in-house modules (:mod:`engines.models.sd.modules`): loading a folder reads
+its safetensors (or .bin) files directly and imports neither diffusers nor transformers.
 """
 
 from __future__ import annotations
@@ -15,13 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from engines.exceptions import ModelNotFound
+from engines.exceptions import EngineError, ModelNotFound
 from engines.models.sd import COMPONENTS
 from engines.models.sd.arch import SdArch, SdDims
 from engines.models.sd.tokenizer import ClipTokenizer, HashTokenizer, Tokenizer
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 _EDGE = 1 << 20  # bytes hashed at each end of a weight file
+# The weight files' names as transformers and diffusers save them, preferred first (old
+# transformers saved the text encoder as pytorch_model.bin).
+_STEMS = {"text_encoder": ("model", "pytorch_model"), "unet": ("diffusion_pytorch_model",),
+          "vae": ("diffusion_pytorch_model",)}
+# Bumped when the in-house modules change their graph, parameter names or initialisation: part
+# of every identity, so cached artifacts built by other code are not reused.
+NETS_VERSION = "sd-modules-1"
 
 
 class SdWeights(Protocol):
@@ -77,7 +85,8 @@ class RandomSdWeights:
     def identity(self, component: str) -> str:
         # The init's RNG stream belongs to torch's version; the cached artifact pins the values.
         return _digest({"random": self.config(component), "seed": self.seed,
-                        "component": component, "torch": _torch_version()})
+                        "component": component, "torch": _torch_version(),
+                        "nets": NETS_VERSION})
 
     def load(self, component: str, device: str = "cpu") -> Any:
         import torch
@@ -135,7 +144,9 @@ class LocalSdWeights:
     def identity(self, component: str) -> str:
         """config.json plus each weight file's name, size and first/last MiB: a content
         fingerprint that costs milliseconds instead of hashing gigabytes at every start."""
-        parts: list[object] = [self.config(component)]
+        # The in-house modules' version too: artifacts derive from the weights and the network
+        # code (the torch artifact is the module's state dict, names included).
+        parts: list[object] = [self.config(component), NETS_VERSION]
         for f in self._weight_files(component):
             size = f.stat().st_size
             with f.open("rb") as fh:
@@ -145,25 +156,82 @@ class LocalSdWeights:
             parts.append([f.name, size, hashlib.sha256(head + tail).hexdigest()])
         return _digest(parts)
 
+    def checkpoint_files(self, component: str) -> list[Path]:
+        """The file(s) :meth:`load` reads: the library's own name (safetensors before .bin),
+        the shards an ``*.index.json`` next to it lists, else the only weight file there is
+        (a variant such as ``diffusion_pytorch_model.fp16.safetensors``)."""
+        folder = self.path / component
+        for suffix in WEIGHT_SUFFIXES:
+            for stem in _STEMS[component]:
+                if (folder / f"{stem}{suffix}").is_file():
+                    return [folder / f"{stem}{suffix}"]
+                index = folder / f"{stem}{suffix}.index.json"
+                if index.is_file():
+                    try:
+                        shards = set(json.loads(index.read_text())["weight_map"].values())
+                    except (ValueError, KeyError, AttributeError) as exc:
+                        raise EngineError(f"{index} is not a shard index: {exc!r}") from exc
+                    return sorted(folder / s for s in shards)
+        found = self._weight_files(component)
+        for suffix in WEIGHT_SUFFIXES:
+            if len(of := [p for p in found if p.suffix == suffix]) == 1:
+                return of
+        raise ModelNotFound(
+            f"{folder}: cannot tell which weights to load among {[p.name for p in found]}; "
+            f"expected {_STEMS[component][0]}.safetensors (or .bin)")
+
     def load(self, component: str, device: str = "cpu") -> Any:
+        """The component's network with the folder's weights, float32 on ``device``. Every
+        parameter is loaded strictly: a missing, unexpected or misshapen entry, or a config
+        these modules do not build, is an :class:`EngineError`."""
+        import torch
+
         from engines.models.sd import nets
+        from engines.models.sd.modules import decoder_state, text_state
 
-        folder = str(self.path / component)
-        if component == "text_encoder":
-            from transformers import CLIPTextModel
+        folder = self.path / component
+        try:
+            # On the meta device: no memory; the checkpoint's tensors become the parameters
+            # (assign=True), so a float32 file on the CPU is not held twice.
+            net: Any = nets.skeleton(component, self.config(component), "meta",
+                                     initialised=False)
+        except ValueError as exc:
+            raise EngineError(f"{folder / 'config.json'}: {exc}") from exc
+        state = self._read_state(component)
+        try:
+            if component == "text_encoder":
+                target, state = net.clip, text_state(state)
+            elif component == "unet":
+                target = net.unet
+            else:
+                # Only the decoder half is built (and loaded strictly); the checkpoint's
+                # encoder.* and quant_conv.* entries are dropped by decoder_state.
+                target, state = net, decoder_state(state)
+            # Every parameter is floating point; an fp16 file is widened like from_pretrained.
+            state = {k: v.to(device=device, dtype=torch.float32) for k, v in state.items()}
+            target.load_state_dict(state, strict=True, assign=True)
+        except (RuntimeError, ValueError) as exc:
+            raise EngineError(f"{folder}: the weights do not fit its config.json: {exc}") from exc
+        return net.eval()
 
-            net: Any = nets.TextEncoderNet(CLIPTextModel.from_pretrained(
-                folder, local_files_only=True))
-        elif component == "unet":
-            from diffusers import UNet2DConditionModel
+    def _read_state(self, component: str) -> dict[str, Any]:
+        import torch
 
-            net = nets.UNetNet(UNet2DConditionModel.from_pretrained(folder, local_files_only=True))
-        else:
-            from diffusers import AutoencoderKL
+        from engines.weights import load_safetensors
 
-            vae = AutoencoderKL.from_pretrained(folder, local_files_only=True)
-            net = nets.VaeDecoderNet(vae, float(vae.config.scaling_factor))
-        return net.to(device).eval()
+        state: dict[str, Any] = {}
+        for f in self.checkpoint_files(component):
+            if not f.is_file():
+                raise ModelNotFound(f"{f} (listed in its shard index) does not exist")
+            try:
+                part = (load_safetensors(f) if f.suffix == ".safetensors"
+                        else torch.load(f, map_location="cpu", weights_only=True))
+            except Exception as exc:  # safetensors, pickle and zip raise many types
+                raise EngineError(f"{f} could not be read as weights: {exc!r}") from exc
+            if not isinstance(part, dict):
+                raise EngineError(f"{f} holds a {type(part).__name__}, not a state dict")
+            state.update(part)
+        return state
 
     def tokenizer(self) -> Tokenizer:
         return ClipTokenizer(self.path / "tokenizer")

@@ -22,7 +22,7 @@ from worker.config.generation import GenerationSettings
 
 SIZES = ((64, 64), (128, 64))  # (width, height): square and non-square latents
 UNET_SIZES = (2, 4, 8)  # at most 4 images per UNet call: a 5-image job needs two chunks
-MISSING = [m for m in ("torch", "diffusers", "transformers") if importlib.util.find_spec(m) is None]
+MISSING = [m for m in ("torch", "tokenizers", "safetensors") if importlib.util.find_spec(m) is None]
 needs_sd = pytest.mark.skipif(
     bool(MISSING), reason=f"needs the gen extra ({', '.join(MISSING)} missing): "
                           "pip install 'kafka-trt-worker[gen]'")

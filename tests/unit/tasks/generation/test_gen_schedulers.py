@@ -115,7 +115,7 @@ def test_unknown_scheduler_and_bad_steps_are_refused() -> None:
 
 needs_diffusers = pytest.mark.skipif(
     importlib.util.find_spec("diffusers") is None,
-    reason="diffusers not installed (pip install 'kafka-trt-worker[gen]'): cross-check skipped")
+    reason="diffusers not installed (the dev extra): cross-check skipped")
 SD15 = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
         "num_train_timesteps": 1000}
 

@@ -74,10 +74,13 @@ def sd_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from diffusers import AutoencoderKL
 
+    from tests.unit.engines.models.sd.modules.sd_references import reference_with
+
     root = tmp_path_factory.mktemp("sd-folder")
     weights = RandomSdWeights(TINY, 3)
-    weights.load("text_encoder").clip.save_pretrained(root / "text_encoder")
-    weights.load("unet").unet.save_pretrained(root / "unet")
+    nets = {"text_encoder": weights.load("text_encoder").clip, "unet": weights.load("unet").unet}
+    for c, net in nets.items():  # saved by transformers / diffusers, holding the random weights
+        reference_with(c, weights.config(c), net).save_pretrained(root / c)
     torch.manual_seed(3)
     AutoencoderKL.from_config(dict(TINY.vae)).save_pretrained(root / "vae")
     write_clip_tokenizer(root / "tokenizer")
