@@ -91,10 +91,6 @@ class OrtRunner(Runner):
             raise BackendUnavailable("onnxruntime does not import") from exc
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self._threads
-        # ORT's pool threads spin between runs by default. In the worker they share the cores
-        # with image decoding and the Kafka client, and spinning took the CPU those need:
-        # bench/NOTES.md (CPU end to end) has the measurement.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         source: str | bytes
         if self._engine is not None:
             # A cached artifact is already optimized for this CPU: do not optimize it again.
