@@ -57,12 +57,31 @@ class Backend:
 
     def precision(self, requested: str | None) -> str:
         """``requested`` where this backend runs it, else its default (onnxruntime runs
-        every model in fp32)."""
+        fp16 models in fp32)."""
         return requested if requested in self.precisions else self.precisions[0]
 
 
+def _ort_flags(params: EngineParams) -> dict[str, Any]:
+    """int8 only (fp32 keys stay as they were): the quantization recipe and a fingerprint of the
+    calibration images, so another calibration set (or recipe) builds another artifact."""
+    if params.precision != "int8":
+        return {}
+    from engines.backends.onnxruntime import INT8_RECIPE
+    from engines.calibration import calibration_fingerprint
+
+    folder = params.calibration_dir
+    return {"int8": INT8_RECIPE,
+            "calibration": calibration_fingerprint(folder) if folder is not None else None}
+
+
 def _trt_flags(params: EngineParams) -> dict[str, Any]:
-    return {"workspace_mb": params.workspace_mb}
+    flags: dict[str, Any] = {"workspace_mb": params.workspace_mb}
+    if params.precision == "int8" and params.calibration_dir is not None:
+        # Another calibration set is another engine (it was reused silently before).
+        from engines.calibration import calibration_fingerprint
+
+        flags["calibration"] = calibration_fingerprint(params.calibration_dir)
+    return flags
 
 
 def _aoti_flags(params: EngineParams) -> dict[str, Any]:
@@ -78,7 +97,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend(name="onnxruntime", artifact_name="model.ort.onnx",
             version=_lazy(f"{_ORT}:ort_version"), fingerprint=lambda device: cpu_fingerprint(),
             build=_lazy(f"{_ORT}:build_ort_engine"), runner=_lazy(f"{_ORT}:make_ort_runner"),
-            precisions=("fp32",), from_onnx=True, static_profiles=False),
+            precisions=("fp32", "int8"), from_onnx=True, static_profiles=False,
+            key_flags=_ort_flags),
     Backend(name="torch", artifact_name="weights.pt",
             version=_lazy(f"{_TORCH}.artifact:torch_version"), fingerprint=fingerprint_for,
             build=_lazy(f"{_TORCH}.artifact:build_torch_engine"),

@@ -62,7 +62,8 @@ BACKEND_DEFAULTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
     "tensorrt": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
     "aoti": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
 }
-BACKEND_PRECISIONS = {"onnxruntime": {"fp32"}, "torch": {"fp32", "fp16"},
+# onnxruntime int8: opt-in, calibrated on engines.calibration_dir (else the bundled samples).
+BACKEND_PRECISIONS = {"onnxruntime": {"fp32", "int8"}, "torch": {"fp32", "fp16"},
                       "tensorrt": {"fp32", "fp16", "int8", "fp8"}, "aoti": {"fp32", "fp16"}}
 # Backends that run the model's own torch network (the GPU preprocessing pipeline needs one).
 TORCH_NETWORK_BACKENDS = ("torch", "aoti")

@@ -64,11 +64,8 @@ def build_trt_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> None:
     p, spec = plan.params, plan.spec
     calibrator = None
     if p.precision == "int8" and p.calibration_dir is not None and plan.preprocess is not None:
-        from engines.backends.tensorrt.calibration import (
-            CalibrationBatches,
-            entropy_calibrator,
-            samples_from_folder,
-        )
+        from engines.backends.tensorrt.calibration import entropy_calibrator
+        from engines.calibration import CalibrationBatches, samples_from_folder
 
         samples = samples_from_folder(p.calibration_dir, plan.preprocess)
         batches = CalibrationBatches(samples, CALIBRATION_BATCH, spec.inputs[0].shape[1:])

@@ -39,7 +39,8 @@ def test_versions_and_fingerprints_resolve_lazily() -> None:
 def test_precisions_default_and_coerce() -> None:
     assert backend("torch").precision(None) == "fp16"
     assert backend("torch").precision("fp32") == "fp32"
-    assert backend("onnxruntime").precision("fp16") == "fp32"  # ORT runs every model in fp32
+    assert backend("onnxruntime").precision("fp16") == "fp32"  # ORT runs fp16 models in fp32
+    assert backend("onnxruntime").precision("int8") == "int8"  # opt-in, calibrated
     assert backend("tensorrt").precision("int8") == "int8"
 
 
@@ -50,6 +51,20 @@ def test_compiled_backends_add_build_flags_and_need_their_artifact() -> None:
         "aoti": {"inductor": {"max_autotune": True}}}
     assert dict(backend("aoti").key_flags(EngineParams(device="cpu"))) == {"inductor": {}}
     assert [n for n, b in BACKENDS.items() if b.needs_artifact] == ["tensorrt", "aoti"]
+
+
+def test_tensorrt_int8_keys_on_its_calibration_images(tmp_path: Path) -> None:
+    """Another calibration set is another TensorRT int8 engine (it used to reuse the old one)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, pixels in ((a, b"\x01"), (b, b"\x02")):
+        folder.mkdir()
+        (folder / "frame.jpg").write_bytes(b"\xff\xd8" + pixels)
+    flags = {f.name: dict(backend("tensorrt").key_flags(
+        EngineParams(precision="int8", calibration_dir=f))) for f in (a, b)}
+    assert flags["a"]["calibration"] != flags["b"]["calibration"]
+    assert flags["a"]["workspace_mb"] == flags["b"]["workspace_mb"]
+    fp16 = dict(backend("tensorrt").key_flags(EngineParams(precision="fp16", calibration_dir=a)))
+    assert "calibration" not in fp16  # only int8 depends on the images
 
 
 def test_importing_the_engines_imports_no_gpu_library() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engines.backends.tensorrt.calibration import CalibrationBatches, samples_from_folder
 from engines.backends.tensorrt.shapes import optimization_profiles, profile_index_for
+from engines.calibration import CalibrationBatches, samples_from_folder
 from engines.profiles import RangeProfile, StaticProfile
 
 ITEM = (224, 224, 3)

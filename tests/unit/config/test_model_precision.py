@@ -1,0 +1,31 @@
+"""worker.config.model: which precision each backend accepts (onnxruntime int8 is opt-in)."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.config import BACKEND_PRECISIONS, load_config
+from worker.exceptions import ConfigError
+
+
+def test_onnxruntime_defaults_to_fp32_and_accepts_int8() -> None:
+    assert load_config().model.effective_precision == "fp32"
+    cfg = load_config(model={"backend": "onnxruntime", "precision": "int8"})
+    assert (cfg.model.backend, cfg.model.effective_precision) == ("onnxruntime", "int8")
+
+
+@pytest.mark.parametrize("backend,precision", [
+    ("onnxruntime", "fp16"), ("onnxruntime", "fp8"), ("torch", "int8"), ("aoti", "int8"),
+    ("torch", "fp8"), ("aoti", "fp8"),
+])
+def test_combinations_that_do_not_exist_are_refused(backend: str, precision: str) -> None:
+    with pytest.raises(ConfigError, match=f"backend {backend} does not support precision "
+                                          f"{precision}"):
+        load_config(model={"backend": backend, "precision": precision})
+
+
+def test_every_listed_combination_is_accepted() -> None:
+    for backend, precisions in BACKEND_PRECISIONS.items():
+        for precision in precisions:
+            assert load_config(model={"backend": backend, "precision": precision}
+                               ).model.effective_precision == precision

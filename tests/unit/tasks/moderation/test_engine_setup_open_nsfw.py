@@ -1,0 +1,53 @@
+"""worker.tasks.moderation.engine_setup.open_nsfw: onnxruntime int8 calibrates on
+engines.calibration_dir, else on the bundled sample photos (with a warning)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from structlog.testing import capture_logs
+
+import worker
+from worker.config import load_config
+from worker.tasks.moderation.engine_setup.open_nsfw import bundled_samples, engine_plan
+from worker.tasks.moderation.engine_setup.text import tower_params
+
+
+def test_fp32_plan_is_unchanged(tmp_path: Path) -> None:
+    plan = engine_plan(load_config(engines={"cache_dir": str(tmp_path)}))
+    assert (plan.precision, plan.params.calibration_dir) == ("fp32", None)
+    assert plan.recipe().flags == {}
+
+
+def test_int8_without_a_calibration_dir_uses_the_bundled_samples(tmp_path: Path) -> None:
+    assert bundled_samples() == Path(worker.__file__).parent / "samples"
+    with capture_logs() as logs:
+        plan = engine_plan(load_config(model={"precision": "int8"},
+                                       engines={"cache_dir": str(tmp_path)}))
+    assert plan.params.calibration_dir == bundled_samples()
+    assert [e["event"] for e in logs] == ["int8_calibration_on_bundled_samples"]
+    assert "engines.calibration_dir" in logs[0]["hint"]
+    assert plan.preprocess is not None
+
+
+def test_a_configured_calibration_dir_is_kept_and_keys_the_artifact(tmp_path: Path) -> None:
+    own = tmp_path / "frames"
+    own.mkdir()
+    shutil.copy(bundled_samples() / "coffee.png", own / "coffee.png")
+    cfg = load_config(model={"precision": "int8"},
+                      engines={"cache_dir": str(tmp_path), "calibration_dir": str(own)})
+    with capture_logs() as logs:
+        plan = engine_plan(cfg)
+    assert plan.params.calibration_dir == own and logs == []
+    bundled = engine_plan(load_config(model={"precision": "int8"},
+                                      engines={"cache_dir": str(tmp_path)}))
+    assert plan.recipe().key != bundled.recipe().key
+
+
+def test_other_backends_and_text_towers_are_untouched(tmp_path: Path) -> None:
+    cfg = load_config(model={"backend": "tensorrt", "precision": "int8"},
+                      engines={"cache_dir": str(tmp_path)})
+    assert engine_plan(cfg).params.calibration_dir is None  # TensorRT asks for it itself
+    ort_int8 = load_config(model={"precision": "int8"})
+    assert tower_params(ort_int8, None, None).precision == "fp32"
