@@ -213,14 +213,15 @@ class InstantTask:
         """No engine or pool to close."""
 
 
-def through_worker(bootstrap: str, tag: str, n: int, profile_to: Path | None
-                   ) -> dict[str, Any]:
+def through_worker(bootstrap: str, tag: str, n: int, profile_to: Path | None,
+                   kafka: dict[str, Any] | None = None) -> dict[str, Any]:
     from worker.config import load_config
     from worker.logs import configure_logging
     from worker.loop.worker import Worker
 
     configure_logging("WARNING")
-    cfg = load_config(kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}"},
+    cfg = load_config(kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}",
+                             **(kafka or {})},
                       topics={"jobs": f"jobs-{tag}", "results": f"results-{tag}",
                               "dlq": f"dlq-{tag}"},
                       batch={"max_batch_size": 512, "max_delay_ms": 2, "high_watermark": 20000,
