@@ -36,7 +36,7 @@ import confluent_kafka as ck
 import msgpack
 
 from bench.common import environment, write
-from bench.passthrough_bench import InstantTask, create, fill, through_worker
+from bench.passthrough_bench import InstantTask, create, fill, through_worker, worker_config
 
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("shipped defaults", {}),
@@ -47,18 +47,6 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("compression lz4", {"compression": "lz4"}),
     ("compression zstd", {"compression": "zstd"}),
 ]
-
-
-def worker_config(bootstrap: str, tag: str, kafka: dict[str, Any]) -> Any:
-    from worker.config import load_config
-
-    return load_config(kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}", **kafka},
-                       topics={"jobs": f"jobs-{tag}", "results": f"results-{tag}",
-                               "dlq": f"dlq-{tag}"},
-                       batch={"max_batch_size": 512, "max_delay_ms": 2,
-                              "high_watermark": 20000, "low_watermark": 5000,
-                              "poll_timeout_ms": 5},
-                       log={"level": "WARNING"})
 
 
 def latency(bootstrap: str, kafka: dict[str, Any], rate: int, seconds: float) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import io
 import numpy as np
 from PIL import Image, ImageOps
 
-from worker.tools.demo import samples_dir
+from worker.bundled import samples_dir
 
 
 def jpeg_photos(n: int, seed: int = 0, side: int = 256, quality: int = 90) -> list[bytes]:

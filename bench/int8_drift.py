@@ -101,22 +101,13 @@ def pushed_rows(start: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def runners(cache: Path) -> dict[str, Any]:
-    import worker
-    from engines.assembly import EngineParams, EnginePlan
-    from engines.models.open_nsfw import ITEM_SHAPE, open_nsfw_spec
-    from engines.profiles import RangeProfile
-    from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+    """Both engines exactly as the worker plans them (int8 on its fallback calibration)."""
+    from worker.config import load_config
+    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan
 
-    profiles = (RangeProfile("cpu", ITEM_SHAPE, ITEM_SHAPE, ITEM_SHAPE, 1, 16, 64),)
-    samples = Path(worker.__file__).parent / "samples"
-    out = {}
-    for precision in ("fp32", "int8"):
-        plan = EnginePlan(open_nsfw_spec(), profiles,
-                          EngineParams(precision=precision, cache_dir=cache,
-                                       calibration_dir=samples if precision == "int8" else None),
-                          preprocess=lambda data: preprocess_open_nsfw(decode_image(data)))
-        out[precision] = plan.runner()
-    return out
+    return {p: engine_plan(load_config(model={"precision": p}, engines={"cache_dir": cache},
+                                       log={"level": "WARNING"})).runner()
+            for p in ("fp32", "int8")}
 
 
 def scores(runner: Any, rows: np.ndarray, batch: int = 16) -> np.ndarray:

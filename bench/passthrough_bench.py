@@ -213,20 +213,27 @@ class InstantTask:
         """No engine or pool to close."""
 
 
+def worker_config(bootstrap: str, tag: str, kafka: dict[str, Any] | None = None) -> Any:
+    """The benchmarks' worker config: topics and group named by ``tag``, large fast batches,
+    ``kafka`` settings over the shipped ones."""
+    from worker.config import load_config
+
+    return load_config(kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}",
+                              **(kafka or {})},
+                       topics={"jobs": f"jobs-{tag}", "results": f"results-{tag}",
+                               "dlq": f"dlq-{tag}"},
+                       batch={"max_batch_size": 512, "max_delay_ms": 2, "high_watermark": 20000,
+                              "low_watermark": 5000, "poll_timeout_ms": 5},
+                       log={"level": "WARNING"})
+
+
 def through_worker(bootstrap: str, tag: str, n: int, profile_to: Path | None,
                    kafka: dict[str, Any] | None = None) -> dict[str, Any]:
-    from worker.config import load_config
     from worker.logs import configure_logging
     from worker.loop.worker import Worker
 
     configure_logging("WARNING")
-    cfg = load_config(kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}",
-                             **(kafka or {})},
-                      topics={"jobs": f"jobs-{tag}", "results": f"results-{tag}",
-                              "dlq": f"dlq-{tag}"},
-                      batch={"max_batch_size": 512, "max_delay_ms": 2, "high_watermark": 20000,
-                             "low_watermark": 5000, "poll_timeout_ms": 5},
-                      log={"level": "WARNING"})
+    cfg = worker_config(bootstrap, tag, kafka)
     worker = Worker(cfg, task=InstantTask(cfg))
     prof = cProfile.Profile() if profile_to is not None else None
     marks: dict[str, float] = {}

@@ -101,9 +101,10 @@ class EnginePlan:
 
     def runner(self, on_build: Callable[[BuildRecipe], None] | None = None) -> Runner:
         """The runner, not active: the artifact is looked up (or built) in ``activate``. With
-        the cache off it runs from the model, except on backends that need their artifact."""
+        the cache off it runs from the model, except where the backend or the precision
+        exists only as an artifact."""
         b = self.registry_entry
-        use = self.params.use_cache or b.needs_artifact
+        use = self.params.use_cache or b.runs_from_artifact(self.params.precision)
         return b.runner(self, DeferredLoader(self, on_build) if use else None)
 
 

@@ -184,12 +184,8 @@ def _quant_errors() -> tuple[type[BaseException], ...]:
 
 
 def make_ort_runner(plan: EnginePlan, engine: DeferredLoader | None) -> OrtRunner:
-    """The registry's runner factory. int8 runs only its built artifact, so it goes through
-    the cache even where the cache is off (as TensorRT and AOTInductor always do)."""
-    if engine is None and plan.precision == "int8":
-        from engines.assembly import DeferredLoader
-
-        engine = DeferredLoader(plan, None)
+    """The registry's runner factory (int8 always gets its artifact: the registry marks it an
+    artifact-only precision)."""
     return OrtRunner(plan.spec, intra_op_threads=plan.params.intra_op_threads, engine=engine)
 
 

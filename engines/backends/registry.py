@@ -54,6 +54,14 @@ class Backend:
     static_profiles: bool  # runs static profiles best (a captured graph per batch size)
     needs_artifact: bool = False  # runs only a built artifact: always through the cache
     key_flags: Callable[[EngineParams], Mapping[str, Any]] = field(default=_no_flags)
+    # Precisions that exist only as a built artifact (onnxruntime's int8: a quantized model),
+    # so they too always go through the cache.
+    artifact_precisions: tuple[str, ...] = ()
+
+    def runs_from_artifact(self, precision: str) -> bool:
+        """Whether a runner of ``precision`` must get its artifact from the cache (even with
+        the cache off)."""
+        return self.needs_artifact or precision in self.artifact_precisions
 
     def precision(self, requested: str | None) -> str:
         """``requested`` where this backend runs it, else its default (onnxruntime runs
@@ -61,26 +69,29 @@ class Backend:
         return requested if requested in self.precisions else self.precisions[0]
 
 
+def _calibration(params: EngineParams) -> str | None:
+    """A fingerprint of the int8 calibration images (None when none are set): int8 artifacts
+    key on it, so another calibration set builds another one."""
+    if params.calibration_dir is None:
+        return None
+    from engines.calibration import calibration_fingerprint
+
+    return calibration_fingerprint(params.calibration_dir)
+
+
 def _ort_flags(params: EngineParams) -> dict[str, Any]:
-    """int8 only (fp32 keys stay as they were): the quantization recipe and a fingerprint of the
-    calibration images, so another calibration set (or recipe) builds another artifact."""
+    """int8 only (fp32 keys stay as they were): the quantization recipe and the calibration."""
     if params.precision != "int8":
         return {}
     from engines.backends.onnxruntime import INT8_RECIPE
-    from engines.calibration import calibration_fingerprint
 
-    folder = params.calibration_dir
-    return {"int8": INT8_RECIPE,
-            "calibration": calibration_fingerprint(folder) if folder is not None else None}
+    return {"int8": INT8_RECIPE, "calibration": _calibration(params)}
 
 
 def _trt_flags(params: EngineParams) -> dict[str, Any]:
     flags: dict[str, Any] = {"workspace_mb": params.workspace_mb}
     if params.precision == "int8" and params.calibration_dir is not None:
-        # Another calibration set is another engine (it was reused silently before).
-        from engines.calibration import calibration_fingerprint
-
-        flags["calibration"] = calibration_fingerprint(params.calibration_dir)
+        flags["calibration"] = _calibration(params)
     return flags
 
 
@@ -98,7 +109,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             version=_lazy(f"{_ORT}:ort_version"), fingerprint=lambda device: cpu_fingerprint(),
             build=_lazy(f"{_ORT}:build_ort_engine"), runner=_lazy(f"{_ORT}:make_ort_runner"),
             precisions=("fp32", "int8"), from_onnx=True, static_profiles=False,
-            key_flags=_ort_flags),
+            key_flags=_ort_flags, artifact_precisions=("int8",)),
     Backend(name="torch", artifact_name="weights.pt",
             version=_lazy(f"{_TORCH}.artifact:torch_version"), fingerprint=fingerprint_for,
             build=_lazy(f"{_TORCH}.artifact:build_torch_engine"),

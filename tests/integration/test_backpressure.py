@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from worker.bundled import samples_dir
 from worker.devkit.workers import (
     WorkerProcess,
     fresh_topics,
@@ -18,7 +19,6 @@ from worker.devkit.workers import (
     worker_config,
     worker_env,
 )
-from worker.tools.demo import samples_dir
 from worker.tools.produce import produce_folder
 
 pytestmark = pytest.mark.integration

@@ -15,6 +15,7 @@ import msgpack
 import pytest
 
 from tests.unit.tasks.moderation.clip.conftest import tiny_clip  # noqa: F401 - a fixture, used by name
+from worker.bundled import samples_dir
 from worker.devkit.workers import (
     ThreadedWorker,
     fresh_topics,
@@ -22,7 +23,6 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
-from worker.tools.demo import samples_dir
 from worker.wire.moderation_codec import decode_result
 
 pytestmark = pytest.mark.integration

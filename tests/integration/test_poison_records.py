@@ -24,6 +24,7 @@ import random
 import confluent_kafka as ck
 import pytest
 
+from worker.bundled import samples_dir
 from worker.devkit.local_kafka.admin import create_topics
 from worker.devkit.workers import (
     ThreadedWorker,
@@ -34,7 +35,6 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
-from worker.tools.demo import samples_dir
 from worker.tools.produce import encode_job
 
 pytestmark = pytest.mark.integration

@@ -8,6 +8,7 @@ import zlib
 import msgpack
 import pytest
 
+from worker.bundled import samples_dir
 from worker.devkit.workers import (
     ThreadedWorker,
     committed,
@@ -18,7 +19,6 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
-from worker.tools.demo import samples_dir
 from worker.tools.produce import encode_job
 from worker.wire.moderation_codec import decode_result
 

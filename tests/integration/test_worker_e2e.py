@@ -7,6 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from engines.models.open_nsfw import bundled_onnx_path
+from worker.bundled import samples_dir
 from worker.devkit.workers import (
     ThreadedWorker,
     committed,
@@ -17,7 +18,6 @@ from worker.devkit.workers import (
     worker_config,
 )
 from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
-from worker.tools.demo import samples_dir
 from worker.tools.produce import produce_folder
 from worker.wire.moderation_codec import decode_result
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from worker.bundled import samples_dir
 from worker.devkit.workers import (
     WorkerProcess,
     committed,
@@ -19,7 +20,6 @@ from worker.devkit.workers import (
     worker_config,
     worker_env,
 )
-from worker.tools.demo import samples_dir
 from worker.tools.produce import produce_folder
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ import io
 import numpy as np
 from PIL import Image
 
+from worker.bundled import samples_dir
 from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
-from worker.tools.demo import samples_dir
 
 
 def synthetic_images(seed: int, n: int, fmt: str = "PNG") -> list[bytes]:

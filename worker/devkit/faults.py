@@ -28,9 +28,9 @@ import confluent_kafka as ck
 import msgpack
 from PIL import Image
 
+from worker.bundled import samples_dir
 from worker.config import WorkerConfig
 from worker.devkit.workers import WorkerProcess, worker_env
-from worker.tools.demo import samples_dir
 from worker.tools.produce import encode_job
 
 # --- jobs ---------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ until every job is answered, prints verdicts and timings, and stops everything.
 from __future__ import annotations
 
 import contextlib
-import importlib.resources
 import threading
 import time
 import uuid
@@ -20,15 +19,12 @@ import confluent_kafka as ck
 from rich.console import Console
 from rich.table import Table
 
+from worker.bundled import samples_dir
 from worker.config import WorkerConfig
 from worker.kafka import consumer_settings
 from worker.loop.worker import Worker
 from worker.tools.produce import encode_job, produce_folder
 from worker.wire.moderation_codec import decode_result
-
-
-def samples_dir() -> Path:
-    return Path(str(importlib.resources.files("worker").joinpath("samples")))
 
 
 @contextlib.contextmanager

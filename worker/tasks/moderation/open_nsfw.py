@@ -8,7 +8,6 @@ behind the open_nsfw plug-in of image-and-text moderation
 
 from __future__ import annotations
 
-import importlib.resources
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from engines.exceptions import InferenceFailed
 from engines.models.open_nsfw import LABELS
 from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
+from worker.bundled import samples_dir
 from worker.config import WorkerConfig
 from worker.exceptions import JobRejected, NothingToScore, UnknownPolicy
 from worker.tasks.batched import BatchedTask, QueuedJob, sticky_device_error
@@ -180,8 +180,7 @@ class OpenNsfwTask(BatchedTask[Pending]):
         ``profiles``, default the task's), on a real bundled photo, so the first jobs do not
         pay for lazy allocations (ORT's arena, cuDNN's kernel choice)."""
         self.runner.activate()
-        sample = importlib.resources.files("worker").joinpath("samples", "coffee.png")
-        row = preprocess_open_nsfw(decode_image(sample.read_bytes()))
+        row = preprocess_open_nsfw(decode_image((samples_dir() / "coffee.png").read_bytes()))
         cap = self.cfg.batch.max_batch_size
         sizes: set[int] = set()
         for p in self.profiles if profiles is None else profiles:

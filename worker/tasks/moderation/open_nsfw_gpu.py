@@ -63,10 +63,9 @@ class OpenNsfwGpuTask(OpenNsfwTask):
         return self.pipeline.compute is not None and self._warm
 
     def _sample_bytes(self) -> bytes:
-        import importlib.resources
+        from worker.bundled import samples_dir
 
-        return importlib.resources.files("worker").joinpath("samples", "astronaut.jpg"
-                                                              ).read_bytes()
+        return (samples_dir() / "astronaut.jpg").read_bytes()
 
     def _stop(self) -> None:
         super()._stop()

@@ -9,8 +9,9 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 import worker
+from worker.bundled import samples_dir as bundled_samples
 from worker.config import load_config
-from worker.tasks.moderation.engine_setup.open_nsfw import bundled_samples, engine_plan
+from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan
 from worker.tasks.moderation.engine_setup.text import tower_params
 
 

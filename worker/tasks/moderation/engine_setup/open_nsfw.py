@@ -7,10 +7,8 @@ loader and runner are assembled by :class:`engines.assembly.EnginePlan`).
 
 from __future__ import annotations
 
-import importlib.resources
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import structlog
@@ -20,6 +18,7 @@ from engines.backends.base import Runner
 from engines.cache import BuildRecipe, EngineFromCache
 from engines.models.open_nsfw import ITEM_SHAPE, open_nsfw_spec
 from engines.profiles import Profile, RangeProfile, StaticProfile
+from worker.bundled import samples_dir
 from worker.config import ProfileSettings, WorkerConfig
 
 log = structlog.get_logger("worker")
@@ -50,11 +49,6 @@ def _calibration_sample(data: bytes) -> np.ndarray:
     return preprocess_open_nsfw(decode_image(data))
 
 
-def bundled_samples() -> Path:
-    """The worker's sample photos (worker/samples)."""
-    return Path(str(importlib.resources.files("worker").joinpath("samples")))
-
-
 def engine_plan(cfg: WorkerConfig) -> EnginePlan:
     m = cfg.model
     profiles = tuple(to_profile(p, ITEM_SHAPE) for p in m.effective_profiles)
@@ -64,7 +58,7 @@ def engine_plan(cfg: WorkerConfig) -> EnginePlan:
         # A smoke-level calibration (8 stock photos, each also mirrored): enough to run, not
         # to trust. Production points engines.calibration_dir at a few hundred representative
         # frames of its own traffic (a different folder keys a different artifact).
-        params = replace(params, calibration_dir=bundled_samples())
+        params = replace(params, calibration_dir=samples_dir())
         log.warning("int8_calibration_on_bundled_samples", calibration_dir=str(
             params.calibration_dir), hint="set engines.calibration_dir to a few hundred "
             "representative images for a production calibration")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from worker.bundled import samples_dir
 from worker.exceptions import ImageRejected
 from worker.tasks.moderation.images.cpu import ImageLimits, crop_pixels, decode_image
-from worker.tools.demo import samples_dir
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
 pytest.importorskip("torchvision", reason="torchvision is not installed")
