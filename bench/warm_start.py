@@ -1,0 +1,176 @@
+"""Warm start as a user meets it: `trt-worker run` started as a fresh process, broker already
+up, one job waiting in the topic; seconds from the process's start to its result at a reader.
+
+Per task (open_nsfw moderation on the torch backend with GPU preprocessing; SD 1.5 generation
+with random weights, one 512x512 image of 20 steps), the first run builds the engine cache and
+the next ``--runs`` load it. Each run gets fresh topics and group. The worker's stderr lines
+are time-stamped as they arrive, so the record also gives the process start to its
+``worker_started`` line (imports, engine load, warm-up, before the consumer subscribes).
+
+    python bench/warm_start.py --out DIR [--tasks moderation,generation] [--runs 2]
+
+The broker: ``KAFKA_BOOTSTRAP_SERVERS`` if set, else a LocalKafka (Apache Kafka from the jars;
+``JAVA_HOME`` and ``KTW_CACHE_DIR`` as bench/device_kafka.sh sets them). ``--cpu`` runs the
+embedded default instead (ONNX Runtime, the CPU machine), for a dry run or the CPU figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
+
+from bench.common import environment, write  # noqa: E402
+
+
+def sections(task: str, tag: str, cache: Path, blobs: Path, cpu: bool) -> dict[str, Any]:
+    """The config sections a user of ``task`` writes, as the worker's env overrides take them."""
+    topics = {"jobs": f"jobs-{tag}", "results": f"results-{tag}", "dlq": f"dlq-{tag}"}
+    common = {"kafka": {"group_id": f"warm-{tag}", "client_id": f"warm-{tag}"},
+              "engines": {"cache_dir": str(cache)}, "log": {"level": "INFO"}}
+    if task == "moderation":
+        model = {} if cpu else {"backend": "torch", "preprocess": "gpu",
+                                "jpeg_roundtrip": False}
+        return common | {"topics": topics, "model": model}
+    gen = {"random_weights": "tiny" if cpu else "sd15", "backend": "torch",
+           "device": "cpu" if cpu else "cuda:0",
+           "sizes": [{"width": 64, "height": 64}] if cpu else [{"width": 512, "height": 512}],
+           "text_batch_sizes": [2], "unet_batch_sizes": [2], "vae_batch_sizes": [1],
+           "max_images_per_job": 1, "max_images_per_batch": 1, "blob": {"local_dir": str(blobs)},
+           "topics": {f: f"gen-{t}" for f, t in topics.items()}}
+    return common | {"processing": {"task": "generation"},
+                     "topics": {f: f"mod-{t}" for f, t in topics.items()}, "generation": gen,
+                     "batch": {"max_batch_size": 1}}
+
+
+def job(task: str, cpu: bool) -> tuple[str, bytes]:
+    if task == "moderation":
+        from worker.bundled import samples_dir
+        from worker.tools.produce import encode_job
+
+        return "warm-1", encode_job("warm-1", (samples_dir() / "astronaut.jpg").read_bytes())
+    from worker.wire.generation_codec import encode_generation_job
+
+    side = 64 if cpu else 512
+    return "warm-1", encode_generation_job("warm-1", "a red bicycle against a white wall",
+                                           width=side, height=side, steps=20,
+                                           scheduler="ddim", seed=1, num_images=1)
+
+
+def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
+            timeout_s: float) -> dict[str, Any]:
+    import confluent_kafka as ck
+
+    from worker.devkit.local_kafka.admin import create_topics
+
+    tag = uuid.uuid4().hex[:8]
+    cfg = sections(task, tag, cache, blobs, cpu)
+    tp = cfg["generation"]["topics"] if task == "generation" else cfg["topics"]
+    create_topics(bootstrap, [tp["jobs"], tp["results"], tp["dlq"]], partitions=1)
+    if task == "generation":  # the moderation topics the generation worker also checks
+        create_topics(bootstrap, list(cfg["topics"].values()), partitions=1)
+    key, value = job(task, cpu)
+    producer = ck.Producer({"bootstrap.servers": bootstrap})
+    producer.produce(tp["jobs"], key=key.encode(), value=value)
+    producer.flush(10)
+    reader = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{tag}",
+                          "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+    reader.assign([ck.TopicPartition(tp["results"], 0, ck.OFFSET_BEGINNING),
+                   ck.TopicPartition(tp["dlq"], 0, ck.OFFSET_BEGINNING)])
+    reader.consume(1, 0.5)  # connected and positioned before the clock starts
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, PYTHONUNBUFFERED="1")
+    env |= {f"KTW_{k.upper()}": json.dumps(v) for k, v in cfg.items()}
+    lines: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], env=env, cwd=HERE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append((time.monotonic() - t0, line.rstrip()))
+
+    pump = threading.Thread(target=read_stderr, daemon=True)
+    pump.start()
+    got: dict[str, Any] = {}
+    try:
+        while time.monotonic() - t0 < timeout_s and proc.poll() is None:
+            for m in reader.consume(10, 0.005):
+                if m.error() is None and m.key() == key.encode():
+                    got = {"topic": "dlq" if m.topic() == tp["dlq"] else "results",
+                           "s": time.monotonic() - t0}
+            if got:
+                break
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        reader.close()
+        pump.join(5)
+
+    def first(event: str) -> float | None:
+        return next((round(t, 3) for t, line in lines if f'"event": "{event}"' in line), None)
+
+    out: dict[str, Any] = {"task": task, "first_result_s": round(got["s"], 3) if got else None,
+                           "answered_on": got.get("topic"),
+                           "to_worker_started_s": first("worker_started"),
+                           "to_partitions_assigned_s": first("partitions_assigned"),
+                           "engine_events": [(t, json.loads(line).get("event"))
+                                             for t, line in lines if line.startswith("{")
+                                             and "engine" in line][:8]}
+    if not got:
+        out["stderr_tail"] = [line for _, line in lines[-15:]]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--tasks", default="moderation,generation")
+    ap.add_argument("--runs", type=int, default=2, help="runs with the engine cached")
+    ap.add_argument("--cpu", action="store_true", help="the embedded default (no GPU)")
+    ap.add_argument("--timeout", type=float, default=240.0)
+    args = ap.parse_args()
+    record: dict[str, Any] = {"benchmark": "warm_start", "env": environment(),
+                              "params": vars(args) | {"out": str(args.out)}}
+    with contextlib.ExitStack() as stack:
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+        if bootstrap:
+            record["broker"] = {"kind": "env"}
+        else:
+            from worker.devkit.local_kafka import LocalKafka
+
+            broker = LocalKafka()
+            stack.callback(broker.stop)
+            bootstrap = broker.start()
+            record["broker"] = {"kind": "Apache Kafka (LocalKafka, KRaft, single node)",
+                                "group.initial.rebalance.delay.ms": 0}
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="warm-start-")))
+        for task in args.tasks.split(","):
+            cache = work / f"cache-{task}"
+            runs = []
+            for i in range(args.runs + 1):
+                r = one_run(bootstrap, task, cache, work / "blobs", args.cpu, args.timeout)
+                r["engine_cache"] = "built by this run" if i == 0 else "cached"
+                print(json.dumps(r), flush=True)
+                runs.append(r)
+            record[task] = runs
+    print("wrote", write("warm-start", record, args.out))
+
+
+if __name__ == "__main__":
+    main()
