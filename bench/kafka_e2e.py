@@ -60,7 +60,11 @@ def main() -> None:
     ap.add_argument("--worker-overrides", default="",
                     help='JSON merged over the worker config, e.g. {"batch": '
                          '{"max_in_flight_batches": 8}}')
+    ap.add_argument("--switch-interval-ms", type=float, default=None,
+                    help="the worker processes' sys.setswitchinterval (Python's default: 5 ms)")
     args = ap.parse_args()
+    if args.switch_interval_ms is not None:
+        os.environ["BENCH_SWITCH_INTERVAL_MS"] = str(args.switch_interval_ms)
     if args.worker_overrides:
         os.environ["BENCH_WORKER_OVERRIDES"] = args.worker_overrides
     root = args.code_root.resolve()
@@ -79,7 +83,8 @@ def main() -> None:
         "code_root": str(root), "code_commit": os.environ.get("BENCH_CODE_COMMIT", "unknown"),
         "params": {"jobs": args.jobs, "procs": args.procs, "preprocess": args.preprocess,
                    "naive_jobs": args.naive_jobs, "gpus": args.gpus,
-                   "worker_overrides": json.loads(args.worker_overrides or "{}")},
+                   "worker_overrides": json.loads(args.worker_overrides or "{}"),
+                   "switch_interval_ms": args.switch_interval_ms},
     }
     photos = jpeg_photos(4096, seed=0)
     record["params"]["mean_jpeg_bytes"] = float(np.mean([len(p) for p in photos]))

@@ -276,6 +276,8 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
     each gets its own (``gpu``: the one device it sees, as `trt-worker run --gpus` does)."""
     if gpu is not None:  # before anything initialises CUDA in this (spawned) process
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    if os.environ.get("BENCH_SWITCH_INTERVAL_MS"):  # kafka_e2e.py --switch-interval-ms
+        sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL_MS"]) / 1e3)
     from worker.logs import configure_logging
     from worker.loop.worker import Worker
 
@@ -291,7 +293,12 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
         time.sleep(0.02)
     worker.stop()
     th.join(60)
-    hops.put(worker.hops.summary())  # where each job's time went, hop by hop
+    summary = worker.hops.summary()  # where each job's time went, hop by hop
+    vitals = getattr(worker, "vitals", None)  # (older checkouts have none)
+    if vitals is not None:  # batch sizes per profile: do the batches fill?
+        summary["batches"] = {p: {"n": b.count(), "mean_size": round(b.sum / max(1, b.count()), 1)}
+                              for p, b in vitals.batch_size.items()}
+    hops.put(summary)
 
 
 def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,

@@ -70,7 +70,7 @@ def job(task: str, cpu: bool) -> tuple[str, bytes]:
 
 
 def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
-            timeout_s: float) -> dict[str, Any]:
+            timeout_s: float, profile: Path | None = None) -> dict[str, Any]:
     import confluent_kafka as ck
 
     from worker.devkit.local_kafka.admin import create_topics
@@ -94,7 +94,11 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
     env |= {f"KTW_{k.upper()}": json.dumps(v) for k, v in cfg.items()}
     lines: list[tuple[float, str]] = []
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], env=env, cwd=HERE,
+    argv = [sys.executable, "-m", "worker", "run"]
+    if profile is not None:  # py-spy samples the start-up (its own start adds ~0.1 s)
+        argv = [py_spy(), "record", "--rate", "250", "--format", "speedscope", "-o",
+                str(profile), "--", *argv]
+    proc = subprocess.Popen(argv, env=env, cwd=HERE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def read_stderr() -> None:
@@ -122,19 +126,35 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
         reader.close()
         pump.join(5)
 
-    def first(event: str) -> float | None:
-        return next((round(t, 3) for t, line in lines if f'"event": "{event}"' in line), None)
+    events = []
+    for t, line in lines:
+        with contextlib.suppress(ValueError):
+            events.append((round(t, 3), json.loads(line)))
 
+    def first(event: str) -> float | None:
+        return next((t for t, e in events if e.get("event") == event), None)
+
+    started = next((e for _, e in events if e.get("event") == "worker_started"), {})
     out: dict[str, Any] = {"task": task, "first_result_s": round(got["s"], 3) if got else None,
                            "answered_on": got.get("topic"),
                            "to_worker_started_s": first("worker_started"),
                            "to_partitions_assigned_s": first("partitions_assigned"),
-                           "engine_events": [(t, json.loads(line).get("event"))
-                                             for t, line in lines if line.startswith("{")
-                                             and "engine" in line][:8]}
+                           "startup_s": started.get("startup_s"),
+                           "events": [(t, e.get("event")) for t, e in events][:20]}
     if not got:
         out["stderr_tail"] = [line for _, line in lines[-15:]]
     return out
+
+
+def py_spy() -> str:
+    import shutil
+
+    # On the GPU machine the wheel is installed with --target: its script sits in <target>/bin.
+    beside = [Path(p) / "bin" / "py-spy" for p in sys.path if p]
+    found = shutil.which("py-spy") or next((str(p) for p in beside if p.is_file()), None)
+    if found is None:
+        raise SystemExit("--profile needs py-spy (pip install py-spy)")
+    return found
 
 
 def main() -> None:
@@ -144,6 +164,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="runs with the engine cached")
     ap.add_argument("--cpu", action="store_true", help="the embedded default (no GPU)")
     ap.add_argument("--timeout", type=float, default=240.0)
+    ap.add_argument("--profile", action="store_true",
+                    help="one more cached run per task under py-spy (speedscope JSON in --out)")
     args = ap.parse_args()
     record: dict[str, Any] = {"benchmark": "warm_start", "env": environment(),
                               "params": vars(args) | {"out": str(args.out)}}
@@ -166,6 +188,13 @@ def main() -> None:
             for i in range(args.runs + 1):
                 r = one_run(bootstrap, task, cache, work / "blobs", args.cpu, args.timeout)
                 r["engine_cache"] = "built by this run" if i == 0 else "cached"
+                print(json.dumps(r), flush=True)
+                runs.append(r)
+            if args.profile:
+                target = (args.out or Path(".")) / f"warm-start-{task}.speedscope.json"
+                r = one_run(bootstrap, task, cache, work / "blobs", args.cpu, args.timeout,
+                            profile=target)
+                r["engine_cache"], r["profile"] = "cached, under py-spy", target.name
                 print(json.dumps(r), flush=True)
                 runs.append(r)
             record[task] = runs

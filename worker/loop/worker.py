@@ -35,7 +35,7 @@ from worker.loop.output import CloudEvents, OutputBuilder
 from worker.loop.rejoin import ClusterProbe, Rejoin
 from worker.loop.stats import Stats
 from worker.observe.spans import make_spans
-from worker.observe.vitals import Vitals
+from worker.observe.vitals import Vitals, process_age_s
 from worker.tasks.protocol import Answer, Task
 from worker.wire.records import TopicPartitionKey
 
@@ -46,14 +46,17 @@ class Worker:
     def __init__(self, cfg: WorkerConfig, task: Task | None = None) -> None:
         if not cfg.kafka.bootstrap_servers:
             raise ConfigError("kafka.bootstrap_servers is empty (set KAFKA_BOOTSTRAP_SERVERS)")
+        built = time.monotonic()
         if task is None:
             from worker.tasks.registry import make_task
 
             task = make_task(cfg)
+        built = time.monotonic() - built
         self.cfg, self.task, self.topics = cfg, task, task.topics
         task.on_batch_done = self._batch_done
         self.stats = Stats()
         self.vitals = Vitals()  # heartbeat, warm-up, rebalances, batches, lag (worker.observe)
+        self.vitals.startup["task_built_s"] = round(built, 2)
         self.spans = make_spans(cfg)  # None unless tracing.otlp_endpoint is set
         self.assignment = Assignment()
         # A lost consumer that stays lost once the cluster answers is replaced (loop/rejoin.py).
@@ -91,18 +94,23 @@ class Worker:
 
     def run(self) -> None:
         check_topics(self.cfg, self.topics.jobs, self.topics.results, self.topics.dlq)
+        startup, t = self.vitals.startup, time.monotonic()
         self.task.warm_up()
+        startup["warm_up_s"] = round(time.monotonic() - t, 2)
         self.vitals.warm = True
+        t = time.monotonic()
         self.committer.start()
         self._consumer.open(on_commit=self.committer.on_commit)
         self._consumer.subscribe([self.topics.jobs], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
+        startup["clients_s"] = round(time.monotonic() - t, 2)
+        startup["since_process_start_s"] = process_age_s()
         self.vitals.subscribed = True
         log.info("worker_started", task=self.cfg.processing.task, topic=self.topics.jobs,
                  group=self.cfg.kafka.group_id, model=self.task.model_id,
                  engine=self.task.engine_hash, client_id=self.cfg.kafka.client_id,
                  guarantee=self.cfg.processing.guarantee,
-                 transactional_id=self.committer.transactional_id)
+                 transactional_id=self.committer.transactional_id, startup_s=startup)
         try:
             while not self._stop.is_set():
                 self.step()

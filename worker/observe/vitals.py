@@ -6,6 +6,7 @@ endpoints from theirs (plain attribute reads: a scrape sees a value a step old a
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 
@@ -16,9 +17,25 @@ from worker.observe.buckets import LATENCY_BOUNDS, RATIO_BOUNDS, SIZE_BOUNDS, Bu
 log = structlog.get_logger("worker")
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: /proc), so a start-up report includes the
+    interpreter and the imports before any worker code ran; None where /proc has no answer."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            # Field 22, after the parenthesised command name (which may hold spaces).
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Vitals:
     def __init__(self) -> None:
         self.started = time.monotonic()
+        # Where start-up went, in seconds (the worker_started line carries it).
+        self.startup: dict[str, float | None] = {}
         self.beat = self.started  # the loop's last step
         self.warm = False  # engines built and warmed up: the task can answer
         self.subscribed = False

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from worker.observe.vitals import Vitals
 
@@ -46,3 +51,14 @@ def test_batches_by_profile() -> None:
     assert v.batch_fill["b8"].cumulative()[-1] == ("+Inf", 2)
     assert [n for le, n in v.batch_fill["b8"].cumulative() if le == "0.8"] == [1]  # 6/8=0.75
     assert abs(v.engine_seconds["b8"].sum - 0.06) < 1e-9
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process_age_s reads Linux /proc")
+def test_process_age_counts_from_the_process_start_not_from_the_import() -> None:
+    # The child sleeps before it imports the worker: its age must include that time.
+    code = ("import time; time.sleep(1.2); from worker.observe.vitals import process_age_s; "
+            "print(process_age_s())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    age = float(out.stdout.strip())
+    assert 1.2 <= age < 30.0
