@@ -78,8 +78,10 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
     case $what in
     tests)
-        PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -q -p no:cacheprovider \
-            tests/gpu "$@" 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt" ;;
+        # Every line goes to the file as it comes (a cut-off run still says how far it got).
+        PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -v -p no:cacheprovider \
+            --durations=15 tests/gpu "$@" > "$OUT/gpu_tests.txt" 2>&1
+        tail -25 "$OUT/gpu_tests.txt" ;;
     probe|warm|kernels)
         script=$(case $what in probe) echo task_probe ;; warm) echo warm_start ;;
                  kernels) echo unet_kernels ;; esac)

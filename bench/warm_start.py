@@ -39,7 +39,8 @@ def sections(task: str, tag: str, cache: Path, blobs: Path, cpu: bool) -> dict[s
     """The config sections a user of ``task`` writes, as the worker's env overrides take them."""
     topics = {"jobs": f"jobs-{tag}", "results": f"results-{tag}", "dlq": f"dlq-{tag}"}
     common = {"kafka": {"group_id": f"warm-{tag}", "client_id": f"warm-{tag}"},
-              "engines": {"cache_dir": str(cache)}, "log": {"level": "INFO"}}
+              "engines": {"cache_dir": str(cache)}, "log": {"level": "INFO"},
+              "metrics": {"port": 0}}  # several runs (and other benches) on one machine
     if task == "moderation":
         model = {} if cpu else {"backend": "torch", "preprocess": "gpu",
                                 "jpeg_roundtrip": False}
@@ -94,12 +95,13 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
     env |= {f"KTW_{k.upper()}": json.dumps(v) for k, v in cfg.items()}
     lines: list[tuple[float, str]] = []
     t0 = time.monotonic()
-    argv = [sys.executable, "-m", "worker", "run"]
-    if profile is not None:  # py-spy samples the start-up (its own start adds ~0.1 s)
-        argv = [py_spy(), "record", "--rate", "250", "--format", "speedscope", "-o",
-                str(profile), "--", *argv]
-    proc = subprocess.Popen(argv, env=env, cwd=HERE,
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], env=env, cwd=HERE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    spy = None
+    if profile is not None:  # py-spy attaches to the worker (it writes when the worker exits)
+        spy = subprocess.Popen([py_spy(), "record", "--rate", "250", "--format", "speedscope",
+                                "-o", str(profile), "--pid", str(proc.pid)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def read_stderr() -> None:
         assert proc.stderr is not None
@@ -125,6 +127,11 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
             proc.kill()
         reader.close()
         pump.join(5)
+        if spy is not None:
+            try:
+                spy.wait(60)
+            except subprocess.TimeoutExpired:
+                spy.kill()
 
     events = []
     for t, line in lines:
