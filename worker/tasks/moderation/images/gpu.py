@@ -1,6 +1,7 @@
 """open_nsfw preprocessing on the GPU: nvJPEG decode, resize, crop, written into a device batch.
 
-JPEGs are decoded in one batched nvJPEG call (torchvision.io.decode_jpeg on CUDA); PNG and WebP
+JPEGs are decoded in one batched nvJPEG call (torchvision's decoder on CUDA, loaded without
+importing torchvision: :mod:`worker.tasks.moderation.images.jpeg_ops`); PNG and WebP
 are decoded by Pillow on the CPU and uploaded. Images of one size are resized together
 (bilinear with antialiasing, PIL's BILINEAR semantics), centre-cropped to 224 and written as
 uint8 RGB rows into the pipeline slot's device input; normalisation happens inside the engine's
@@ -32,7 +33,8 @@ from worker.tasks.moderation.images.cpu import (
 def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
                 ) -> list[Any | JobRejected]:
     import torch
-    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs
 
     out: list[Any | JobRejected] = [None] * len(datas)
     jpeg_idx: list[int] = []
@@ -57,12 +59,12 @@ def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
     if jpeg_idx:
         raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg_idx]
         try:
-            decoded = decode_jpeg(raw, mode=ImageReadMode.RGB, device=device)
+            decoded = decode_jpegs(raw, device)
         except RuntimeError:
             decoded = []
             for t in raw:  # one bad file fails the whole batch call: find it
                 try:
-                    decoded.append(decode_jpeg(t, mode=ImageReadMode.RGB, device=device))
+                    decoded.append(decode_jpegs([t], device)[0])
                 except RuntimeError:
                     decoded.append(None)  # the CPU decoder's verdict, below
         for k, i in enumerate(jpeg_idx):
