@@ -47,7 +47,12 @@ def _load() -> Any:
             if lib is not None:
                 try:
                     ops.load_library(str(lib))
-                except (OSError, RuntimeError):
+                    # Both operators, under the schema this module calls them with.
+                    found = {ops.image.decode_jpegs_cuda.default._schema.name,
+                             ops.image.decode_jpeg.default._schema.name}
+                    lib = lib if found == {"image::decode_jpegs_cuda",
+                                           "image::decode_jpeg"} else None
+                except (OSError, RuntimeError, AttributeError):
                     lib = None
             if lib is None:
                 import torchvision.io  # noqa: F401  (registers the same operators, slowly)
