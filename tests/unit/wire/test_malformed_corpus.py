@@ -1,4 +1,4 @@
-"""The flood corpus (tests/integration/faults.py): each class is rejected with the reason the
+"""The flood corpus (worker/devkit/faults/corpus.py): each class is rejected with the reason the
 flood test expects, by the same checks the worker applies, without a broker."""
 
 from __future__ import annotations
