@@ -173,22 +173,24 @@ class InstantTask:
         return admit_each(batch, self.cfg.limits.max_message_bytes, one)
 
     def schedule(self, now: float, now_ms: int, *, free: int, force: bool) -> list[Any]:
+        due = self._batcher.schedule(now, now_ms, limit=max(free, 1), force=True)
+        return [a for b in due.batches for a in self._answers(b, now)]
+
+    def _answers(self, batch: Any, now: float) -> list[Any]:
         from worker.tasks.protocol import Answer, source_ref
         from worker.wire.moderation_codec import encode_result
         from worker.wire.moderation_jobs import ModerationResult, Status, Verdict
 
-        due = self._batcher.schedule(now, now_ms, limit=max(free, 1), force=True)
         out = []
-        for b in due.batches:
-            for it in b.items:
-                ref = source_ref(it.record)
-                r = ModerationResult(id=it.job.id, status=Status.OK, policy=it.job.policy,
-                                     model_id="instant", engine_hash="none",
-                                     verdict=Verdict.ALLOW, scores={"sfw": 1.0, "nsfw": 0.0},
-                                     source=ref)
-                out.append(Answer(ref, it.record, it.epoch, r.id, "ok", r.id.encode(),
-                                  encode_result(r), self._headers, None, it.consumed_at, now,
-                                  now))
+        for it in batch.items:
+            ref = source_ref(it.record)
+            r = ModerationResult(id=it.job.id, status=Status.OK, policy=it.job.policy,
+                                 model_id="instant", engine_hash="none",
+                                 verdict=Verdict.ALLOW, scores={"sfw": 1.0, "nsfw": 0.0},
+                                 source=ref)
+            out.append(Answer(ref, it.record, it.epoch, r.id, "ok", r.id.encode(),
+                              encode_result(r), self._headers, None, it.consumed_at, now,
+                              time.monotonic()))
         return out
 
     def collect(self, *, block: bool) -> list[Any]:

@@ -13,13 +13,16 @@ class BatchSettings(Section):
     # A due batch is padded up to the next static size unless that wastes more than this.
     max_pad_fraction: float = Field(0.5, ge=0, le=1)
     max_in_flight_batches: int = Field(2, ge=1, le=64)
-    # Backpressure: pause the assignment when this many jobs are held, resume below low.
+    # Backpressure: stop taking records when this many jobs are held, take them again below
+    # low (worker/loop/backpressure.py).
     high_watermark: int = Field(512, ge=1)
     low_watermark: int = Field(128, ge=0)
     # ... or when the held records' bytes reach this (resume once both are low): the job
     # count alone allows 512 x 25 MiB.
     high_watermark_bytes: int = Field(512 * 1024 * 1024, ge=1024 * 1024)
     low_watermark_bytes: int = Field(128 * 1024 * 1024, ge=0)
+    # The longest a loop step waits for records while it holds no jobs; with jobs queued or
+    # computing it waits at most 1 ms (finished batches are collected and due ones launched).
     poll_timeout_ms: float = Field(50.0, gt=0)
     # librdkafka prefetches this much per consumer (its default is 64 MiB); part of the memory
     # bound together with the watermarks.

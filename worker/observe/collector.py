@@ -104,9 +104,9 @@ class WorkerCollector(Collector):
                      w.committer.pending())
         yield _gauge("held_bytes", "Bytes of the records consumed and not finished.",
                      w.committer.held_bytes())
-        yield _gauge("paused", "1 while the assignment is paused (backpressure).",
+        yield _gauge("paused", "1 while the intake is held back (backpressure).",
                      float(w.backpressure.paused))
-        yield _counter("pauses", "Times the assignment was paused.", s.pauses)
+        yield _counter("pauses", "Times the intake was held back (backpressure).", s.pauses)
         rebalances = CounterMetricFamily(f"{PREFIX}_rebalances", "Rebalance events.",
                                          labels=["event"])
         for event in ("assigned", "revoked", "lost"):
