@@ -139,11 +139,14 @@ class Worker:
             # it takes at most one record.
             room = 1 if self.backpressure.paused else (
                 self.cfg.batch.high_watermark - self.committer.pending())
-            batch = self._intake.consume(room, self._consume_timeout())
+            timeout = self._consume_timeout()
+            batch = self._intake.consume(room, timeout)
             if batch.records:
                 rejected = self.task.admit(batch)
                 self.hops.add("intake", time.monotonic() - batch.consumed_at)
                 self._emit(rejected)
+            elif timeout == 0.0:  # every slot busy: what matters next is a batch finishing
+                self._idle()
         else:
             self._idle()
         # Finished batches first: the slots they free are refilled in this same step.
@@ -157,19 +160,26 @@ class Worker:
 
     def _consume_timeout(self) -> float:
         """How long consume() may block: poll_timeout_ms while nothing consumed is unfinished;
-        otherwise (jobs queued or computing, results awaiting their acknowledgement) at most
-        WORK_TICK_S, so the step comes back to collect finished batches, refill the slots they
-        free, launch due batches and take delivery reports (which resume a paused intake).
-        Blocking the whole poll timeout there, paused or on a quiet topic, held the shipped
-        settings to 257 jobs/s with a 2 ms engine (bench/loop_gaps.py)."""
+        0 while every batch slot is busy (the step then waits on the engine instead: _idle);
+        otherwise (jobs queued, results awaiting their acknowledgement) at most WORK_TICK_S,
+        so the step comes back to launch due batches and take delivery reports. Blocking the
+        whole poll timeout with work pending held the shipped settings to 256 jobs/s with a
+        2 ms engine (bench/loop_gaps.py); a 1 ms tick while a CPU engine filled every slot
+        cost it ~6% (bench/cpu_e2e.py)."""
         timeout = self.cfg.batch.poll_timeout_ms / 1e3
-        return timeout if self.committer.pending() == 0 else min(timeout, WORK_TICK_S)
+        if self.committer.pending() == 0:
+            return timeout
+        if self.task.in_flight() >= self.cfg.batch.max_in_flight_batches:
+            return 0.0
+        return min(timeout, WORK_TICK_S)
 
     def _idle(self) -> None:
-        """A held-back step's wait: until a batch in flight finishes, at most WORK_TICK_S."""
+        """A step's wait when no records are wanted (held back, or every slot busy): until a
+        batch in flight finishes, at most the poll timeout (the step then collects it and takes
+        delivery reports), or, with none in flight, WORK_TICK_S for the acknowledgements."""
         if self.task.in_flight():
-            self.task.wait(WORK_TICK_S)
-        else:  # results awaiting acknowledgement: their reports come from the committer's tick
+            self.task.wait(self.cfg.batch.poll_timeout_ms / 1e3)
+        else:
             time.sleep(WORK_TICK_S)
 
     @property
