@@ -95,7 +95,7 @@ def run_task(task: Any, items: list[Any], batch: int, in_flight: int, steps: Ste
 
     profile = task.profiles[0]
     batches = [items[i:i + batch] for i in range(0, len(items) - batch + 1, batch)]
-    outstanding: list[tuple[Future[Any], float]] = []
+    outstanding: list[Future[Any]] = []
     waits: list[float] = []
     orig_run = task._run
 
@@ -107,41 +107,25 @@ def run_task(task: Any, items: list[Any], batch: int, in_flight: int, steps: Ste
     done = 0
     for b in batches:
         if len(outstanding) >= in_flight:
-            fut, _ = outstanding.pop(0)
-            done += len(fut.result())
-        submitted = time.perf_counter()
-        fut = task._batch_pool.submit(run, Batch(profile, b, batch), submitted)
-        outstanding.append((fut, submitted))
-    for fut, _ in outstanding:
-        done += len(fut.result())
+            done += len(outstanding.pop(0).result())
+        outstanding.append(task._batch_pool.submit(run, Batch(profile, b, batch),
+                                                   time.perf_counter()))
+    done += sum(len(fut.result()) for fut in outstanding)
     dt = time.perf_counter() - t0
     return {"in_flight": in_flight, "batches": len(batches), "images": done,
             "img_s": round(done / dt), "steps_ms": {"wait": round(median(waits), 3),
                                                      **steps.summary()}}
 
 
-def decode_alone(photos: list[bytes], batch: int, threads: int, batches: int) -> float:
+def decode_alone(photos: list[bytes], batch: int, threads: int, batches: int) -> int:
+    """The same decode as the task's, batches of ``batch``, from ``threads`` threads."""
     import torch
-    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from bench.decode_probe import decode_rate
 
     raw = [torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in photos]
     work = [raw[(i * batch) % len(raw):][:batch] for i in range(batches)]
-    work = [w for w in work if len(w) == batch]
-
-    def go(mine: list[Any]) -> None:
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            for b in mine:
-                decode_jpeg(b, mode=ImageReadMode.RGB, device="cuda")
-        stream.synchronize()
-
-    ts = [threading.Thread(target=go, args=(work[i::threads],)) for i in range(threads)]
-    t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return round(len(work) * batch / (time.perf_counter() - t0))
+    return decode_rate([w for w in work if len(w) == batch], threads)
 
 
 def engine_alone(task: Any, batch: int, reps: int) -> float:

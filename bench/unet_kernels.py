@@ -93,53 +93,45 @@ def main() -> None:
         record["cpu_fp32_reference_s"] = round(time.monotonic() - t, 1)
     del cpu_ref
     scale = float(ref.abs().max())
-    rows = []
-    for layout in ("contiguous", "channels_last"):
+
+    def measure(model: Any, b: int, layout: str, backend: str, **extra: Any) -> dict[str, Any]:
+        """One row: the graph's median ms (capture_s includes compiling a compiled model) and,
+        at batch 2, the largest difference from the float32 CPU reference."""
+        row: dict[str, Any] = {"batch": b, "layout": layout, "sdpa": backend, **extra}
+        dev_in = inputs(b, "cuda", torch.float16)
         if layout == "channels_last":
-            net = net.to(memory_format=torch.channels_last)
-        for b in (2, 16):
-            dev_in = inputs(b, "cuda", torch.float16)
-            if layout == "channels_last":
-                dev_in[0] = dev_in[0].contiguous(memory_format=torch.channels_last)
-            for backend in BACKENDS:
-                row: dict[str, Any] = {"batch": b, "layout": layout, "sdpa": backend}
-                try:
-                    ms, out = graph_ms(net, dev_in, backend, args.iters)
-                    row["graph_ms"] = round(ms, 3)
-                    if b == 2:
-                        row["max_rel_diff_vs_fp32_cpu"] = round(
-                            float((out.cpu() - ref).abs().max()) / scale, 5)
-                except Exception as exc:  # noqa: BLE001 - a backend that refuses these shapes
-                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                print(row, flush=True)
-                rows.append(row)
+            dev_in[0] = dev_in[0].contiguous(memory_format=torch.channels_last)
+        t = time.monotonic()
+        try:
+            ms, out = graph_ms(model, dev_in, backend, args.iters)
+            row |= {"graph_ms": round(ms, 3), "capture_s": round(time.monotonic() - t, 1)}
+            if b == 2:
+                row["max_rel_diff_vs_fp32_cpu"] = round(
+                    float((out.cpu() - ref).abs().max()) / scale, 5)
+        except Exception as exc:  # noqa: BLE001 - a backend that refuses these shapes
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        print(row, flush=True)
+        return row
+
+    def in_layout(layout: str) -> Any:
+        """The network's weights in ``layout`` (converted in place, once per layout)."""
+        return net.to(memory_format=torch.channels_last if layout == "channels_last"
+                      else torch.contiguous_format)
+
+    rows: list[dict[str, Any]] = []
+    for layout in ("contiguous", "channels_last"):
+        model = in_layout(layout)
+        rows += [measure(model, b, layout, backend) for b in (2, 16) for backend in BACKENDS]
     record["variants"] = rows
     record["reference_max_abs"] = scale
     if args.compile:
         best = min((r for r in rows if "graph_ms" in r and r["batch"] == 2),
                    key=lambda r: r["graph_ms"])
-        compiled = torch.compile(net, mode="max-autotune-no-cudagraphs")
-        out_rows = []
-        for b in (2, 16):
-            dev_in = inputs(b, "cuda", torch.float16)
-            if best["layout"] == "channels_last":
-                dev_in[0] = dev_in[0].contiguous(memory_format=torch.channels_last)
-            t = time.monotonic()
-            try:
-                ms, out = graph_ms(compiled, dev_in, best["sdpa"], args.iters)
-                row = {"batch": b, "layout": best["layout"], "sdpa": best["sdpa"],
-                       "compiled": "max-autotune-no-cudagraphs", "graph_ms": round(ms, 3),
-                       "compile_and_capture_s": round(time.monotonic() - t, 1)}
-                if b == 2:
-                    row["max_rel_diff_vs_fp32_cpu"] = round(
-                        float((out.cpu() - ref).abs().max()) / scale, 5)
-            except Exception as exc:  # noqa: BLE001
-                row = {"batch": b, "compiled": "error",
-                       "error": f"{type(exc).__name__}: {exc}"[:300]}
-            print(row, flush=True)
-            out_rows.append(row)
+        compiled = torch.compile(in_layout(best["layout"]), mode="max-autotune-no-cudagraphs")
+        out_rows = [measure(compiled, b, best["layout"], best["sdpa"],
+                            compiled="max-autotune-no-cudagraphs") for b in (2, 16)]
         record["compiled"] = out_rows
-    best_by_batch = {}
+    best_by_batch: dict[int, dict[str, Any]] = {}
     for r in rows + record.get("compiled", []):
         if "graph_ms" in r and (r["batch"] not in best_by_batch
                                 or r["graph_ms"] < best_by_batch[r["batch"]]["graph_ms"]):

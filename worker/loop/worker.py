@@ -5,9 +5,10 @@ finished batches and submit due ones without blocking (:mod:`worker.tasks.protoc
 answers into outputs (:mod:`worker.loop.output`) and gives them to the committer, which owns
 offsets, production and commits for the process's delivery guarantee
 (:mod:`worker.loop.commit`). The loop never asks which guarantee it runs. When too many records
-are held it stops taking more (:mod:`worker.loop.backpressure`); only then does a step wait on
-the engine, at most a millisecond. With work pending, a step blocks at most a millisecond in
-consume() too, so finished batches are collected and freed slots refilled as they come.
+are held it stops taking more (:mod:`worker.loop.backpressure`). A step waits on the engine (until
+a batch finishes) only when it wants no records: held back, or every batch slot busy; otherwise,
+with work pending, it blocks at most a millisecond in consume(), so finished batches are
+collected and freed slots refilled as they come.
 
 Rebalances (cooperative-sticky): on revoke, queued jobs of the revoked partitions are dropped,
 batches in flight finish and their outputs are made durable by the committer; on lost, the
@@ -50,17 +51,17 @@ class Worker:
     def __init__(self, cfg: WorkerConfig, task: Task | None = None) -> None:
         if not cfg.kafka.bootstrap_servers:
             raise ConfigError("kafka.bootstrap_servers is empty (set KAFKA_BOOTSTRAP_SERVERS)")
-        built = time.monotonic()
+        t0 = time.monotonic()
         if task is None:
             from worker.tasks.registry import make_task
 
             task = make_task(cfg)
-        built = time.monotonic() - built
+        built_s = time.monotonic() - t0
         self.cfg, self.task, self.topics = cfg, task, task.topics
         task.on_batch_done = self._batch_done
         self.stats = Stats()
         self.vitals = Vitals()  # heartbeat, warm-up, rebalances, batches, lag (worker.observe)
-        self.vitals.startup["task_built_s"] = round(built, 2)
+        self.vitals.startup["task_built_s"] = round(built_s, 2)
         self.spans = make_spans(cfg)  # None unless tracing.otlp_endpoint is set
         self.assignment = Assignment()
         # A lost consumer that stays lost once the cluster answers is replaced (loop/rejoin.py).
@@ -79,6 +80,7 @@ class Worker:
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
         self.slow_batches = 0
+        self._poll_s = cfg.batch.poll_timeout_ms / 1e3
 
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
@@ -137,9 +139,9 @@ class Worker:
         if self.backpressure.consume_now(now):
             # Held back (backpressure), consume() runs only to serve librdkafka's callbacks:
             # it takes at most one record.
-            room = 1 if self.backpressure.paused else (
-                self.cfg.batch.high_watermark - self.committer.pending())
-            timeout = self._consume_timeout()
+            pending = self.committer.pending()
+            room = 1 if self.backpressure.paused else self.cfg.batch.high_watermark - pending
+            timeout = self._consume_timeout(pending)
             batch = self._intake.consume(room, timeout)
             if batch.records:
                 rejected = self.task.admit(batch)
@@ -158,7 +160,7 @@ class Worker:
             self.stats.log_line(log, pending=self.committer.pending(),
                                 paused=self.backpressure.paused, **self.guarantee_totals())
 
-    def _consume_timeout(self) -> float:
+    def _consume_timeout(self, pending: int) -> float:
         """How long consume() may block: poll_timeout_ms while nothing consumed is unfinished;
         0 while every batch slot is busy (the step then waits on the engine instead: _idle);
         otherwise (jobs queued, results awaiting their acknowledgement) at most WORK_TICK_S,
@@ -166,19 +168,18 @@ class Worker:
         whole poll timeout with work pending held the shipped settings to 256 jobs/s with a
         2 ms engine (bench/loop_gaps.py); a 1 ms tick while a CPU engine filled every slot
         cost it ~6% (bench/cpu_e2e.py)."""
-        timeout = self.cfg.batch.poll_timeout_ms / 1e3
-        if self.committer.pending() == 0:
-            return timeout
+        if pending == 0:
+            return self._poll_s
         if self.task.in_flight() >= self.cfg.batch.max_in_flight_batches:
             return 0.0
-        return min(timeout, WORK_TICK_S)
+        return min(self._poll_s, WORK_TICK_S)
 
     def _idle(self) -> None:
         """A step's wait when no records are wanted (held back, or every slot busy): until a
         batch in flight finishes, at most the poll timeout (the step then collects it and takes
         delivery reports), or, with none in flight, WORK_TICK_S for the acknowledgements."""
         if self.task.in_flight():
-            self.task.wait(self.cfg.batch.poll_timeout_ms / 1e3)
+            self.task.wait(self._poll_s)
         else:
             time.sleep(WORK_TICK_S)
 

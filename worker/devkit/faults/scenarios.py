@@ -20,12 +20,27 @@ from worker.devkit.faults.watch import (
     key_counts,
     read_all,
 )
+from worker.devkit.workers import (
+    committed,
+    end_offsets,
+    fresh_topics,
+    produce_records,
+    worker_config,
+)
 
-# --- scenarios (the suite runs them short, bench/faults/ long) ----------------------------------
+
+def _committed_to_end(bootstrap: str, topics: Any, partitions: int) -> bool:
+    """Whether the group's committed offsets reached the end of every jobs partition (after a
+    moment for the last commit)."""
+    time.sleep(0.5)
+    return (committed(bootstrap, topics.group, topics.jobs, partitions)
+            == end_offsets(bootstrap, topics.jobs, partitions))
 
 
-def _audit_outputs(bootstrap: str, topics: Any, good: set[str], bad: set[str]
-                   ) -> dict[str, Any]:
+def _audit_outputs(bootstrap: str, topics: Any, good: set[str], bad: set[str],
+                   partitions: int) -> dict[str, Any]:
+    """Every good job's result and every bad one's DLQ record, once each, and the offsets
+    committed to the end."""
     results = read_all(bootstrap, topics.results, isolation="read_committed")
     dlq = read_all(bootstrap, topics.dlq, isolation="read_committed")
     raw = read_all(bootstrap, topics.results, isolation="read_uncommitted", idle_s=2.0)
@@ -40,6 +55,7 @@ def _audit_outputs(bootstrap: str, topics: Any, good: set[str], bad: set[str]
         "missing_sample": sorted(res_audit.missing | dlq_audit.missing)[:10],
         "duplicate_sample": sorted(k for k, n in (res_audit.counts + dlq_audit.counts).items()
                                    if n > 1)[:10],
+        "offsets_committed_to_end": _committed_to_end(bootstrap, topics, partitions),
     }
 
 
@@ -55,8 +71,6 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
     all the time, which is what exactly-once must survive a kill in the middle of. A
     ``backlog`` produced up front keeps the workers busy (consumption runs ahead of inference,
     so dead-lettered records overtake the jobs before them)."""
-    from worker.devkit.workers import committed, end_offsets, fresh_topics, worker_config
-
     rng = random.Random(seed)
     topics = fresh_topics(bootstrap, partitions)
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode})
@@ -100,11 +114,7 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
         "kill_phase_s": round(kill_phase_s, 1), "drain_s": round(drain_s, 1),
         "drained": drained, "final_exit_codes": codes,
     }
-    figures.update(_audit_outputs(bootstrap, topics, good, bad))
-    time.sleep(0.5)
-    figures["offsets_committed_to_end"] = (
-        committed(bootstrap, topics.group, topics.jobs, partitions)
-        == end_offsets(bootstrap, topics.jobs, partitions))
+    figures.update(_audit_outputs(bootstrap, topics, good, bad, partitions))
     return figures
 
 
@@ -136,8 +146,6 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
     after the stall began; such a job can only be answered once the worker consumed, processed,
     produced and (exactly-once) committed again after the resume.
     """
-    from worker.devkit.workers import committed, end_offsets, fresh_topics, worker_config
-
     bootstrap = broker.bootstrap_servers
     topics = fresh_topics(bootstrap, partitions)
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode})
@@ -196,11 +204,7 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
     if tail is not None or code != 0:
         figures["worker_log_tail"] = tail or proc.log_tail()
         figures["exit_reason"] = exit_reason(proc.log_text())
-    figures.update(_audit_outputs(bootstrap, topics, good, bad))
-    time.sleep(0.5)
-    figures["offsets_committed_to_end"] = (
-        committed(bootstrap, topics.group, topics.jobs, partitions)
-        == end_offsets(bootstrap, topics.jobs, partitions))
+    figures.update(_audit_outputs(bootstrap, topics, good, bad, partitions))
     return figures
 
 
@@ -211,8 +215,6 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
     of a ``backlog`` (the lag an autoscaler reacts to); the two extra workers leave with
     SIGTERM (revoke, commit, leave group). Revocations land while jobs are queued and in
     flight."""
-    from worker.devkit.workers import committed, end_offsets, fresh_topics, worker_config
-
     topics = fresh_topics(bootstrap, partitions)
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode})
     feeder = Feeder(bootstrap, topics.jobs, rate_per_s=rate_per_s, prefix="sc-", bad_every=7,
@@ -257,11 +259,7 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
         "aborts_per_worker": {n: t.get("txn_aborts", 0) for n, t in per_worker.items()},
         "revokes_per_worker": revokes,
     }
-    figures.update(_audit_outputs(bootstrap, topics, good, bad))
-    time.sleep(0.5)
-    figures["offsets_committed_to_end"] = (
-        committed(bootstrap, topics.group, topics.jobs, partitions)
-        == end_offsets(bootstrap, topics.jobs, partitions))
+    figures.update(_audit_outputs(bootstrap, topics, good, bad, partitions))
     return figures
 
 
@@ -269,14 +267,6 @@ def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
               n_good: int = 300, partitions: int = 3, seed: int = 6) -> dict[str, Any]:
     """``n_bad`` malformed jobs (every corpus class) mixed with ``n_good`` good ones, produced
     up front, then one worker process drains them all."""
-    from worker.devkit.workers import (
-        committed,
-        end_offsets,
-        fresh_topics,
-        produce_records,
-        worker_config,
-    )
-
     topics = fresh_topics(bootstrap, partitions)
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode}, limits=FLOOD_LIMITS)
     corpus = malformed_corpus(n_bad, seed)
@@ -334,8 +324,5 @@ def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
         "dlq_wrong_reason": dict(wrong_reason), "dlq_altered": altered,
         "results_not_ok": not_ok,
     }
-    time.sleep(0.5)
-    figures["offsets_committed_to_end"] = (
-        committed(bootstrap, topics.group, topics.jobs, partitions)
-        == end_offsets(bootstrap, topics.jobs, partitions))
+    figures["offsets_committed_to_end"] = _committed_to_end(bootstrap, topics, partitions)
     return figures

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 RGB = 3  # torchvision.io.ImageReadMode.RGB
+DECODERS = ("decode_jpegs_cuda", "decode_jpeg")  # the operators this module calls
 _lock = threading.Lock()
 _ops: Any = None
 
@@ -47,14 +48,9 @@ def _load() -> Any:
             if lib is not None:
                 try:
                     ops.load_library(str(lib))
-                    # Both operators, under the schema this module calls them with.
-                    found = {ops.image.decode_jpegs_cuda.default._schema.name,
-                             ops.image.decode_jpeg.default._schema.name}
-                    lib = lib if found == {"image::decode_jpegs_cuda",
-                                           "image::decode_jpeg"} else None
-                except (OSError, RuntimeError, AttributeError):
+                except (OSError, RuntimeError):
                     lib = None
-            if lib is None:
+            if lib is None or not all(hasattr(ops.image, name) for name in DECODERS):
                 import torchvision.io  # noqa: F401  (registers the same operators, slowly)
             _ops = ops.image
     return _ops
