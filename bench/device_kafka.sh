@@ -15,7 +15,8 @@
 #   device:  bash bench/device_kafka.sh warm [ARGS]          # carry .whl: bench/warm_start.py
 #   device:  bash bench/device_kafka.sh kernels [ARGS]       # carry .whl: bench/unet_kernels.py
 #            (no broker; the built engines come back in $OUT/aoti-cache)
-#            (stage adds the py-spy wheel; a speedscope profile of every process lands in $OUT)
+#            (stage adds the py-spy wheel; a speedscope profile of every process lands in $OUT;
+#             PYSPY_FLAGS=--gil samples only the thread holding the GIL)
 #
 # `bench` runs bench/kafka_e2e.py (the broker is started on the machine from the carried jars
 # and JDK) for this checkout, `bench-before` for the older checkout staged in .before, with the
@@ -100,8 +101,8 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels)
             | grep --line-buffered -v '^%' | tee -a "$OUT/after.log" ;;
     profile)
         BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) timeout $LIMIT_S \
-            /tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope \
-            -o "$OUT/profile.speedscope.json" -- python3 bench/kafka_e2e.py --out "$OUT" "$@" \
+            /tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope ${PYSPY_FLAGS:-} \
+            -o "$OUT/profile${PYSPY_FLAGS:+-gil}.speedscope.json" -- python3 bench/kafka_e2e.py --out "$OUT" "$@" \
             2>&1 | grep --line-buffered -v '^%' | tee -a "$OUT/profile.log" ;;
     aoti)
         mkdir -p /tmp/aoti-cache

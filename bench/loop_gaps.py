@@ -7,7 +7,8 @@ Reported per setting: jobs/s, against the engine-bound ceiling (batches in fligh
 engine time) and the loop alone (the same settings, the engine answering at once). A loop that
 only launches batches after its consume() call returns idles the engine while it waits there.
 
-    python bench/loop_gaps.py [--jobs 20000] [--engine-ms 2] [--out DIR]
+    python bench/loop_gaps.py [--jobs 20000] [--engine-ms 2] [--torch-heap] [--gc python]
+                              [--out DIR]
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class TimedTask(InstantTask):
 
 
 def run(bootstrap: str, n: int, batch: dict[str, Any], engine_s: float | None,
-        partitions: int) -> dict[str, Any]:
+        partitions: int, gc: dict[str, Any] | None = None) -> dict[str, Any]:
     import threading
 
     from worker.config import load_config
@@ -91,7 +92,7 @@ def run(bootstrap: str, n: int, batch: dict[str, Any], engine_s: float | None,
     cfg = load_config(kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}"},
                       topics={"jobs": f"jobs-{tag}", "results": f"results-{tag}",
                               "dlq": f"dlq-{tag}"}, batch=batch, log={"level": "WARNING"},
-                      metrics={"port": 0})
+                      metrics={"port": 0}, gc=gc or {})
     task = InstantTask(cfg) if engine_s is None else TimedTask(cfg, engine_s)
     worker = Worker(cfg, task=task)
     th = threading.Thread(target=worker.run, daemon=True)
@@ -109,7 +110,9 @@ def run(bootstrap: str, n: int, batch: dict[str, Any], engine_s: float | None,
     b = cfg.batch
     out: dict[str, Any] = {"jobs_s": round(worker.stats.results / took),
                            "results": worker.stats.results, "seconds": round(took, 2),
-                           "pauses": worker.stats.pauses}
+                           "pauses": worker.stats.pauses,
+                           "gc_pauses": {g: {"n": b.count, "total_ms": round(b.sum * 1e3, 1)}
+                                         for g, b in sorted(worker.heap.pauses.items())}}
     if engine_s is not None:
         out["engine_bound_jobs_s"] = round(b.max_in_flight_batches * b.max_batch_size / engine_s)
     return out
@@ -121,9 +124,18 @@ def main() -> None:
     ap.add_argument("--engine-ms", type=float, default=2.0)
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--settings", default="shipped,gpu_bench")
+    ap.add_argument("--torch-heap", action="store_true",
+                    help="import torch and torch._inductor first: the heap a GPU worker carries")
+    ap.add_argument("--gc", default="shipped", choices=["shipped", "python"],
+                    help="the worker's [gc] defaults, or Python's collector left as it is")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     from worker.devkit.local_kafka import DEFAULT_VERSION, kafka_from_env_or_local
+
+    if args.torch_heap:
+        import torch
+        import torch._inductor  # noqa: F401
+    gc = {} if args.gc == "shipped" else {"freeze_after_warm_up": False, "young_threshold": 0}
 
     record: dict[str, Any] = {"benchmark": "loop_gaps", "env": environment(),
                               "params": vars(args) | {"out": str(args.out)},
@@ -132,12 +144,12 @@ def main() -> None:
     with kafka_from_env_or_local() as bootstrap:
         for name in args.settings.split(","):
             batch = SETTINGS[name]
-            timed = run(bootstrap, args.jobs, batch, args.engine_ms / 1e3, args.partitions)
-            alone = run(bootstrap, args.jobs, batch, None, args.partitions)
+            timed = run(bootstrap, args.jobs, batch, args.engine_ms / 1e3, args.partitions, gc)
+            alone = run(bootstrap, args.jobs, batch, None, args.partitions, gc)
             record["runs"][name] = {"batch": batch, "timed_engine": timed, "loop_alone": alone}
             print(f"{name}: {timed['jobs_s']:,} jobs/s with a {args.engine_ms} ms engine "
                   f"(engine-bound {timed['engine_bound_jobs_s']:,}, {timed['pauses']} pauses); "
-                  f"loop alone {alone['jobs_s']:,}", flush=True)
+                  f"loop alone {alone['jobs_s']:,}; gc {timed['gc_pauses']}", flush=True)
     print("wrote", write("loop-gaps", record, args.out))
 
 

@@ -253,8 +253,9 @@ def worker_cfg(bootstrap: str, tag: str, preprocess: str) -> Any:
     from worker.config import load_config
 
     cores = os.cpu_count() or 1
-    # BENCH_WORKER_OVERRIDES: JSON {"batch": {...}, "model": {...}} merged over these (env,
-    # because worker processes are spawned); kafka_e2e.py --worker-overrides sets it.
+    # BENCH_WORKER_OVERRIDES: JSON {"batch", "model", "engines", "gc": {...}} merged
+    # over these (env, because worker processes are spawned); kafka_e2e.py --worker-overrides
+    # and task_probe.py read it.
     extra = json.loads(os.environ.get("BENCH_WORKER_OVERRIDES") or "{}")
     return load_config(
         kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}"},
@@ -266,7 +267,8 @@ def worker_cfg(bootstrap: str, tag: str, preprocess: str) -> Any:
         batch={"max_batch_size": 128, "max_delay_ms": 4, "max_in_flight_batches": 4,
                "high_watermark": 8192, "low_watermark": 2048, "fetch_queue_kbytes": 262144,
                "poll_timeout_ms": 5, **extra.get("batch", {})},
-        engines={"use_cache": False}, log={"level": "WARNING"},
+        engines={"use_cache": False, **extra.get("engines", {})}, gc=extra.get("gc", {}),
+        log={"level": "WARNING"},
     )
 
 
@@ -296,7 +298,7 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
     summary = worker.hops.summary()  # where each job's time went, hop by hop
     vitals = getattr(worker, "vitals", None)  # (older checkouts have none)
     if vitals is not None:  # batch sizes per profile: do the batches fill?
-        summary["batches"] = {p: {"n": b.count(), "mean_size": round(b.sum / max(1, b.count()), 1)}
+        summary["batches"] = {p: {"n": b.count, "mean_size": round(b.sum / max(1, b.count), 1)}
                               for p, b in vitals.batch_size.items()}
     hops.put(summary)
 

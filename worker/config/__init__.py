@@ -28,11 +28,11 @@ from worker.config.kafka import KafkaSettings, TopicsSettings
 from worker.config.model import BACKEND_PRECISIONS, ModelSettings, ProfileSettings, Thresholds
 from worker.config.moderation import ModerationSettings
 from worker.config.observe import MetricsSettings, TracingSettings
-from worker.config.processing import CommitSettings, LogSettings, ProcessingSettings
+from worker.config.processing import CommitSettings, GcSettings, LogSettings, ProcessingSettings
 from worker.exceptions import ConfigError
 
 __all__ = [
-    "BACKEND_PRECISIONS", "BatchSettings", "CommitSettings", "EngineSettings",
+    "BACKEND_PRECISIONS", "BatchSettings", "CommitSettings", "EngineSettings", "GcSettings",
     "GenerationSettings", "KafkaSettings", "LimitsSettings", "LogSettings", "MetricsSettings",
     "ModelSettings",
     "ModerationSettings", "ProcessingSettings", "ProfileSettings", "Thresholds",
@@ -59,6 +59,7 @@ class WorkerConfig(BaseSettings):
     processing: ProcessingSettings = Field(default_factory=ProcessingSettings)
     # Text-to-image jobs: SD engines, sizes, steps, blobs (worker/config/generation.py).
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
+    gc: GcSettings = Field(default_factory=GcSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)

@@ -1,4 +1,5 @@
-"""The ``[commit]``, ``[processing]`` and ``[log]`` sections: delivery guarantee, commits, task."""
+"""The ``[commit]``, ``[processing]``, ``[gc]`` and ``[log]`` sections: delivery guarantee,
+commits, task, the process's garbage collector."""
 
 from __future__ import annotations
 
@@ -40,6 +41,19 @@ class ProcessingSettings(Section):
     # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches
     # are logged as errors.
     max_batch_ms: float = Field(10_000.0, gt=0)
+
+
+class GcSettings(Section):
+    """CPython's cyclic garbage collector in the worker's process (worker.loop.heap). Every
+    collection stops all threads; a full one walks the whole heap, which a GPU worker fills
+    with torch and its engines before the first job."""
+
+    # Once the engines are warm, collect once and move every object alive then out of the
+    # collector's sight (gc.freeze): full collections walk only what the loop made since.
+    freeze_after_warm_up: bool = True
+    # Tracked allocations (net of frees) between young collections; Python's default is 700,
+    # which a backlog of held jobs crosses every few hundred jobs. 0 leaves Python's value.
+    young_threshold: int = Field(10_000, ge=0)
 
 
 class LogSettings(Section):

@@ -32,6 +32,7 @@ from worker.kafka.topics import check_topics
 from worker.loop.assignment import Assignment
 from worker.loop.backpressure import Backpressure
 from worker.loop.commit.base import make_committer
+from worker.loop.heap import HeapPolicy
 from worker.loop.hops import HopTimes
 from worker.loop.intake import Intake
 from worker.loop.output import CloudEvents, OutputBuilder
@@ -62,6 +63,7 @@ class Worker:
         self.stats = Stats()
         self.vitals = Vitals()  # heartbeat, warm-up, rebalances, batches, lag (worker.observe)
         self.vitals.startup["task_built_s"] = round(built_s, 2)
+        self.heap = HeapPolicy(cfg.gc)  # the collector once warm (freeze, young threshold)
         self.spans = make_spans(cfg)  # None unless tracing.otlp_endpoint is set
         self.assignment = Assignment()
         # A lost consumer that stays lost once the cluster answers is replaced (loop/rejoin.py).
@@ -110,6 +112,7 @@ class Worker:
         self._consumer.subscribe([self.topics.jobs], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         startup["clients_s"] = round(time.monotonic() - t, 2)
+        startup["gc_settle_s"] = round(self.heap.settle(), 2)  # released in _shutdown
         startup["since_process_start_s"] = process_age_s()
         self.vitals.subscribed = True
         log.info("worker_started", task=self.cfg.processing.task, topic=self.topics.jobs,
@@ -211,6 +214,7 @@ class Worker:
                 self.committer.close(failed=self._fatal is not None)
             finally:
                 self.task.close()
+                self.heap.release()
                 if self.spans is not None:
                     self.spans.close()
                 log.info("worker_stopped", **self.stats.totals(), **self.guarantee_totals())

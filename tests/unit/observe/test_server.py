@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from worker.config import load_config
+from worker.loop.heap import HeapPolicy
 from worker.loop.hops import HopTimes
 from worker.loop.stats import Stats
 from worker.observe import events
@@ -39,8 +40,11 @@ def served() -> Iterator[tuple[str, SimpleNamespace, Vitals]]:
     hops.add("engine", 0.004)
     vitals.batch_done(0.004, 6, "b8", 8)
     vitals.lag = {("jobs", 0): 5}
+    heap = HeapPolicy(load_config(None).gc)
+    heap._on_gc("start", {"generation": 2})
+    heap._on_gc("stop", {"generation": 2})
     topics = SimpleNamespace(jobs="jobs")
-    w = SimpleNamespace(cfg=load_config(None), stats=stats, hops=hops, vitals=vitals,
+    w = SimpleNamespace(cfg=load_config(None), stats=stats, hops=hops, heap=heap, vitals=vitals,
                         committer=_Committer(), backpressure=SimpleNamespace(paused=True),
                         task=SimpleNamespace(model_id="open_nsfw", engine_hash="abc123",
                                              topics=topics))
@@ -81,6 +85,7 @@ def test_metrics_report_the_loops_counters(served: tuple[str, SimpleNamespace, V
                  'trt_worker_hop_seconds_bucket{hop="engine",le="0.005"} 1.0',
                  'trt_worker_hop_seconds_count{hop="engine"} 1.0',
                  'trt_worker_batch_size_bucket{le="8.0",profile="b8"} 1.0',
+                 'trt_worker_gc_pause_seconds_count{generation="2"} 1.0',
                  'trt_worker_batch_fill_ratio_bucket{le="0.7",profile="b8"} 0.0',
                  'trt_worker_batch_fill_ratio_bucket{le="0.8",profile="b8"} 1.0',
                  "trt_worker_ready 0.0"):
