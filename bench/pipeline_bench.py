@@ -300,6 +300,10 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
     if vitals is not None:  # batch sizes per profile: do the batches fill?
         summary["batches"] = {p: {"n": b.count, "mean_size": round(b.sum / max(1, b.count), 1)}
                               for p, b in vitals.batch_size.items()}
+    heap = getattr(worker, "heap", None)  # (older checkouts have none)
+    if heap is not None:  # the collector's pauses: every thread stops for them
+        summary["gc_pauses"] = {g: {"n": b.count, "total_ms": round(b.sum * 1e3, 1)}
+                                for g, b in sorted(heap.pauses.items())}
     hops.put(summary)
 
 
