@@ -61,6 +61,10 @@ class StepTimes:
     def summary(self) -> dict[str, float]:
         return {k: round(median(v), 3) for k, v in sorted(self.ms.items())}
 
+    def worst(self) -> dict[str, list[float]]:
+        """The three slowest calls per step: where a stall sits, which medians hide."""
+        return {k: [round(x, 1) for x in sorted(v)[-3:]] for k, v in sorted(self.ms.items())}
+
 
 def make_task(dry_run: bool) -> Any:
     from bench.pipeline_bench import worker_cfg
@@ -97,11 +101,16 @@ def run_task(task: Any, items: list[Any], batch: int, in_flight: int, steps: Ste
     batches = [items[i:i + batch] for i in range(0, len(items) - batch + 1, batch)]
     outstanding: list[Future[Any]] = []
     waits: list[float] = []
+    totals: list[float] = []  # each batch, start to end on its thread
     orig_run = task._run
 
     def run(b: Any, submitted: float) -> Any:
-        waits.append((time.perf_counter() - submitted) * 1e3)
-        return orig_run(b)
+        t = time.perf_counter()
+        waits.append((t - submitted) * 1e3)
+        try:
+            return orig_run(b)
+        finally:
+            totals.append((time.perf_counter() - t) * 1e3)
 
     t0 = time.perf_counter()
     done = 0
@@ -114,7 +123,10 @@ def run_task(task: Any, items: list[Any], batch: int, in_flight: int, steps: Ste
     dt = time.perf_counter() - t0
     return {"in_flight": in_flight, "batches": len(batches), "images": done,
             "img_s": round(done / dt), "steps_ms": {"wait": round(median(waits), 3),
-                                                     **steps.summary()}}
+                                                     **steps.summary()},
+            "batch_ms": {"median": round(median(totals), 1),
+                         "slowest": [round(x, 1) for x in sorted(totals)[-5:]]},
+            "slowest_steps_ms": steps.worst()}
 
 
 def decode_alone(photos: list[bytes], batch: int, threads: int, batches: int) -> int:
