@@ -16,10 +16,9 @@ task's own functions (no product code changes):
     launch   H2D wait / graph replay / D2H enqueue
     result   waiting for the slot's outputs
 
-``--cpu-share`` repeats the 4-in-flight run with part of each batch decoded on the CPU
-(``model.gpu_decode_cpu_share``). Beside it, in the same process: the decode alone from K
-threads and the engine (graph replay) alone, the two stages the task chains. ``--trace``
-saves a torch.profiler chrome trace of a few batches at the largest K.
+Beside it, in the same process: the decode alone from K threads and the engine (graph replay)
+alone, the two stages the task chains. ``--trace`` saves a torch.profiler chrome trace of a
+few batches at the largest K.
 
     python bench/task_probe.py --out DIR      (GPU machine; bench/device_kafka.sh probe)
 """
@@ -164,9 +163,6 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--batches", type=int, default=80)
     ap.add_argument("--in-flight", default="1,2,4,8")
-    ap.add_argument("--cpu-share", default="",
-                    help="also run 4 in flight with these shares of each batch's JPEGs decoded "
-                         "on the CPU (model.gpu_decode_cpu_share), e.g. 0.25,0.5")
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: run the harness on the default CPU task (no figures)")
@@ -203,15 +199,6 @@ def main() -> None:
         print("task", r, flush=True)
         runs.append(r)
     record["task"] = runs
-    shares = []
-    for share in [float(x) for x in args.cpu_share.split(",") if x]:
-        steps.ms.clear()
-        task._cpu_share = share  # the task's copy of model.gpu_decode_cpu_share
-        r = run_task(task, items, args.batch, 4, steps) | {"gpu_decode_cpu_share": share}
-        print("task", r, flush=True)
-        shares.append(r)
-    task._cpu_share = 0.0
-    record["cpu_share"] = shares
     if not args.dry_run:
         record["decode_alone_img_s"] = {t: decode_alone(photos, args.batch, t, 64)
                                         for t in (1, 4)}

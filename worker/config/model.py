@@ -84,11 +84,6 @@ class ModelSettings(Section):
     # Where images are decoded and resized: "cpu" (Pillow on a thread pool) or "gpu" (nvJPEG
     # and torch kernels; torch and aoti backends only).
     preprocess: Literal["cpu", "gpu"] = "cpu"
-    # preprocess = "gpu": the share of each batch's JPEGs decoded on the CPU (libjpeg-turbo, on
-    # the decode_threads pool, beside the batched nvJPEG call) instead of by nvJPEG, which runs
-    # one call at a time per process. Experimental, off: its effect is not measured yet
-    # (bench/task_probe.py --cpu-share measures it).
-    gpu_decode_cpu_share: float = Field(0.0, ge=0.0, lt=1.0)
     # GPU backends: overlap H2D / compute / D2H on three streams (false: one stream, serial).
     pipeline_overlap: bool = True
     policies: dict[str, Thresholds] = Field(default_factory=_default_policies)

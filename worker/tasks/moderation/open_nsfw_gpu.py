@@ -46,7 +46,6 @@ class OpenNsfwGpuTask(OpenNsfwTask):
                                       slots=cfg.batch.max_in_flight_batches + 1,
                                       pixels=True, overlap=cfg.model.pipeline_overlap)
         self._gpu_decode = cfg.model.preprocess == "gpu"
-        self._cpu_share = cfg.model.gpu_decode_cpu_share
         self._local = threading.local()
         self._warm = False
 
@@ -96,8 +95,7 @@ class OpenNsfwGpuTask(OpenNsfwTask):
             stream = self._prep_stream()
             try:
                 with torch.cuda.stream(stream):
-                    rejects = prepare_batch(images, slot.dev_in[:n], self._limits,
-                                            cpu_share=self._cpu_share, pool=self._decode_pool)
+                    rejects = prepare_batch(images, slot.dev_in[:n], self._limits)
                 event: Event = self._local.ready
                 event.record_on(stream.cuda_stream)
                 ready = event

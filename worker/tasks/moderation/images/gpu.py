@@ -14,7 +14,6 @@ the same code is tested on the CPU.
 from __future__ import annotations
 
 from collections import defaultdict
-from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
@@ -31,9 +30,11 @@ from worker.tasks.moderation.images.cpu import (
 )
 
 
-def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits, cpu_share: float = 0.0,
-                pool: Executor | None = None) -> list[Any | JobRejected]:
+def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
+                ) -> list[Any | JobRejected]:
     import torch
+
+    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs
 
     out: list[Any | JobRejected] = [None] * len(datas)
     jpeg_idx: list[int] = []
@@ -57,15 +58,15 @@ def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits, cpu_share:
             out[i] = torch.from_numpy(rgb).permute(2, 0, 1).to(device, non_blocking=True)
     if jpeg_idx:
         raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg_idx]
-        # The tail of the batch decoded on the CPU pool while nvJPEG decodes the head.
-        on_cpu = int(len(raw) * cpu_share) if pool is not None else 0
-        head, tail = raw[:len(raw) - on_cpu], raw[len(raw) - on_cpu:]
-        cpu_part = [pool.submit(_cpu_decode, t) for t in tail] if pool is not None else []
-        decoded = _gpu_decode(head, device) if head else []
-        # Copied here, on this thread's stream, which the resize below runs on: a tensor made
-        # on a pool thread's stream could be freed and reused while this stream still reads it.
-        decoded += [None if img is None else img.to(device) for img in
-                    (f.result() for f in cpu_part)]
+        try:
+            decoded = decode_jpegs(raw, device)
+        except RuntimeError:
+            decoded = []
+            for t in raw:  # one bad file fails the whole batch call: find it
+                try:
+                    decoded.append(decode_jpegs([t], device)[0])
+                except RuntimeError:
+                    decoded.append(None)  # the CPU decoder's verdict, below
         for k, i in enumerate(jpeg_idx):
             if decoded[k] is None:
                 # nvJPEG refuses some valid JPEGs (CMYK, rare subsamplings): the CPU decides,
@@ -80,47 +81,15 @@ def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits, cpu_share:
     return out
 
 
-def _gpu_decode(raw: list[Any], device: Any) -> list[Any | None]:
-    """One batched nvJPEG call; where it fails, each file alone, None for those that fail."""
-    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs
-
-    try:
-        return list(decode_jpegs(raw, device))
-    except RuntimeError:
-        decoded: list[Any | None] = []
-        for t in raw:  # one bad file fails the whole batch call: find it
-            try:
-                decoded.append(decode_jpegs([t], device)[0])
-            except RuntimeError:
-                decoded.append(None)  # the CPU decoder's verdict, below
-        return decoded
-
-
-def _cpu_decode(t: Any) -> Any | None:
-    """libjpeg-turbo (torchvision's CPU decoder; it releases the GIL); None where it fails
-    (Pillow's verdict follows, as for nvJPEG)."""
-    import torch
-
-    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs
-
-    try:
-        (img,) = decode_jpegs([t], torch.device("cpu"))
-    except RuntimeError:
-        return None
-    return img
-
-
-def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = None, *,
-                  cpu_share: float = 0.0, pool: Executor | None = None
+def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = None
                   ) -> list[JobRejected | None]:
     """Decode ``datas`` and write row i of ``out`` (uint8 [N, 224, 224, 3]) for each good
-    image. Returns, per input, None or the rejection; bad rows are left untouched. On CUDA,
-    ``cpu_share`` of the JPEGs are decoded on ``pool`` (the CPU) beside the nvJPEG call."""
+    image. Returns, per input, None or the rejection; bad rows are left untouched."""
     import torch
     import torch.nn.functional as F
 
     limits = limits or ImageLimits()
-    images: list[Any] = _decode_all(datas, out.device, limits, cpu_share, pool)
+    images: list[Any] = _decode_all(datas, out.device, limits)
     by_size: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, img in enumerate(images):
         if not isinstance(img, JobRejected):

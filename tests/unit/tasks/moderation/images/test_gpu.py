@@ -36,23 +36,3 @@ def test_header_limits_apply_before_decoding() -> None:
     out = torch.zeros((1, 224, 224, 3), dtype=torch.uint8)
     (rej,) = prepare_batch([data], out, ImageLimits(max_pixels=1000))
     assert isinstance(rej, ImageRejected) and "budget" in str(rej)
-
-
-@pytest.mark.parametrize("share", [0.3, 0.5, 0.9])
-def test_a_cpu_share_of_the_decodes_gives_the_same_rows_and_rejections(share: float) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from worker.tasks.moderation.images.gpu import prepare_batch
-
-    files = sorted(p for p in samples_dir().iterdir() if p.suffix != ".md")
-    good = (samples_dir() / "astronaut.jpg").read_bytes()
-    # A JPEG whose header passes and whose data does not decode, last: in the CPU share.
-    datas = [p.read_bytes() for p in files] + [good[:2000], b"\xff\xd8\xff\xe0 truncated"]
-    alone = torch.full((len(datas), 224, 224, 3), 7, dtype=torch.uint8)
-    shared = alone.clone()
-    expected = prepare_batch(datas, alone)
-    with ThreadPoolExecutor(2) as pool:
-        got = prepare_batch(datas, shared, cpu_share=share, pool=pool)
-    assert [type(r) for r in got] == [type(r) for r in expected]
-    assert [str(r) for r in got] == [str(r) for r in expected]
-    assert torch.equal(shared, alone)
