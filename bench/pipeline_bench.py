@@ -253,12 +253,12 @@ def worker_cfg(bootstrap: str, tag: str, preprocess: str) -> Any:
     from worker.config import load_config
 
     cores = os.cpu_count() or 1
-    # BENCH_WORKER_OVERRIDES: JSON {"batch", "model", "engines", "gc": {...}} merged
+    # BENCH_WORKER_OVERRIDES: JSON {"kafka", "batch", "model", "engines", "gc": {...}} merged
     # over these (env, because worker processes are spawned); kafka_e2e.py --worker-overrides
     # and task_probe.py read it.
     extra = json.loads(os.environ.get("BENCH_WORKER_OVERRIDES") or "{}")
     return load_config(
-        kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}"},
+        kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}", **extra.get("kafka", {})},
         topics={"jobs": f"jobs-{tag}", "results": f"results-{tag}", "dlq": f"dlq-{tag}"},
         model={"backend": "torch", "preprocess": preprocess, "jpeg_roundtrip": False,
                "decode_threads": cores,
