@@ -150,7 +150,11 @@ def producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
         {
             "acks": "all",
             "enable.idempotence": True,
-            "linger.ms": 5,
+            # Send results at once (librdkafka's default lingers 5 ms). In a backlog librdkafka
+            # still batches whatever queues behind a request in flight, so throughput held:
+            # 30.6k vs 30.1-31.9k msg/s on the 2-core VM, and on the H200 10.5k frames/s vs
+            # 8.7k, half-load p99 27.8 vs 33.1 ms (bench/NOTES.md, "Client settings").
+            "linger.ms": 0,
             "compression.type": k.compression,
             # Keyed records go where Java's (and every murmur2 client's) default partitioner
             # puts them (librdkafka's default, consistent_random, hashes with CRC32): a result
