@@ -20,7 +20,8 @@ COUNTERS = {
     "trt_worker_dead_lettered_total", "trt_worker_expired_total", "trt_worker_errors_total",
     "trt_worker_pauses_total", "trt_worker_rebalances_total", "trt_worker_transactions_total",
 }
-HISTOGRAMS = {"trt_worker_batch_size", "trt_worker_batch_fill_ratio", "trt_worker_hop_seconds"}
+HISTOGRAMS = {"trt_worker_batch_size", "trt_worker_batch_fill_ratio", "trt_worker_hop_seconds",
+              "trt_worker_gc_pause_seconds"}
 GAUGES = {
     "trt_worker_pending_records", "trt_worker_paused", "trt_worker_consumer_lag_records",
     "trt_worker_gpu_memory_used_bytes", "trt_worker_gpu_utilization_ratio", "trt_worker_info",
