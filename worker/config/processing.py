@@ -53,7 +53,7 @@ class GcSettings(Section):
     freeze_after_warm_up: bool = True
     # Tracked allocations (net of frees) between young collections; Python's default is 700,
     # which a backlog of held jobs crosses every few hundred jobs. 0 leaves Python's value.
-    young_threshold: int = Field(10_000, ge=0)
+    young_threshold: int = Field(10_000, ge=0, le=1_000_000)
 
 
 class LogSettings(Section):

@@ -213,8 +213,10 @@ class Worker:
                 self._close_consumer()
                 self.committer.close(failed=self._fatal is not None)
             finally:
-                self.task.close()
-                self.heap.release()
+                try:
+                    self.task.close()
+                finally:
+                    self.heap.release()
                 if self.spans is not None:
                     self.spans.close()
                 log.info("worker_stopped", **self.stats.totals(), **self.guarantee_totals())

@@ -9,15 +9,23 @@ from collections.abc import Iterator
 import pytest
 
 from worker.config import GcSettings
+from worker.loop import heap
 from worker.loop.heap import HeapPolicy
 
 
 @pytest.fixture(autouse=True)
-def python_defaults() -> Iterator[None]:
+def python_defaults(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts with no holder (whatever ran before in this process) and leaves the
+    collector as it found it, even when it fails between settle and release."""
     before = gc.get_threshold()
-    assert gc.get_freeze_count() == 0
+    monkeypatch.setattr(heap, "_holders", 0)
+    monkeypatch.setattr(heap, "_frozen", False)
+    monkeypatch.setattr(heap, "_saved_threshold", None)
+    hooks = list(gc.callbacks)
     yield
-    gc.unfreeze()
+    if heap._holders:  # a test stopped half-way: undo what its settle applied
+        gc.unfreeze()
+    gc.callbacks[:] = hooks
     gc.set_threshold(*before)
 
 
@@ -49,15 +57,49 @@ def test_side_by_side_workers_restore_python_only_when_the_last_one_stops() -> N
 def test_every_collection_is_recorded_by_generation_and_not_after_release() -> None:
     policy = HeapPolicy(GcSettings(freeze_after_warm_up=False, young_threshold=0))
     before = gc.get_threshold()
-    assert policy.settle() >= 0
-    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
-    gc.collect(1)
-    gc.collect()
-    assert policy.pauses["1"].count == 1 and policy.pauses["2"].count == 1
-    assert policy.pauses["2"].sum > 0
-    policy.release()
-    gc.collect()
-    assert policy.pauses["2"].count == 1
+    frozen = gc.get_freeze_count()
+    gc.disable()  # only the collections below (explicit ones still run and call the hooks)
+    try:
+        assert policy.settle() >= 0
+        assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+        gc.collect(1)
+        gc.collect()
+        assert policy.pauses["1"].count == 1 and policy.pauses["2"].count == 1
+        assert policy.pauses["0"].count == 0 and policy.pauses["2"].sum > 0
+        policy.release()
+        gc.collect()
+        assert policy.pauses["2"].count == 1
+    finally:
+        gc.enable()
+
+
+def test_a_collection_already_running_when_the_hook_arrives_is_not_recorded() -> None:
+    # Its stop comes without a start: recording it would add the whole uptime as a pause.
+    policy = HeapPolicy(GcSettings(freeze_after_warm_up=False, young_threshold=0))
+    policy._on_gc("stop", {"generation": 2})
+    assert policy.pauses["2"].count == 0
+    policy._on_gc("start", {"generation": 2})
+    policy._on_gc("stop", {"generation": 2})
+    assert policy.pauses["2"].count == 1 and policy.pauses["2"].sum < 1.0
+
+
+def test_a_settle_that_fails_half_way_leaves_no_policy_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real = gc.set_threshold
+    wanted = GcSettings().young_threshold
+
+    def refuse(*threshold: int) -> None:  # the new value refused, the old one restored
+        if threshold[0] == wanted:
+            raise OverflowError("threshold too large")
+        real(*threshold)
+
+    before = gc.get_threshold()
+    monkeypatch.setattr(gc, "set_threshold", refuse)
+    policy = HeapPolicy(GcSettings())
+    with pytest.raises(OverflowError):
+        policy.settle()
+    assert heap._holders == 0 and gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before
 
 
 def test_a_frozen_heap_leaves_full_collections_less_to_walk() -> None:
