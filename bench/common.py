@@ -56,6 +56,13 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def gc_totals(heap: Any) -> dict[str, dict[str, float]]:
+    """A worker's collector pauses (worker.loop.heap.HeapPolicy) per generation: how many and
+    their total milliseconds."""
+    return {g: {"n": b.count, "total_ms": round(b.sum * 1e3, 1)}
+            for g, b in sorted(heap.pauses.items())}
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import environment, write
+from bench.common import environment, gc_totals, write
 from bench.passthrough_bench import InstantTask, create, fill
 
 SETTINGS = {
@@ -111,8 +111,7 @@ def run(bootstrap: str, n: int, batch: dict[str, Any], engine_s: float | None,
     out: dict[str, Any] = {"jobs_s": round(worker.stats.results / took),
                            "results": worker.stats.results, "seconds": round(took, 2),
                            "pauses": worker.stats.pauses,
-                           "gc_pauses": {g: {"n": b.count, "total_ms": round(b.sum * 1e3, 1)}
-                                         for g, b in sorted(worker.heap.pauses.items())}}
+                           "gc_pauses": gc_totals(worker.heap)}
     if engine_s is not None:
         out["engine_bound_jobs_s"] = round(b.max_in_flight_batches * b.max_batch_size / engine_s)
     return out

@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import environment, median, write
+from bench.common import environment, gc_totals, median, write
 from bench.corpus import jpeg_photos
 
 ITEM = (224, 224, 3)
@@ -301,9 +301,8 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
         summary["batches"] = {p: {"n": b.count, "mean_size": round(b.sum / max(1, b.count), 1)}
                               for p, b in vitals.batch_size.items()}
     heap = getattr(worker, "heap", None)  # (older checkouts have none)
-    if heap is not None:  # the collector's pauses: every thread stops for them
-        summary["gc_pauses"] = {g: {"n": b.count, "total_ms": round(b.sum * 1e3, 1)}
-                                for g, b in sorted(heap.pauses.items())}
+    if heap is not None:  # the collector's pauses: no other thread runs Python code meanwhile
+        summary["gc_pauses"] = gc_totals(heap)
     hops.put(summary)
 
 

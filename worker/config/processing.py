@@ -44,9 +44,9 @@ class ProcessingSettings(Section):
 
 
 class GcSettings(Section):
-    """CPython's cyclic garbage collector in the worker's process (worker.loop.heap). Every
-    collection stops all threads; a full one walks the whole heap, which a GPU worker fills
-    with torch and its engines before the first job."""
+    """CPython's cyclic garbage collector in the worker's process (worker.loop.heap). While a
+    collection runs no other thread runs Python code; a full one walks the whole heap, which a
+    GPU worker fills with torch and its engines before the first job."""
 
     # Once the engines are warm, collect once and move every object alive then out of the
     # collector's sight (gc.freeze): full collections walk only what the loop made since.

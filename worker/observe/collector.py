@@ -101,8 +101,8 @@ class WorkerCollector(Collector):
                          "profile", v.batch_fill)
         yield _histogram("engine_seconds", "Time per batch from submit to outcome.", "profile",
                          v.engine_seconds)
-        yield _histogram("gc_pause_seconds", "Garbage collector pauses (every thread stops), "
-                         "by generation.", "generation", w.heap.pauses)
+        yield _histogram("gc_pause_seconds", "Garbage collector pauses (no other thread runs "
+                         "Python code meanwhile), by generation.", "generation", w.heap.pauses)
         yield _gauge("pending_records", "Records consumed and not finished.",
                      w.committer.pending())
         yield _gauge("held_bytes", "Bytes of the records consumed and not finished.",
