@@ -578,3 +578,36 @@ def test_truncated_arbitrary_maps_give_a_job_or_job_rejected(
 ) -> None:
     payload = _pack({**_job(), **doc})
     _assert_job_or_rejected(payload[: cut % (len(payload) + 1)])
+
+
+_FIELD_VALUES: dict[str, list[Any]] = {
+    "v": [1, 2, 3, 0, True, 1.0, "1", None],
+    "id": ["j", "x" * 256, "x" * 257, "", 7, b"j", None],
+    "image": [b"\xff\xd8", b"", b"x" * 33, "img", 3, None],
+    "text": ["", " ", "hello", "x" * 41, 5, b"t", None],
+    "policy": ["default", "strict.v2", "Bad Name", "x" * 65, "", 3, None],
+    "deadline_ms": [0, 1_700_000_000_000, 2**63 - 1, -1, 1.5, True, "5", None],
+}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.fixed_dictionaries({}, optional={k: st.sampled_from(v)
+                                           for k, v in _FIELD_VALUES.items()}),
+       st.booleans())
+def test_the_fast_path_decides_as_the_full_validation_does(doc: dict[str, Any],
+                                                            extra: bool) -> None:
+    """decode_moderation_job's fast path accepts only what _validated accepts, into the same
+    job; everything else gets _validated's verdict and reason."""
+    if extra:
+        doc = {**doc, "colour": "red"}
+    limits = codec.DecodeLimits(max_image_bytes=32, max_text_chars=40)
+    payload = msgpack.packb(doc, use_bin_type=True)
+
+    def verdict(decode: Any) -> Any:
+        try:
+            return decode()
+        except JobRejected as exc:
+            return type(exc), str(exc)
+
+    full = verdict(lambda: codec._validated(codec.unpack_map(payload), limits))
+    assert verdict(lambda: decode_moderation_job(payload, limits)) == full
