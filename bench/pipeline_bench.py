@@ -347,11 +347,22 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
         ch.start()
     reader.start()
     progress: list[tuple[float, int]] = []  # (time, results produced by all workers)
+
+    def sample() -> None:  # from the start: the jobs may be produced while workers answer
+        while reader.is_alive():
+            progress.append((time.perf_counter(), sum(int(c.value) for c, _ in members)))
+            reader.join(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    producing: tuple[float, float] | None = None  # (start, end) when produced during the run
     if rate is None and not produce_first:
         deadline = time.monotonic() + 180
         while not all(r.is_set() for _, r in members) and time.monotonic() < deadline:
             time.sleep(0.1)
+        t_start = time.perf_counter()
         produce_jobs(bootstrap, cfg.topics.jobs, photos, n, "j", None)
+        producing = (t_start, time.perf_counter())
     if rate is not None:
         # The worker is warm (graphs captured, partitions assigned) before the clock starts.
         deadline = time.monotonic() + 180
@@ -359,9 +370,7 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
             time.sleep(0.1)
         time.sleep(2)
         produce_jobs(bootstrap, cfg.topics.jobs, photos, n, "j", rate, sent)
-    while reader.is_alive():
-        progress.append((time.perf_counter(), sum(int(c.value) for c, _ in members)))
-        reader.join(0.05)
+    sampler.join()
     stop.set()
     per_process = []
     for _ in children:
@@ -382,6 +391,16 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
         t90 = next(t for t, c in progress if c >= 0.9 * n)
         out["sustained_fps"] = 0.8 * n / (t90 - t10)
         out["reader_span_s"] = float((ts[-1] - ts[0]) / 1e3)
+        if producing is not None:
+            # Jobs produced while the workers answered: the rate cannot exceed the producer's.
+            # (Before 2026-12-01 evening the window was sampled only after the producer
+            # finished, so such runs read several times too high.)
+            rate_in = n / (producing[1] - producing[0])
+            out["producer_jobs_per_s"] = rate_in
+            out["producer_bound"] = out["sustained_fps"] >= 0.9 * rate_in
+        counts = [h.get("queue", {}).get("n", 0) for h in per_process]
+        if len(counts) > 1 and max(counts):
+            out["process_share_min_over_max"] = min(counts) / max(counts)
     else:
         lat = np.array([(results[k] - sent[k]) * 1e3 for k in results if k in sent])
         out |= {"rate": rate, "latency_p50_ms": float(np.percentile(lat, 50)),
