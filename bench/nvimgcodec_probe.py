@@ -2,7 +2,7 @@
 
 torchvision keeps one nvJPEG decoder per process behind a mutex, so four threads each decoding
 batches of 128 wait on each other (6.7 ms per call alone, ~28 ms with four; bench/NOTES.md).
-:mod:`worker.tasks.moderation.images.nvimgcodec_ops` gives each thread its own nvImageCodec
+:mod:`bench.nvimgcodec_ops` gives each thread its own nvImageCodec
 decoder. On the bench's real photos (bench/corpus.py, 256x256 q90, ~16 KB) this measures:
 
 - images/s (median of rounds, each round ends with every thread's stream synchronised) and the
@@ -246,7 +246,7 @@ def main() -> None:
             rec["device"] = torch.cuda.get_device_name(0)
     with probe.step("nvimgcodec"):
         t = time.perf_counter()
-        from worker.tasks.moderation.images import nvimgcodec_ops
+        from bench import nvimgcodec_ops
 
         nv = nvimgcodec_ops._nvimgcodec()
         if args.cpu_threads is not None:

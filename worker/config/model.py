@@ -84,12 +84,6 @@ class ModelSettings(Section):
     # Where images are decoded and resized: "cpu" (Pillow on a thread pool) or "gpu" (nvJPEG
     # and torch kernels; torch and aoti backends only).
     preprocess: Literal["cpu", "gpu"] = "cpu"
-    # preprocess = gpu: the JPEG decoder. "torchvision": torchvision's nvJPEG, one decoder per
-    # process behind a lock, each call synchronised. "nvimgcodec": NVIDIA nvImageCodec (wheels
-    # nvidia-nvimgcodec-cu13 and nvidia-nvjpeg), one decoder per thread on the NVJPG hardware
-    # engines, ordered on the caller's stream without a host wait; the worker refuses to start
-    # when it cannot decode on this device. Both give the CPU decoder what they refuse.
-    gpu_jpeg_decoder: Literal["torchvision", "nvimgcodec"] = "torchvision"
     # GPU backends: overlap H2D / compute / D2H on three streams (false: one stream, serial).
     pipeline_overlap: bool = True
     policies: dict[str, Thresholds] = Field(default_factory=_default_policies)

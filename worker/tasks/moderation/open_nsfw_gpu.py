@@ -50,12 +50,6 @@ class OpenNsfwGpuTask(OpenNsfwTask):
         self._warm = False
 
     def warm_up(self, profiles: tuple[Profile, ...] | None = None) -> None:
-        if self._gpu_decode and self.cfg.model.gpu_jpeg_decoder == "nvimgcodec":
-            from worker.tasks.moderation.images import nvimgcodec_ops
-
-            if not nvimgcodec_ops.available():
-                raise ConfigError("model.gpu_jpeg_decoder = nvimgcodec, but it does not decode "
-                                  f"here: {nvimgcodec_ops.unavailable_reason()}")
         self.runner.activate()
         self.pipeline.activate()
         super().warm_up(profiles)  # the plain runner path: cuDNN and allocator warm
@@ -101,8 +95,7 @@ class OpenNsfwGpuTask(OpenNsfwTask):
             stream = self._prep_stream()
             try:
                 with torch.cuda.stream(stream):
-                    rejects = prepare_batch(images, slot.dev_in[:n], self._limits,
-                                            self.cfg.model.gpu_jpeg_decoder)
+                    rejects = prepare_batch(images, slot.dev_in[:n], self._limits)
                 event: Event = self._local.ready
                 event.record_on(stream.cuda_stream)
                 ready = event

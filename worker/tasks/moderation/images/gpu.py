@@ -1,8 +1,7 @@
 """open_nsfw preprocessing on the GPU: nvJPEG decode, resize, crop, written into a device batch.
 
-JPEGs are decoded in one batched nvJPEG call (``model.gpu_jpeg_decoder``: torchvision's decoder
-on CUDA, loaded without importing torchvision, :mod:`worker.tasks.moderation.images.jpeg_ops`;
-or nvImageCodec's, :mod:`worker.tasks.moderation.images.nvimgcodec_ops`); PNG and WebP
+JPEGs are decoded in one batched nvJPEG call (torchvision's decoder on CUDA, loaded without
+importing torchvision: :mod:`worker.tasks.moderation.images.jpeg_ops`); PNG and WebP
 are decoded by Pillow on the CPU and uploaded. Images of one size are resized together
 (bilinear with antialiasing, PIL's BILINEAR semantics), centre-cropped to 224 and written as
 uint8 RGB rows into the pipeline slot's device input; normalisation happens inside the engine's
@@ -31,9 +30,11 @@ from worker.tasks.moderation.images.cpu import (
 )
 
 
-def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits, decoder: str
+def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
                 ) -> list[Any | JobRejected]:
     import torch
+
+    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs
 
     out: list[Any | JobRejected] = [None] * len(datas)
     jpeg_idx: list[int] = []
@@ -56,8 +57,16 @@ def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits, decoder: s
                 continue
             out[i] = torch.from_numpy(rgb).permute(2, 0, 1).to(device, non_blocking=True)
     if jpeg_idx:
-        decoded = (_nvimgcodec([datas[i] for i in jpeg_idx], device) if decoder == "nvimgcodec"
-                   else _torchvision([datas[i] for i in jpeg_idx], device))
+        raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg_idx]
+        try:
+            decoded = decode_jpegs(raw, device)
+        except RuntimeError:
+            decoded = []
+            for t in raw:  # one bad file fails the whole batch call: find it
+                try:
+                    decoded.append(decode_jpegs([t], device)[0])
+                except RuntimeError:
+                    decoded.append(None)  # the CPU decoder's verdict, below
         for k, i in enumerate(jpeg_idx):
             if decoded[k] is None:
                 # nvJPEG refuses some valid JPEGs (CMYK, rare subsamplings): the CPU decides,
@@ -72,44 +81,15 @@ def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits, decoder: s
     return out
 
 
-def _torchvision(datas: list[bytes], device: Any) -> list[Any | None]:
-    """torchvision's decoder; None where a file does not decode."""
-    import torch
-
-    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs
-
-    raw = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
-    try:
-        return decode_jpegs(raw, device)
-    except RuntimeError:
-        decoded: list[Any | None] = []
-        for t in raw:  # one bad file fails the whole batch call: find it
-            try:
-                decoded.append(decode_jpegs([t], device)[0])
-            except RuntimeError:
-                decoded.append(None)
-        return decoded
-
-
-def _nvimgcodec(datas: list[bytes], device: Any) -> list[Any | None]:
-    """nvImageCodec's decoder (None per file it does not decode; the bytes go in uncopied).
-    Its tensors are CHW views of HWC buffers: the stack below copies them once, as it would
-    contiguous ones."""
-    from worker.tasks.moderation.images.nvimgcodec_ops import decode_jpegs
-
-    return decode_jpegs(datas, device)
-
-
-def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = None,
-                  decoder: str = "torchvision") -> list[JobRejected | None]:
+def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = None
+                  ) -> list[JobRejected | None]:
     """Decode ``datas`` and write row i of ``out`` (uint8 [N, 224, 224, 3]) for each good
-    image (JPEGs with ``decoder``: "torchvision" or "nvimgcodec"). Returns, per input, None or
-    the rejection; bad rows are left untouched."""
+    image. Returns, per input, None or the rejection; bad rows are left untouched."""
     import torch
     import torch.nn.functional as F
 
     limits = limits or ImageLimits()
-    images: list[Any] = _decode_all(datas, out.device, limits, decoder)
+    images: list[Any] = _decode_all(datas, out.device, limits)
     by_size: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, img in enumerate(images):
         if not isinstance(img, JobRejected):
