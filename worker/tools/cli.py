@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from worker.config import WorkerConfig, load_config
-from worker.exceptions import WorkerError
+from worker.exceptions import ConfigError, WorkerError
 from worker.logs import configure_logging
 from worker.tools.options import ConfigOpt
 
@@ -62,6 +62,9 @@ def run(
     gpus: Annotated[str | None, typer.Option(
         help="One worker process per GPU: a count or 'all' (instance ids <id>-gpu<i>, "
              "metrics ports metrics.port + i); stopped together.")] = None,
+    procs_per_gpu: Annotated[int, typer.Option(
+        min=1, help="With --gpus: this many worker processes per GPU (instance ids "
+                    "<id>-gpu<i>-<j>): more throughput, higher latency (see the README).")] = 1,
 ) -> None:
     """Run the worker against the configured brokers until SIGTERM/SIGINT."""
     from worker.loop.worker import Worker
@@ -72,10 +75,13 @@ def run(
     if not cfg.kafka.bootstrap_servers:
         raise WorkerError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass "
                           "--bootstrap-servers (or try `trt-worker demo`)")
+    if procs_per_gpu != 1 and gpus is None:
+        raise ConfigError("--procs-per-gpu needs --gpus (a count or 'all')")
     if gpus is not None:
         from worker.tools.gpus import child_argv, supervise, visible_gpus
 
-        raise typer.Exit(supervise(cfg, visible_gpus(gpus), child_argv(sys.argv)))
+        raise typer.Exit(supervise(cfg, visible_gpus(gpus), child_argv(sys.argv),
+                                   per_gpu=procs_per_gpu))
     worker = Worker(cfg)
     _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)
     server = observe(worker)

@@ -1,8 +1,12 @@
-"""`trt-worker run --gpus N|all`: one worker process per GPU on this host, stopped together.
+"""`trt-worker run --gpus N|all [--procs-per-gpu K]`: K worker processes per GPU on this host
+(one by default), stopped together.
 
 Each child is a plain `trt-worker run` with one GPU visible (``CUDA_VISIBLE_DEVICES``), its own
-instance id (``<instance_id>-gpu<i>``: stable when the base is, e.g. a StatefulSet pod name)
-and its own metrics port (``metrics.port + i``). SIGTERM/SIGINT are passed on to every child;
+instance id (``<instance_id>-gpu<i>``, with K > 1 ``<instance_id>-gpu<i>-<j>``: stable when the
+base is, e.g. a StatefulSet pod name) and its own metrics port (``metrics.port + n``, n counting
+the children). Several processes per GPU trade latency for throughput: each has its own
+nvJPEG decoder, Python loop and CUDA context, which the GPU time-slices (bench/NOTES.md,
+2026-12-01 night: 1, 2 and 4 processes on one H200). SIGTERM/SIGINT are passed on to every child;
 when one child exits non-zero the others are stopped and its exit code is returned, so an
 orchestrator restarts the group as one unit (a pod) instead of running on with a GPU idle.
 Processes, not threads: each worker's host path is GIL-bound and its own CUDA context.
@@ -63,19 +67,26 @@ def _listed_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
-def child_env(cfg: WorkerConfig, device: str, index: int) -> dict[str, str]:
+def child_env(cfg: WorkerConfig, device: str, index: int, slot: int = 0, per_gpu: int = 1
+              ) -> dict[str, str]:
+    """The environment of process ``slot`` (of ``per_gpu``) on the ``index``-th device."""
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = device
-    env["KTW_KAFKA__INSTANCE_ID"] = f"{cfg.kafka.instance_id}-gpu{index}"
-    env["KTW_METRICS__PORT"] = str(cfg.metrics.port + index if cfg.metrics.port else 0)
+    suffix = f"-gpu{index}" if per_gpu == 1 else f"-gpu{index}-{slot}"
+    env["KTW_KAFKA__INSTANCE_ID"] = cfg.kafka.instance_id + suffix
+    n = index * per_gpu + slot
+    env["KTW_METRICS__PORT"] = str(cfg.metrics.port + n if cfg.metrics.port else 0)
     return env
 
 
 def supervise(cfg: WorkerConfig, devices: Sequence[str], argv: Sequence[str],
-              poll_s: float = 0.2) -> int:
-    """Run ``argv`` once per device and wait; the exit code is the first failure's, else 0."""
-    children = [subprocess.Popen(list(argv), env=child_env(cfg, d, i))
-                for i, d in enumerate(devices)]
+              poll_s: float = 0.2, per_gpu: int = 1) -> int:
+    """Run ``argv`` ``per_gpu`` times per device and wait; the exit code is the first
+    failure's, else 0."""
+    if per_gpu < 1:
+        raise ConfigError("--procs-per-gpu must be at least 1")
+    children = [subprocess.Popen(list(argv), env=child_env(cfg, d, i, j, per_gpu))
+                for i, d in enumerate(devices) for j in range(per_gpu)]
     log.info("gpu_workers_started", devices=list(devices),
              pids=[c.pid for c in children])
     stopping = False
@@ -108,17 +119,21 @@ def supervise(cfg: WorkerConfig, devices: Sequence[str], argv: Sequence[str],
             signal.signal(s, handler)
 
 
+SUPERVISOR_OPTIONS = ("--gpus", "--procs-per-gpu")  # the children must not supervise again
+
+
 def child_argv(argv: Sequence[str]) -> list[str]:
-    """This command line without ``--gpus`` and its value: what each child runs."""
+    """This command line without ``--gpus``, ``--procs-per-gpu`` and their values: what each
+    child runs."""
     out, skip = [], False
     for arg in argv[1:]:
         if skip:
             skip = False
             continue
-        if arg == "--gpus":
+        if arg in SUPERVISOR_OPTIONS:
             skip = True
             continue
-        if arg.startswith("--gpus="):
+        if arg.startswith(tuple(f"{o}=" for o in SUPERVISOR_OPTIONS)):
             continue
         out.append(arg)
     return [sys.executable, "-m", "worker", *out]

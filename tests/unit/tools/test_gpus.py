@@ -21,7 +21,7 @@ from worker.tools.gpus import child_argv, supervise, visible_gpus
 # with the code in FAIL_WITH when its device is the one named there.
 CHILD = """
 import json, os, signal, sys, time
-out = os.path.join(sys.argv[1], os.environ["CUDA_VISIBLE_DEVICES"] + ".json")
+out = os.path.join(sys.argv[1], os.environ["KTW_KAFKA__INSTANCE_ID"] + ".json")
 keys = ("CUDA_VISIBLE_DEVICES", "KTW_KAFKA__INSTANCE_ID", "KTW_METRICS__PORT")
 with open(out, "w") as f:
     json.dump({k: os.environ[k] for k in keys}, f)
@@ -47,8 +47,9 @@ def test_devices_from_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> N
         visible_gpus("all")
 
 
-def test_child_argv_drops_only_the_gpus_option() -> None:
-    argv = ["/bin/trt-worker", "run", "--gpus", "all", "-c", "w.toml", "--gpus=2", "-b", "k:9"]
+def test_child_argv_drops_only_the_supervisor_options() -> None:
+    argv = ["/bin/trt-worker", "run", "--gpus", "all", "-c", "w.toml", "--gpus=2", "-b", "k:9",
+            "--procs-per-gpu", "2", "--procs-per-gpu=3"]
     assert child_argv(argv) == [sys.executable, "-m", "worker", "run", "-c", "w.toml",
                                 "-b", "k:9"]
 
@@ -87,3 +88,32 @@ def test_one_child_failing_stops_the_others_and_gives_its_code(
     code = supervise(cfg, ["0", "1"], [sys.executable, "-c", CHILD, str(tmp_path)])
     assert code == 3
     assert time.monotonic() - t0 < 20  # device 0 was stopped, not waited for
+
+
+def test_several_processes_per_gpu_get_their_own_ids_and_ports(tmp_path: Path) -> None:
+    cfg = load_config(None, kafka={"instance_id": "pod-3"}, metrics={"port": 9500})
+
+    def stop_when_started() -> None:
+        _wait_for(tmp_path, 4)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_when_started, daemon=True).start()
+    code = supervise(cfg, ["4", "7"], [sys.executable, "-c", CHILD, str(tmp_path)], per_gpu=2)
+    assert code == 0
+    seen = sorted((json.loads(p.read_text()) for p in tmp_path.glob("*.json")),
+                  key=lambda e: e["KTW_METRICS__PORT"])
+    assert [(e["CUDA_VISIBLE_DEVICES"], e["KTW_KAFKA__INSTANCE_ID"], e["KTW_METRICS__PORT"])
+            for e in seen] == [("4", "pod-3-gpu0-0", "9500"), ("4", "pod-3-gpu0-1", "9501"),
+                               ("7", "pod-3-gpu1-0", "9502"), ("7", "pod-3-gpu1-1", "9503")]
+
+
+def test_procs_per_gpu_needs_gpus_and_a_positive_count() -> None:
+    from typer.testing import CliRunner
+
+    from worker.tools.cli import app
+
+    result = CliRunner().invoke(app, ["run", "-b", "127.0.0.1:9", "--procs-per-gpu", "2"])
+    assert result.exit_code != 0
+    assert "--procs-per-gpu needs --gpus" in str(result.exception) + result.output
+    with pytest.raises(ConfigError, match="at least 1"):
+        supervise(load_config(None), ["0"], [sys.executable, "-c", "pass"], per_gpu=0)
