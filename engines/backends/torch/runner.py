@@ -121,6 +121,9 @@ class TorchRunner(Runner):
         self._lock = threading.Lock()
         self.compile_cache_error: str | None = None
         self.graph_errors: dict[GraphKey, str] = {}
+        # False: each static shape's graphs are captured when it first runs, not at activate
+        # (for a runner only some jobs reach: the GPU pipeline task's fallback path).
+        self.capture_at_start = True
         self._net: Any = None
         self._fn: Any = None  # the network, or its torch.compile
         self._stream: Any = None
@@ -187,7 +190,7 @@ class TorchRunner(Runner):
         self._stream = cuda_module().Stream(self.device)
         if native_net(self.spec).shared_graph_pool:
             self._pool = torch.cuda.graph_pool_handle()  # graphs come at first use
-        elif self._graphs:
+        elif self._graphs and self.capture_at_start:
             for key in sorted(self._static):
                 self._capture(key)
 
@@ -256,10 +259,13 @@ class TorchRunner(Runner):
         name = self.spec.outputs[0].name
         shapes = graph_shapes(self.spec, key)
         try:
+            # One sample per key, copied into each slot's own input (drawing it per slot cost
+            # ~0.3 s per batch-128 slot of a start-up: bench/NOTES.md, 2026-12-01 night).
+            samples = [torch.from_numpy(sample_input(t.dtype, s)).to(self.device)
+                       for t, s in zip(self.spec.inputs, shapes, strict=True)]
             ring = []
             for i in range(self._slots_per_key):
-                dev_in = [torch.from_numpy(sample_input(t.dtype, s)).to(self.device)
-                          for t, s in zip(self.spec.inputs, shapes, strict=True)]
+                dev_in = samples if i == 0 else [x.clone() for x in samples]
                 # Kernels are chosen (and compiled) by the first slot's warm-up runs already.
                 ring.append(capture_graph(self._fn, dev_in, name, pool=self._pool,
                                           warmup=3 if i == 0 else 0))

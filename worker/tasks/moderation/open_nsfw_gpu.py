@@ -48,11 +48,21 @@ class OpenNsfwGpuTask(OpenNsfwTask):
         self._gpu_decode = cfg.model.preprocess == "gpu"
         self._local = threading.local()
         self._warm = False
+        # The runner's own graphs serve only images the pipeline does not take (PNG, WebP,
+        # rotated or CMYK JPEGs): captured as their batch sizes first occur, not all at start
+        # (they cost ~1 s of a cached start on the H200).
+        runner.capture_at_start = False
 
     def warm_up(self, profiles: tuple[Profile, ...] | None = None) -> None:
         self.runner.activate()
         self.pipeline.activate()
-        super().warm_up(profiles)  # the plain runner path: cuDNN and allocator warm
+        # The plain runner path at its smallest batch: cuDNN and the allocator warm; its larger
+        # shapes are captured if and when such batches come (see __init__).
+        smallest = min(b for p in self.profiles if isinstance(p, StaticProfile)
+                       for b in p.batch_sizes)
+        super().warm_up(tuple(StaticProfile(p.name, p.item_shape, (smallest,))
+                              for p in self.profiles if isinstance(p, StaticProfile))
+                        if profiles is None else profiles)
         sample = (self._sample_bytes(),)
         for size in self.pipeline.sizes:
             if size <= self.cfg.batch.max_batch_size or size == self.pipeline.sizes[0]:
