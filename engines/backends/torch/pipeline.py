@@ -104,9 +104,7 @@ class TorchPipeline:
         self.h2d, self.compute, self.d2h = Stream(), Stream(), Stream()
         self._torch_compute = torch.cuda.ExternalStream(self.compute.ptr)
         for size in self.sizes:
-            # Kernels are chosen by the first slot's warm-up runs; the others only capture.
-            self._slots[size] = [self._make_slot(size, warmup=3 if i == 0 else 0)
-                                 for i in range(self.slots_per_size)]
+            self._slots[size] = [self._make_slot(size) for _ in range(self.slots_per_size)]
             self._next[size] = 0
         torch.cuda.synchronize()
 
@@ -115,7 +113,7 @@ class TorchPipeline:
             x = self._pixels_to_input(x)
         return self.runner.net(x)
 
-    def _make_slot(self, size: int, warmup: int = 3) -> PipelineSlot:
+    def _make_slot(self, size: int) -> PipelineSlot:
         import torch
 
         device = torch.device(self.runner.device)
@@ -126,7 +124,7 @@ class TorchPipeline:
             dev_in = torch.randint(0, 256, shape, device=device, dtype=torch.uint8, generator=gen)
         else:
             dev_in = torch.randn(shape, device=device, generator=gen) * 50
-        graph, dev_out = capture(self._forward, [dev_in], warmup=warmup)
+        graph, dev_out = capture(self._forward, [dev_in])
         host_in = PinnedBuffer(shape, dtype)
         host_out = PinnedBuffer(tuple(dev_out.shape), np.float32)
         return PipelineSlot(size, host_in, dev_in, dev_out, host_out, graph,
