@@ -4,9 +4,10 @@ Tried in the worker's GPU preprocessing at fd76ea4 (``model.gpu_jpeg_decoder``) 
 again: inside the task it was slower than torchvision's decoder (bench/NOTES.md, 2026-12-01,
 night). Kept here so the probe can be re-run on other GPUs and versions.
 
-Why: torchvision's CUDA decoder (:mod:`worker.tasks.moderation.images.jpeg_ops`) is one nvJPEG decoder per process behind one
-mutex (``decoderMutex``) and each call synchronises its stream. On the H200 a batch of 128
-~16 KB 256x256 JPEGs took 6.7 ms from one thread, ~28 ms per call with four threads decoding:
+Why: torchvision's CUDA decoder (:mod:`worker.tasks.moderation.images.jpeg_ops`) is one nvJPEG
+decoder per process behind one mutex (``decoderMutex``) and each call synchronises its stream.
+On the H200 a batch of 128 ~16 KB 256x256 JPEGs took 6.7 ms from one thread, ~28 ms per call
+with four threads decoding:
 the GPU task stopped near 13k img/s while the engine did 23k+ (bench/NOTES.md). Here each
 thread owns its own decoder (``threading.local``): no decoder or lock is shared, the GIL is
 released while decoding, and a batch goes in one call to the NVJPG hardware engines (A100,
