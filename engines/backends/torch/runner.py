@@ -6,8 +6,9 @@ slot, so several batches of one shape can be in flight without sharing buffers. 
 copies the batch into pinned host memory, enqueues H2D copy, graph replay and D2H copy and
 records an event; the handle's ``result()`` waits for that event only. A batch runs in the
 smallest graph of its item shape that holds it (rows padded); other shapes (range profiles)
-run eagerly on the same stream. Graphs are captured at ``activate``, each into its own memory
-pool and replayed on the caller's stream; a network that asks for a shared pool (large ones:
+run eagerly on the same stream, as do static shapes left out of ``graph_batches`` when it is
+set. Graphs are captured at ``activate``, each into its own memory pool and replayed on the
+caller's stream; a network that asks for a shared pool (large ones:
 SD) has its graphs captured at first use (``warm_up`` captures them all) into one pool and
 replayed in order on the runner's own stream. A shape whose capture fails (the network syncs
 with the host somewhere) runs eagerly from then on, with a warning.
@@ -121,9 +122,10 @@ class TorchRunner(Runner):
         self._lock = threading.Lock()
         self.compile_cache_error: str | None = None
         self.graph_errors: dict[GraphKey, str] = {}
-        # False: each static shape's graphs are captured when it first runs, not at activate
-        # (for a runner only some jobs reach: the GPU pipeline task's fallback path).
-        self.capture_at_start = True
+        # None: every static shape gets graphs. A set of batch sizes: only those shapes do,
+        # the others run eagerly (for a runner only some jobs reach, the GPU pipeline task's
+        # fallback path: no graphs to capture at start for it, and none captured while serving).
+        self.graph_batches: frozenset[int] | None = None
         self._net: Any = None
         self._fn: Any = None  # the network, or its torch.compile
         self._stream: Any = None
@@ -190,9 +192,13 @@ class TorchRunner(Runner):
         self._stream = cuda_module().Stream(self.device)
         if native_net(self.spec).shared_graph_pool:
             self._pool = torch.cuda.graph_pool_handle()  # graphs come at first use
-        elif self._graphs and self.capture_at_start:
+        elif self._graphs:
             for key in sorted(self._static):
-                self._capture(key)
+                if self._graphed(key):
+                    self._capture(key)
+
+    def _graphed(self, key: GraphKey) -> bool:
+        return self.graph_batches is None or key[0] in self.graph_batches
 
     def warm_up(self) -> None:
         """Run (capturing on CUDA) every static shape once; save torch.compile's cache."""
@@ -244,7 +250,8 @@ class TorchRunner(Runner):
         if not self._graphs:
             return None
         n, item = arrays[0].shape[0], tuple(arrays[0].shape[1:])
-        key = min(((b, i) for b, i in self._static if i == item and b >= n), default=None)
+        key = min(((b, i) for b, i in self._static if i == item and b >= n
+                   and self._graphed((b, i))), default=None)
         if key is None or (key not in self._slots and not self._capture(key)):
             return None
         ring = self._slots[key]

@@ -117,3 +117,6 @@ def test_procs_per_gpu_needs_gpus_and_a_positive_count() -> None:
     assert "--procs-per-gpu needs --gpus" in str(result.exception) + result.output
     with pytest.raises(ConfigError, match="at least 1"):
         supervise(load_config(None), ["0"], [sys.executable, "-c", "pass"], per_gpu=0)
+    with pytest.raises(ConfigError, match="no room for 4 processes"):
+        supervise(load_config(None, metrics={"port": 65533}), ["0", "1"],
+                  [sys.executable, "-c", "pass"], per_gpu=2)

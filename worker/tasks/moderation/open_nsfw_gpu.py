@@ -49,19 +49,21 @@ class OpenNsfwGpuTask(OpenNsfwTask):
         self._local = threading.local()
         self._warm = False
         # The runner's own graphs serve only images the pipeline does not take (PNG, WebP,
-        # rotated or CMYK JPEGs): captured as their batch sizes first occur, not all at start
-        # (they cost ~1 s of a cached start on the H200).
-        runner.capture_at_start = False
+        # rotated or CMYK JPEGs): a graph for the smallest batch size only; larger batches of
+        # such images run eagerly. Graphs for every size cost ~1 s of a cached start on the
+        # H200, and capturing them on demand would stall the batches in flight (a capture
+        # synchronises the device). A runner shared with the caller is left as it is.
+        self._smallest = sizes[0]
+        if own_runner:
+            runner.graph_batches = frozenset({self._smallest})
 
     def warm_up(self, profiles: tuple[Profile, ...] | None = None) -> None:
         self.runner.activate()
         self.pipeline.activate()
-        # The plain runner path at its smallest batch: cuDNN and the allocator warm; its larger
-        # shapes are captured if and when such batches come (see __init__).
-        smallest = min(b for p in self.profiles if isinstance(p, StaticProfile)
-                       for b in p.batch_sizes)
-        super().warm_up(tuple(StaticProfile(p.name, p.item_shape, (smallest,))
-                              for p in self.profiles if isinstance(p, StaticProfile))
+        # The plain runner path at its smallest batch (its one graph, see __init__): cuDNN and
+        # the allocator warm.
+        super().warm_up(tuple(StaticProfile(p.name, p.item_shape, (self._smallest,))
+                              if isinstance(p, StaticProfile) else p for p in self.profiles)
                         if profiles is None else profiles)
         sample = (self._sample_bytes(),)
         for size in self.pipeline.sizes:

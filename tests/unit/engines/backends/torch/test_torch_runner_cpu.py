@@ -118,3 +118,30 @@ def test_refusals() -> None:
         TorchRunner(_spec(), precision="fp16", device="cpu").activate()
     with pytest.raises(BackendUnavailable, match="no native network"):
         TorchRunner(TEXT, precision="fp32", device="cpu").activate()
+
+
+def test_graph_batches_limit_which_static_shapes_get_graphs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With graph_batches set, a batch whose smallest holding shape is left out runs eagerly:
+    no graph is captured for it, at activate or while serving."""
+    item = (4,)
+    runner = TorchRunner(TEXT, profiles=(StaticProfile("p", item, (8, 32, 128)),),
+                         device="cuda:0")
+    captured: list[tuple[int, tuple[int, ...]]] = []
+
+    def capture(key: Any) -> bool:  # the CUDA capture itself is tests/gpu's
+        captured.append(key)
+        return False
+
+    monkeypatch.setattr(runner, "_capture", capture)
+
+    def batch(n: int) -> list[np.ndarray]:
+        return [np.ones((n, *item), dtype=np.int64)]
+
+    runner.graph_batches = frozenset({8})
+    assert runner._slot_for(batch(20)) is None and captured == []  # 32 is left out: eager
+    assert runner._slot_for(batch(5)) is None and captured == [(8, item)]  # 8 may have one
+    runner.graph_batches = None
+    captured.clear()
+    runner._slot_for(batch(20))
+    assert captured == [(32, item)]
