@@ -29,8 +29,6 @@ import contextlib
 import importlib.metadata
 import json
 import os
-import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -42,7 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "1")  # the library's errors, on stderr
 
-from bench.common import RESULTS, environment
+from bench.common import RESULTS, environment, median
 
 T0 = time.perf_counter()
 
@@ -85,14 +83,7 @@ def versions() -> dict[str, Any]:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             out[dist] = None
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=20, check=False)
-        out["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        out["nvidia_smi"] = f"unavailable ({type(exc).__name__})"
-    return out
+    return out  # the GPU and its driver: bench.common.environment(), beside this
 
 
 def loaded_libraries() -> list[str]:
@@ -184,7 +175,7 @@ def measure(decode: Callable[[Any], list[Any]], batches: list[Any], threads: int
         res["error"] = errors[0]
     if rates:
         lat.sort()
-        res |= {"img_s": round(statistics.median(rates)), "img_s_rounds": [round(r) for r in rates],
+        res |= {"img_s": round(median(rates)), "img_s_rounds": [round(r) for r in rates],
                 "call_ms_p50": round(lat[len(lat) // 2] * 1e3, 2),
                 "call_ms_p90": round(lat[int(len(lat) * 0.9)] * 1e3, 2),
                 "none_results": sum(nones)}

@@ -348,12 +348,15 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
     reader.start()
     progress: list[tuple[float, int]] = []  # (time, results produced by all workers)
 
+    def answered() -> tuple[float, int]:
+        return time.perf_counter(), sum(int(c.value) for c, _ in members)
+
     def sample() -> None:  # from the start: the jobs may be produced while workers answer
         while reader.is_alive():
-            progress.append((time.perf_counter(), sum(int(c.value) for c, _ in members)))
+            progress.append(answered())
             reader.join(0.05)
         time.sleep(0.05)  # the workers publish their counters every 20 ms: one last sample
-        progress.append((time.perf_counter(), sum(int(c.value) for c, _ in members)))
+        progress.append(answered())
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()

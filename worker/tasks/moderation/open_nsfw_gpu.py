@@ -60,11 +60,12 @@ class OpenNsfwGpuTask(OpenNsfwTask):
     def warm_up(self, profiles: tuple[Profile, ...] | None = None) -> None:
         self.runner.activate()
         self.pipeline.activate()
-        # The plain runner path at its smallest batch (its one graph, see __init__): cuDNN and
-        # the allocator warm.
-        super().warm_up(tuple(StaticProfile(p.name, p.item_shape, (self._smallest,))
-                              if isinstance(p, StaticProfile) else p for p in self.profiles)
-                        if profiles is None else profiles)
+        if profiles is None:
+            # The plain runner path at its smallest batch (its one graph, see __init__): cuDNN
+            # and the allocator warm.
+            profiles = tuple(StaticProfile(p.name, p.item_shape, (self._smallest,))
+                             if isinstance(p, StaticProfile) else p for p in self.profiles)
+        super().warm_up(profiles)
         sample = (self._sample_bytes(),)
         for size in self.pipeline.sizes:
             if size <= self.cfg.batch.max_batch_size or size == self.pipeline.sizes[0]:
