@@ -139,6 +139,20 @@ def decode_alone(photos: list[bytes], batch: int, threads: int, batches: int) ->
     return decode_rate([w for w in work if len(w) == batch], threads)
 
 
+def cpu_decode_alone(task: Any, photos: list[bytes]) -> int:
+    """Pillow decode + resize + crop of every photo on the task's decode threads (the CPU
+    decoder that takes overflow batches), no GPU work."""
+    from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
+
+    def one(data: bytes) -> Any:
+        return crop_pixels(decode_image(data, task._limits), jpeg_roundtrip=False)
+
+    list(task._decode_pool.map(one, photos[:256]))  # warm
+    t0 = time.perf_counter()
+    n = sum(1 for _ in task._decode_pool.map(one, photos))
+    return round(n / (time.perf_counter() - t0))
+
+
 def engine_alone(task: Any, batch: int, reps: int) -> float:
     """Graph replays of the pipeline's slot for ``batch``, back to back on its stream."""
     import torch
@@ -163,6 +177,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--batches", type=int, default=80)
     ap.add_argument("--in-flight", default="1,2,4,8")
+    ap.add_argument("--cpu-overflow", default="0",
+                    help="model.cpu_overflow_batches values to run each in-flight count at "
+                         "(batches the CPU decodes while the GPU decoder is busy)")
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: run the harness on the default CPU task (no figures)")
@@ -182,6 +199,7 @@ def main() -> None:
         pipe.launch = steps.wrap("launch", pipe.launch)
         pipeline_mod.PipelineHandle.result = steps.wrap("result",
                                                         pipeline_mod.PipelineHandle.result)
+        task._fill_host_rows = steps.wrap("cpu_fill", task._fill_host_rows)
 
     items = pendings(task, photos, args.batch * args.batches)
     record: dict[str, Any] = {"benchmark": "task_probe_open_nsfw_gpu", "env": environment(),
@@ -190,19 +208,29 @@ def main() -> None:
                                                           sum(map(len, photos)) / len(photos))}}
     run_task(task, items[: args.batch * 8], args.batch, 4, StepTimes())  # warm
     runs = []
-    for k in [int(x) for x in args.in_flight.split(",")]:
-        steps.ms.clear()
-        # More batches in flight than batch threads would only queue: grow the pool to K
-        # (the pipeline keeps its max_in_flight_batches + 1 slots per size, 5 here).
-        task._batch_pool._max_workers = max(task._batch_pool._max_workers, k)
-        r = run_task(task, items, args.batch, k, steps)
-        print("task", r, flush=True)
-        runs.append(r)
+    router = getattr(task, "router", None)
+    for overflow in [int(x) for x in args.cpu_overflow.split(",")]:
+        for k in [int(x) for x in args.in_flight.split(",")]:
+            steps.ms.clear()
+            # More batches in flight than batch threads would only queue: grow the pool to K
+            # (the pipeline keeps its max_in_flight_batches + 1 slots per size, 5 here).
+            task._batch_pool._max_workers = max(task._batch_pool._max_workers, k)
+            before = dict(router.batches) if router is not None else {}
+            if router is not None:
+                router.cpu_batches = overflow
+            r = run_task(task, items, args.batch, k, steps)
+            r["cpu_overflow_batches"] = overflow
+            if router is not None:
+                r["decoded_batches"] = {d: n - before[d] for d, n in router.batches.items()}
+            print("task", r, flush=True)
+            runs.append(r)
     record["task"] = runs
     if not args.dry_run:
         record["decode_alone_img_s"] = {t: decode_alone(photos, args.batch, t, 64)
                                         for t in (1, 4)}
         record["engine_alone_img_s"] = engine_alone(task, args.batch, 200)
+        record["cpu_decode_alone_img_s"] = cpu_decode_alone(task, photos)
+        print("cpu decode alone", record["cpu_decode_alone_img_s"], flush=True)
         print("decode alone", record["decode_alone_img_s"], "engine alone",
               record["engine_alone_img_s"], flush=True)
     if args.trace and args.out is not None and not args.dry_run:
