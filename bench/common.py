@@ -15,6 +15,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def commit() -> str:
+    # BENCH_COMMIT first: on the GPU machine the copied tree's git metadata can be older than
+    # the files (bench/device_kafka.sh sets it from the staged checkout).
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, check=False, cwd=Path(__file__).parent)

@@ -64,6 +64,13 @@ def main() -> None:
     ap.add_argument("--worker-overrides", default="",
                     help='JSON merged over the worker config, e.g. {"batch": '
                          '{"max_in_flight_batches": 8}}')
+    ap.add_argument("--mps", action="store_true",
+                    help="run the worker processes under a private NVIDIA MPS daemon "
+                         "(worker.tools.mps), as `trt-worker run --mps` does")
+    ap.add_argument("--half-load-fps", type=float, default=None,
+                    help="the latency run's rate (default: half the best sustained rate)")
+    ap.add_argument("--half-load-procs", type=int, default=None,
+                    help="the latency run's worker processes (default: the best run's)")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="the worker processes' sys.setswitchinterval (Python's default: 5 ms)")
     args = ap.parse_args()
@@ -88,8 +95,15 @@ def main() -> None:
         "params": {"jobs": args.jobs, "procs": args.procs, "preprocess": args.preprocess,
                    "naive_jobs": args.naive_jobs, "gpus": args.gpus,
                    "worker_overrides": json.loads(args.worker_overrides or "{}"),
-                   "switch_interval_ms": args.switch_interval_ms},
+                   "switch_interval_ms": args.switch_interval_ms, "mps": args.mps,
+                   "half_load_fps": args.half_load_fps, "half_load_procs": args.half_load_procs},
     }
+    mps = None
+    if args.mps:  # before any worker process starts; the children inherit the variables
+        from worker.tools.mps import MpsDaemon
+
+        mps = MpsDaemon()
+        os.environ.update(mps.start())
     photos = jpeg_photos(4096, seed=0)
     record["params"]["mean_jpeg_bytes"] = float(np.mean([len(p) for p in photos]))
     sizes = [int(s) for s in args.engine_sizes.split(",")]
@@ -115,10 +129,11 @@ def main() -> None:
         record["sustained"] = runs
         best = max(runs, key=lambda r: r["sustained_fps"])
         if not args.skip_latency:
-            half = best["sustained_fps"] / 2
+            half = args.half_load_fps or best["sustained_fps"] / 2
             record["half_load"] = end_to_end(bootstrap, photos, min(int(half * 10), 100_000),
                                              args.preprocess, half,
-                                             int(best["worker_processes"]), args.gpus)
+                                             args.half_load_procs
+                                             or int(best["worker_processes"]), args.gpus)
             print("half load:", record["half_load"], flush=True)
         if args.naive_jobs:
             record["naive"] = naive(bootstrap, photos, args.naive_jobs)
@@ -137,8 +152,12 @@ def main() -> None:
             # group late would leave its GPU idle part of the window).
             record["summary"]["gpu_scaling_valid"] = all(
                 r.get("process_share_min_over_max", 0) >= 0.95 for r in runs if r["gpus"] > 1)
+        if mps is not None:
+            record["mps_servers"] = mps._control("get_server_list\n").stdout.split()
     finally:
         broker.stop()
+        if mps is not None:
+            mps.stop()
     print("summary:", record.get("summary"), flush=True)
     print("wrote", write("kafka-e2e", record, args.out))
 

@@ -140,8 +140,8 @@ def decode_alone(photos: list[bytes], batch: int, threads: int, batches: int) ->
 
 
 def cpu_decode_alone(task: Any, photos: list[bytes]) -> int:
-    """Pillow decode + resize + crop of every photo on the task's decode threads (the CPU
-    decoder that takes overflow batches), no GPU work."""
+    """Pillow decode + resize + crop of every photo on the task's decode threads (what CPU
+    preprocessing does per image), no GPU work."""
     from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
 
     def one(data: bytes) -> Any:
@@ -177,9 +177,6 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--batches", type=int, default=80)
     ap.add_argument("--in-flight", default="1,2,4,8")
-    ap.add_argument("--cpu-overflow", default="0",
-                    help="model.cpu_overflow_batches values to run each in-flight count at "
-                         "(batches the CPU decodes while the GPU decoder is busy)")
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: run the harness on the default CPU task (no figures)")
@@ -199,7 +196,6 @@ def main() -> None:
         pipe.launch = steps.wrap("launch", pipe.launch)
         pipeline_mod.PipelineHandle.result = steps.wrap("result",
                                                         pipeline_mod.PipelineHandle.result)
-        task._fill_host_rows = steps.wrap("cpu_fill", task._fill_host_rows)
 
     items = pendings(task, photos, args.batch * args.batches)
     record: dict[str, Any] = {"benchmark": "task_probe_open_nsfw_gpu", "env": environment(),
@@ -208,22 +204,14 @@ def main() -> None:
                                                           sum(map(len, photos)) / len(photos))}}
     run_task(task, items[: args.batch * 8], args.batch, 4, StepTimes())  # warm
     runs = []
-    router = getattr(task, "router", None)
-    for overflow in [int(x) for x in args.cpu_overflow.split(",")]:
-        for k in [int(x) for x in args.in_flight.split(",")]:
-            steps.ms.clear()
-            # More batches in flight than batch threads would only queue: grow the pool to K
-            # (the pipeline keeps its max_in_flight_batches + 1 slots per size, 5 here).
-            task._batch_pool._max_workers = max(task._batch_pool._max_workers, k)
-            before = dict(router.batches) if router is not None else {}
-            if router is not None:
-                router.cpu_batches = overflow
-            r = run_task(task, items, args.batch, k, steps)
-            r["cpu_overflow_batches"] = overflow
-            if router is not None:
-                r["decoded_batches"] = {d: n - before[d] for d, n in router.batches.items()}
-            print("task", r, flush=True)
-            runs.append(r)
+    for k in [int(x) for x in args.in_flight.split(",")]:
+        steps.ms.clear()
+        # More batches in flight than batch threads would only queue: grow the pool to K
+        # (the pipeline keeps its max_in_flight_batches + 1 slots per size, 5 here).
+        task._batch_pool._max_workers = max(task._batch_pool._max_workers, k)
+        r = run_task(task, items, args.batch, k, steps)
+        print("task", r, flush=True)
+        runs.append(r)
     record["task"] = runs
     if not args.dry_run:
         record["decode_alone_img_s"] = {t: decode_alone(photos, args.batch, t, 64)

@@ -84,12 +84,6 @@ class ModelSettings(Section):
     # Where images are decoded and resized: "cpu" (Pillow on a thread pool) or "gpu" (nvJPEG
     # and torch kernels; torch and aoti backends only).
     preprocess: Literal["cpu", "gpu"] = "cpu"
-    # preprocess = gpu: how many batches at a time may be decoded on the CPU (Pillow on the
-    # decode threads) while the GPU decoder is busy with another batch; 0: never. The GPU
-    # spends about as long decoding a batch as running the compiled engine on it, so at full
-    # load the host cores take part of the decoding off it; at low load every batch finds the
-    # GPU decoder free and stays on the GPU.
-    cpu_overflow_batches: int = Field(0, ge=0)
     # GPU backends: overlap H2D / compute / D2H on three streams (false: one stream, serial).
     pipeline_overlap: bool = True
     policies: dict[str, Thresholds] = Field(default_factory=_default_policies)

@@ -101,15 +101,6 @@ class WorkerCollector(Collector):
                          "profile", v.batch_fill)
         yield _histogram("engine_seconds", "Time per batch from submit to outcome.", "profile",
                          v.engine_seconds)
-        router = getattr(w.task, "router", None)  # the GPU pipeline task's DecodeRouter
-        if router is not None:
-            routed = CounterMetricFamily(f"{PREFIX}_preprocessed_batches",
-                                         "Image batches decoded, by decoder (GPU "
-                                         "preprocessing: the CPU takes overflow).",
-                                         labels=["decoder"])
-            for decoder, n in sorted(router.batches.items()):
-                routed.add_metric([decoder], n)
-            yield routed
         yield _histogram("gc_pause_seconds", "Garbage collector pauses (no other thread runs "
                          "Python code meanwhile), by generation.", "generation", w.heap.pauses)
         yield _gauge("pending_records", "Records consumed and not finished.",

@@ -66,6 +66,10 @@ def run(
     procs_per_gpu: Annotated[int, typer.Option(
         min=1, help="With --gpus: this many worker processes per GPU (instance ids "
                     "<id>-gpu<i>-<j>): more throughput, higher latency (see the README).")] = 1,
+    mps: Annotated[bool, typer.Option(
+        help="With --gpus: run the processes under a private NVIDIA MPS daemon, so their "
+             "GPU work runs concurrently instead of time-sliced (leave out where MPS "
+             "already runs).")] = False,
 ) -> None:
     """Run the worker against the configured brokers until SIGTERM/SIGINT."""
     from worker.loop.worker import Worker
@@ -76,13 +80,18 @@ def run(
     if not cfg.kafka.bootstrap_servers:
         raise WorkerError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass "
                           "--bootstrap-servers (or try `trt-worker demo`)")
-    if procs_per_gpu != 1 and gpus is None:
-        raise ConfigError("--procs-per-gpu needs --gpus (a count or 'all')")
+    if (procs_per_gpu != 1 or mps) and gpus is None:
+        raise ConfigError("--procs-per-gpu and --mps need --gpus (a count or 'all')")
     if gpus is not None:
         from worker.tools.gpus import child_argv, supervise, visible_gpus
+        from worker.tools.mps import MpsDaemon
 
-        raise typer.Exit(supervise(cfg, visible_gpus(gpus), child_argv(sys.argv),
-                                   per_gpu=procs_per_gpu))
+        devices = visible_gpus(gpus)
+        if not mps:
+            raise typer.Exit(supervise(cfg, devices, child_argv(sys.argv), per_gpu=procs_per_gpu))
+        with MpsDaemon() as env:
+            code = supervise(cfg, devices, child_argv(sys.argv), per_gpu=procs_per_gpu, env=env)
+        raise typer.Exit(code)
     worker = Worker(cfg)
     _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)
     server = observe(worker)

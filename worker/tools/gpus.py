@@ -6,7 +6,9 @@ instance id (``<instance_id>-gpu<i>``, with K > 1 ``<instance_id>-gpu<i>-<j>``: 
 base is, e.g. a StatefulSet pod name) and its own metrics port (``metrics.port + n``, n counting
 the children). Several processes per GPU trade latency for throughput: each has its own
 nvJPEG decoder, Python loop and CUDA context, which the GPU time-slices (bench/NOTES.md,
-2026-12-01 night: 1, 2 and 4 processes on one H200). SIGTERM/SIGINT are passed on to every child;
+2026-12-01 night: 1, 2 and 4 processes on one H200) unless they run under MPS (``--mps``,
+:mod:`worker.tools.mps`; 2026-12-01 late: four processes 17.2k frames/s time-sliced, 31.5k
+under MPS). SIGTERM/SIGINT are passed on to every child;
 when one child exits non-zero the others are stopped and its exit code is returned, so an
 orchestrator restarts the group as one unit (a pod) instead of running on with a GPU idle.
 Processes, not threads: each worker's host path is GIL-bound and its own CUDA context.
@@ -67,10 +69,11 @@ def _listed_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
-def child_env(cfg: WorkerConfig, device: str, index: int, slot: int = 0, per_gpu: int = 1
-              ) -> dict[str, str]:
-    """The environment of process ``slot`` (of ``per_gpu``) on the ``index``-th device."""
-    env = dict(os.environ)
+def child_env(cfg: WorkerConfig, device: str, index: int, slot: int = 0, per_gpu: int = 1,
+              extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of process ``slot`` (of ``per_gpu``) on the ``index``-th device
+    (``extra``: e.g. the MPS daemon's pipe folder, :mod:`worker.tools.mps`)."""
+    env = dict(os.environ) | (extra or {})
     env["CUDA_VISIBLE_DEVICES"] = device
     suffix = f"-gpu{index}" if per_gpu == 1 else f"-gpu{index}-{slot}"
     env["KTW_KAFKA__INSTANCE_ID"] = cfg.kafka.instance_id + suffix
@@ -80,7 +83,8 @@ def child_env(cfg: WorkerConfig, device: str, index: int, slot: int = 0, per_gpu
 
 
 def supervise(cfg: WorkerConfig, devices: Sequence[str], argv: Sequence[str],
-              poll_s: float = 0.2, per_gpu: int = 1) -> int:
+              poll_s: float = 0.2, per_gpu: int = 1, env: dict[str, str] | None = None
+              ) -> int:
     """Run ``argv`` ``per_gpu`` times per device and wait; the exit code is the first
     failure's, else 0."""
     if per_gpu < 1:
@@ -89,7 +93,7 @@ def supervise(cfg: WorkerConfig, devices: Sequence[str], argv: Sequence[str],
     if cfg.metrics.port and last_port > 65535:
         raise ConfigError(f"metrics.port {cfg.metrics.port} leaves no room for "
                           f"{len(devices) * per_gpu} processes (the last would be {last_port})")
-    children = [subprocess.Popen(list(argv), env=child_env(cfg, d, i, j, per_gpu))
+    children = [subprocess.Popen(list(argv), env=child_env(cfg, d, i, j, per_gpu, env))
                 for i, d in enumerate(devices) for j in range(per_gpu)]
     log.info("gpu_workers_started", devices=list(devices),
              pids=[c.pid for c in children])
@@ -123,12 +127,14 @@ def supervise(cfg: WorkerConfig, devices: Sequence[str], argv: Sequence[str],
             signal.signal(s, handler)
 
 
-SUPERVISOR_OPTIONS = ("--gpus", "--procs-per-gpu")  # the children must not supervise again
+# The children must not supervise again (nor start MPS).
+SUPERVISOR_OPTIONS = ("--gpus", "--procs-per-gpu")
+SUPERVISOR_FLAGS = ("--mps", "--no-mps")
 
 
 def child_argv(argv: Sequence[str]) -> list[str]:
-    """This command line without ``--gpus``, ``--procs-per-gpu`` and their values: what each
-    child runs."""
+    """This command line without ``--gpus``, ``--procs-per-gpu`` and their values, and
+    without ``--mps``: what each child runs."""
     out, skip = [], False
     for arg in argv[1:]:
         if skip:
@@ -136,6 +142,8 @@ def child_argv(argv: Sequence[str]) -> list[str]:
             continue
         if arg in SUPERVISOR_OPTIONS:
             skip = True
+            continue
+        if arg in SUPERVISOR_FLAGS:
             continue
         if arg.startswith(tuple(f"{o}=" for o in SUPERVISOR_OPTIONS)):
             continue

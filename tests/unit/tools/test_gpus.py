@@ -49,7 +49,7 @@ def test_devices_from_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_child_argv_drops_only_the_supervisor_options() -> None:
     argv = ["/bin/trt-worker", "run", "--gpus", "all", "-c", "w.toml", "--gpus=2", "-b", "k:9",
-            "--procs-per-gpu", "2", "--procs-per-gpu=3"]
+            "--procs-per-gpu", "2", "--procs-per-gpu=3", "--mps"]
     assert child_argv(argv) == [sys.executable, "-m", "worker", "run", "-c", "w.toml",
                                 "-b", "k:9"]
 
@@ -114,9 +114,26 @@ def test_procs_per_gpu_needs_gpus_and_a_positive_count() -> None:
 
     result = CliRunner().invoke(app, ["run", "-b", "127.0.0.1:9", "--procs-per-gpu", "2"])
     assert result.exit_code != 0
-    assert "--procs-per-gpu needs --gpus" in str(result.exception) + result.output
+    assert "--procs-per-gpu and --mps need --gpus" in str(result.exception) + result.output
+    result = CliRunner().invoke(app, ["run", "-b", "127.0.0.1:9", "--mps"])
+    assert result.exit_code != 0
+    assert "need --gpus" in str(result.exception) + result.output
     with pytest.raises(ConfigError, match="at least 1"):
         supervise(load_config(None), ["0"], [sys.executable, "-c", "pass"], per_gpu=0)
     with pytest.raises(ConfigError, match="no room for 4 processes"):
         supervise(load_config(None, metrics={"port": 65533}), ["0", "1"],
                   [sys.executable, "-c", "pass"], per_gpu=2)
+
+
+def test_children_get_the_extra_environment(tmp_path: Path) -> None:
+    """What --mps hands the children: the daemon's pipe and log folders."""
+    child = ("import json, os, sys; json.dump({k: os.environ.get(k) for k in "
+             "('CUDA_MPS_PIPE_DIRECTORY', 'CUDA_VISIBLE_DEVICES')}, "
+             "open(os.path.join(sys.argv[1], os.environ['CUDA_VISIBLE_DEVICES'] + '.json'), 'w'))")
+    cfg = load_config(None, kafka={"instance_id": "h"})
+    code = supervise(cfg, ["0", "1"], [sys.executable, "-c", child, str(tmp_path)],
+                     env={"CUDA_MPS_PIPE_DIRECTORY": "/run/mps-pipe"})
+    assert code == 0
+    seen = sorted(json.loads(p.read_text())["CUDA_MPS_PIPE_DIRECTORY"]
+                  for p in tmp_path.glob("*.json"))
+    assert seen == ["/run/mps-pipe", "/run/mps-pipe"]

@@ -27,7 +27,6 @@ from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, JobRejected
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.images.cpu import crop_pixels, decode_image, jpeg_plain
-from worker.tasks.moderation.images.router import DecodeRouter
 from worker.tasks.moderation.open_nsfw import OpenNsfwTask, Outcome, Pending, no_image
 from worker.tasks.moderation.scoring.verdict import verdict_for
 from worker.wire.moderation_jobs import Status
@@ -47,7 +46,6 @@ class OpenNsfwGpuTask(OpenNsfwTask):
                                       slots=cfg.batch.max_in_flight_batches + 1,
                                       pixels=True, overlap=cfg.model.pipeline_overlap)
         self._gpu_decode = cfg.model.preprocess == "gpu"
-        self.router = DecodeRouter(cfg.model.cpu_overflow_batches if self._gpu_decode else 0)
         self._local = threading.local()
         self._warm = False
         # The runner's own graphs serve only images the pipeline does not take (PNG, WebP,
@@ -101,50 +99,37 @@ class OpenNsfwGpuTask(OpenNsfwTask):
         n = len(images)
         slot = self.pipeline.acquire(n)
         t0 = time.monotonic()
-        if not self._gpu_decode:
+        ready: Event | None = None
+        if self._gpu_decode:
+            import torch
+
+            from worker.tasks.moderation.images.gpu import prepare_batch
+
+            stream = self._prep_stream()
+            try:
+                with torch.cuda.stream(stream):
+                    rejects = prepare_batch(images, slot.dev_in[:n], self._limits)
+                event: Event = self._local.ready
+                event.record_on(stream.cuda_stream)
+                ready = event
+            except torch.cuda.OutOfMemoryError as exc:
+                # Large images decoded on the GPU at once: this batch is prepared on the CPU
+                # instead (the engine's own memory is preallocated in its graphs). Any other
+                # CUDA error propagates and stops the worker, nothing committed past it.
+                stream.synchronize()
+                torch.cuda.empty_cache()
+                log.warning("gpu_preprocess_out_of_memory", images=n,
+                            error=" ".join(str(exc).split())[:200], fallback="cpu")
+                rejects = self._fill_host_rows(slot, images)
+        else:
             rejects = self._fill_host_rows(slot, images)
-            return self._run_slot(slot, images, rejects, None, time.monotonic() - t0)
-        with self.router.route() as decoder:
-            if decoder == "cpu":
-                rejects, ready = self._fill_host_rows(slot, images), None
-            else:
-                rejects, ready = self._decode_on_gpu(slot, images)
-        return self._run_slot(slot, images, rejects, ready, time.monotonic() - t0)
-
-    def _decode_on_gpu(self, slot: Any, images: list[bytes]
-                       ) -> tuple[list[JobRejected | None], Event | None]:
-        """nvJPEG into the slot's device rows; (rejections, the event the rows are ready at)."""
-        import torch
-
-        from worker.tasks.moderation.images.gpu import prepare_batch
-
-        n = len(images)
-        stream = self._prep_stream()
-        try:
-            with torch.cuda.stream(stream):
-                rejects = prepare_batch(images, slot.dev_in[:n], self._limits)
-            event: Event = self._local.ready
-            event.record_on(stream.cuda_stream)
-            return rejects, event
-        except torch.cuda.OutOfMemoryError as exc:
-            # Large images decoded on the GPU at once: this batch is prepared on the CPU
-            # instead (the engine's own memory is preallocated in its graphs). Any other
-            # CUDA error propagates and stops the worker, nothing committed past it.
-            stream.synchronize()
-            torch.cuda.empty_cache()
-            log.warning("gpu_preprocess_out_of_memory", images=n,
-                        error=" ".join(str(exc).split())[:200], fallback="cpu")
-            return self._fill_host_rows(slot, images), None
-
-    def _run_slot(self, slot: Any, images: list[bytes], rejects: list[JobRejected | None],
-                ready: Event | None, prep: float
-                ) -> tuple[np.ndarray | None, list[JobRejected | None], float]:
+        prep = time.monotonic() - t0
         if all(r is not None for r in rejects):
             if ready is not None:
                 ready.synchronize()
             self.pipeline.release(slot)
             return None, rejects, prep
-        handle = self.pipeline.launch(slot, len(images), input_ready=ready)
+        handle = self.pipeline.launch(slot, n, input_ready=ready)
         return handle.result(), rejects, prep
 
     def _fill_host_rows(self, slot: Any, images: list[bytes]) -> list[JobRejected | None]:

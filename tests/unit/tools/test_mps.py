@@ -1,0 +1,73 @@
+"""MpsDaemon: starts the control daemon with private pipe and log folders, checks it listens,
+hands those folders on, quits it and removes them; a missing or failing daemon is a one-line
+ConfigError. The real daemon needs an NVIDIA driver (tests/gpu/test_mps.py); here a stand-in
+program on PATH records how it was called."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from worker.exceptions import ConfigError
+from worker.tools.mps import CONTROL, MpsDaemon
+
+# Appends {argv, stdin, pipe dir} per call to $MPS_CALLS; exits MPS_FAIL's code on "-d".
+STAND_IN = f"""#!{sys.executable}
+import json, os, sys
+stdin = "" if "-d" in sys.argv else sys.stdin.read()
+with open(os.environ["MPS_CALLS"], "a") as f:
+    f.write(json.dumps({{"argv": sys.argv[1:], "stdin": stdin,
+                         "pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}}) + "\\n")
+if "-d" in sys.argv and os.environ.get("MPS_FAIL"):
+    sys.stderr.write("An instance of this daemon is already running\\n")
+    sys.exit(int(os.environ["MPS_FAIL"]))
+"""
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    prog = bin_dir / CONTROL
+    prog.write_text(STAND_IN)
+    prog.chmod(prog.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("MPS_CALLS", str(calls))
+    return calls
+
+
+def _calls(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_start_hands_on_private_folders_and_stop_quits(stand_in: Path) -> None:
+    daemon = MpsDaemon()
+    with daemon as env:
+        pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
+        assert pipe.is_dir() and Path(env["CUDA_MPS_LOG_DIRECTORY"]).is_dir()
+        assert pipe.parent.name.startswith("trt-worker-mps-")
+    assert not pipe.parent.exists()
+    assert [(c["argv"], c["stdin"], c["pipe"]) for c in _calls(stand_in)] == [
+        (["-d"], "", str(pipe)), ([], "get_server_list\n", str(pipe)), ([], "quit\n", str(pipe))]
+
+
+def test_a_daemon_that_does_not_start_is_a_config_error(stand_in: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MPS_FAIL", "1")
+    daemon = MpsDaemon()
+    with pytest.raises(ConfigError, match=r"did not start \(exit 1\): An instance of this daemon"):
+        daemon.start()
+    assert daemon.root is None
+    assert len(_calls(stand_in)) == 1  # never asked to quit what did not start
+
+
+def test_no_daemon_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError, match=f"{CONTROL} not found"):
+        MpsDaemon().start()
