@@ -89,8 +89,10 @@ def run(
         devices = visible_gpus(gpus)
         if not mps:
             raise typer.Exit(supervise(cfg, devices, child_argv(sys.argv), per_gpu=procs_per_gpu))
-        with MpsDaemon() as env:
-            code = supervise(cfg, devices, child_argv(sys.argv), per_gpu=procs_per_gpu, env=env)
+        # The MPS server numbers the GPUs it was given from 0: children get positions.
+        with MpsDaemon(devices) as env:
+            code = supervise(cfg, [str(i) for i in range(len(devices))], child_argv(sys.argv),
+                             per_gpu=procs_per_gpu, env=env)
         raise typer.Exit(code)
     worker = Worker(cfg)
     _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)

@@ -8,8 +8,11 @@ four processes did 17.2k frames/s without MPS and 31.5k with it; two did 22.8k w
 `trt-worker run --gpus N --procs-per-gpu K --mps` starts a private control daemon (its pipe
 and log folders in a fresh temporary folder, handed to the children as
 ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``) and quits it after the children
-exit. Where the host or the cluster already runs MPS (the NVIDIA device plugin's MPS sharing
-sets those variables in the pod), leave ``--mps`` out: the children inherit the variables.
+exit. The daemon sees exactly the GPUs in use (``CUDA_VISIBLE_DEVICES`` set to them) and its
+server renumbers them from 0, so each child is given its GPU's position in that list, not the
+GPU's own id (NVIDIA's MPS guide: a client keeping the daemon's ids would get an error).
+Where the host or the cluster already runs MPS (the NVIDIA device plugin's MPS sharing connects
+the pod to its daemon), leave ``--mps`` out: the children use that one.
 The binary ships with the NVIDIA driver; nothing is installed here.
 """
 
@@ -38,15 +41,22 @@ def _one_line(text: str) -> str:
 class MpsDaemon:
     """A private MPS control daemon: ``start()`` returns the environment its clients need."""
 
-    def __init__(self, binary: str | None = None, timeout_s: float = 30.0) -> None:
-        self.binary, self.timeout_s = binary, timeout_s
+    def __init__(self, devices: list[str] | None = None, binary: str | None = None,
+                 timeout_s: float = 30.0) -> None:
+        """``devices``: the GPU ids (or UUIDs) the daemon's server may use (None: what this
+        process sees)."""
+        self.devices, self.binary, self.timeout_s = devices, binary, timeout_s
         self.root: Path | None = None
         self.env: dict[str, str] = {}
 
-    def _control(self, command: str | None = None, *args: str) -> subprocess.CompletedProcess[str]:
+    def _control(self, command: str | None = None, *args: str, daemon: bool = False
+                 ) -> subprocess.CompletedProcess[str]:
         assert self.binary is not None
+        env = os.environ | self.env
+        if daemon and self.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.devices)
         try:
-            return subprocess.run([self.binary, *args], input=command, env=os.environ | self.env,
+            return subprocess.run([self.binary, *args], input=command, env=env,
                                   capture_output=True, text=True, timeout=self.timeout_s,
                                   check=False)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -63,7 +73,7 @@ class MpsDaemon:
         pipe.mkdir()
         logs.mkdir()
         self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
-        started = self._control(None, "-d")
+        started = self._control(None, "-d", daemon=True)
         # The daemon forks and returns at once; a command through its pipe proves it listens.
         listening = self._control("get_server_list\n") if started.returncode == 0 else started
         if listening.returncode != 0:

@@ -22,7 +22,8 @@ import json, os, sys
 stdin = "" if "-d" in sys.argv else sys.stdin.read()
 with open(os.environ["MPS_CALLS"], "a") as f:
     f.write(json.dumps({{"argv": sys.argv[1:], "stdin": stdin,
-                         "pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}}) + "\\n")
+                         "pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
+                         "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}}) + "\\n")
 if "-d" in sys.argv and os.environ.get("MPS_FAIL"):
     sys.stderr.write("An instance of this daemon is already running\\n")
     sys.exit(int(os.environ["MPS_FAIL"]))
@@ -71,3 +72,41 @@ def test_no_daemon_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ConfigError, match=f"{CONTROL} not found"):
         MpsDaemon().start()
+
+
+def test_the_daemon_sees_exactly_the_gpus_in_use(stand_in: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    with MpsDaemon(["3", "5"]) as env:
+        assert "CUDA_VISIBLE_DEVICES" not in env  # each child gets its own position
+    started, *rest = _calls(stand_in)
+    assert started["argv"] == ["-d"] and started["visible"] == "3,5"
+    assert all(c["visible"] == "3,5,6" for c in rest)  # the commands: this process's own
+
+
+def test_run_gives_each_child_its_position_under_the_daemon(
+        stand_in: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`trt-worker run --gpus all --mps`: the daemon gets the GPUs' ids, the children their
+    positions (the MPS server renumbers from 0) and the daemon's folders."""
+    from typer.testing import CliRunner
+
+    import worker.tools.gpus as gpus
+    from worker.tools.cli import app
+
+    seen: dict[str, object] = {}
+
+    def supervise(cfg: object, devices: list[str], argv: list[str], per_gpu: int = 1,
+                  env: dict[str, str] | None = None) -> int:
+        seen.update(devices=devices, per_gpu=per_gpu, env=env, argv=argv)
+        return 0
+
+    monkeypatch.setattr(gpus, "supervise", supervise)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    result = CliRunner().invoke(app, ["run", "-b", "127.0.0.1:9", "--gpus", "all",
+                                      "--procs-per-gpu", "2", "--mps"])
+    assert result.exit_code == 0, result.output
+    assert seen["devices"] == ["0", "1"] and seen["per_gpu"] == 2
+    env = seen["env"]
+    assert isinstance(env, dict) and "CUDA_MPS_PIPE_DIRECTORY" in env
+    assert "--mps" not in seen["argv"]  # type: ignore[operator]
+    assert _calls(stand_in)[0]["visible"] == "3,5"
