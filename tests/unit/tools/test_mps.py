@@ -1,6 +1,6 @@
 """MpsDaemon: starts the control daemon with private pipe and log folders, checks it listens,
 hands those folders on, quits it and removes them; a missing or failing daemon is a one-line
-ConfigError. The real daemon needs an NVIDIA driver (tests/gpu/test_mps.py); here a stand-in
+ConfigError. The real daemon needs an NVIDIA driver (tests/gpu/test_mps_gpu.py); here a stand-in
 program on PATH records how it was called."""
 
 from __future__ import annotations
