@@ -73,22 +73,35 @@ class MpsDaemon:
         pipe.mkdir()
         logs.mkdir()
         self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
-        started = self._control(None, "-d", daemon=True)
-        # The daemon forks and returns at once; a command through its pipe proves it listens.
-        listening = self._control("get_server_list\n") if started.returncode == 0 else started
-        if listening.returncode != 0:
-            self._cleanup()
-            raise ConfigError(f"--mps: {CONTROL} did not start (exit {listening.returncode}): "
-                              f"{_one_line(listening.stderr or listening.stdout)}")
+        try:
+            started = self._control(None, "-d", daemon=True)
+            if started.returncode != 0:
+                self._cleanup()
+                raise ConfigError(f"--mps: {CONTROL} did not start (exit {started.returncode}): "
+                                  f"{_one_line(started.stderr or started.stdout)}")
+            # The daemon forks and returns at once; a command through its pipe proves it
+            # listens.
+            listening = self._control("get_server_list\n")
+            if listening.returncode != 0:
+                raise ConfigError(f"--mps: {CONTROL} does not answer (exit "
+                                  f"{listening.returncode}): "
+                                  f"{_one_line(listening.stderr or listening.stdout)}")
+        except ConfigError:
+            self.stop()  # a daemon that started but does not answer is not left behind
+            raise
         log.info("mps_started", pipe=str(pipe))
         return dict(self.env)
 
     def stop(self) -> None:
         if self.root is None:
             return
-        done = self._control("quit\n")
-        log.info("mps_stopped", exit_code=done.returncode)
-        self._cleanup()
+        try:
+            done = self._control("quit\n")
+            log.info("mps_stopped", exit_code=done.returncode)
+        except ConfigError as exc:  # the workers' exit code matters more than this
+            log.warning("mps_stop_failed", error=str(exc))
+        finally:
+            self._cleanup()
 
     def _cleanup(self) -> None:
         if self.root is not None:

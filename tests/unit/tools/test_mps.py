@@ -16,7 +16,8 @@ import pytest
 from worker.exceptions import ConfigError
 from worker.tools.mps import CONTROL, MpsDaemon
 
-# Appends {argv, stdin, pipe dir} per call to $MPS_CALLS; exits MPS_FAIL's code on "-d".
+# Appends {argv, stdin, pipe dir, visible GPUs} per call to $MPS_CALLS; exits MPS_FAIL's code on
+# "-d"; with MPS_MUTE set, fails every get_server_list (a daemon that started but does not answer).
 STAND_IN = f"""#!{sys.executable}
 import json, os, sys
 stdin = "" if "-d" in sys.argv else sys.stdin.read()
@@ -24,6 +25,8 @@ with open(os.environ["MPS_CALLS"], "a") as f:
     f.write(json.dumps({{"argv": sys.argv[1:], "stdin": stdin,
                          "pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
                          "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}}) + "\\n")
+if "get_server_list" in stdin and os.environ.get("MPS_MUTE"):
+    sys.exit(5)
 if "-d" in sys.argv and os.environ.get("MPS_FAIL"):
     sys.stderr.write("An instance of this daemon is already running\\n")
     sys.exit(int(os.environ["MPS_FAIL"]))
@@ -110,3 +113,13 @@ def test_run_gives_each_child_its_position_under_the_daemon(
     assert isinstance(env, dict) and "CUDA_MPS_PIPE_DIRECTORY" in env
     assert "--mps" not in seen["argv"]  # type: ignore[operator]
     assert _calls(stand_in)[0]["visible"] == "3,5"
+
+
+def test_a_daemon_that_does_not_answer_is_quit_and_reported(
+        stand_in: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MPS_MUTE", "1")
+    daemon = MpsDaemon()
+    with pytest.raises(ConfigError, match=r"does not answer \(exit 5\)"):
+        daemon.start()
+    assert daemon.root is None
+    assert [c["stdin"] for c in _calls(stand_in)] == ["", "get_server_list\n", "quit\n"]
