@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import faulthandler
+import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -38,12 +42,31 @@ def _config(config: Path | None, bootstrap: str | None, **extra: Any) -> WorkerC
     return cfg
 
 
+# How much later than the shutdown timeout faulthandler's own watchdog ends the process when
+# no Python thread can run any more (a C call holding the GIL).
+BACKSTOP_S = 10.0
+
+
+def _exit_after(timeout_s: float) -> None:
+    """A drain that hangs ends with every thread's stack on stderr and exit code 1. The stacks
+    are dumped while this thread holds the GIL, so no other thread's Python frames change
+    meanwhile: faulthandler's own watchdog reads them without the GIL, and in CI it crashed
+    (exit -11) on the frame of a decode thread that was still running."""
+    time.sleep(timeout_s)
+    # The header faulthandler's watchdog writes (log readers look for it).
+    sys.stderr.write(f"Timeout ({datetime.timedelta(seconds=timeout_s)})!\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(all_threads=True)
+    os._exit(1)
+
+
 def _install_stop_handlers(stop: Any, shutdown_timeout_s: float) -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
         # A second signal falls through to the default action (immediate exit).
         signal.signal(signum, signal.SIG_DFL)
-        # A drain that hangs ends with every thread's stack on stderr and exit code 1.
-        faulthandler.dump_traceback_later(shutdown_timeout_s, exit=True)
+        threading.Thread(target=_exit_after, args=(shutdown_timeout_s,), daemon=True,
+                         name="shutdown-timeout").start()
+        faulthandler.dump_traceback_later(shutdown_timeout_s + BACKSTOP_S, exit=True)
         stop()
 
     signal.signal(signal.SIGTERM, handler)
