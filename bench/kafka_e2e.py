@@ -19,6 +19,7 @@ Needs ``JAVA_HOME`` (a JDK >= 17) and ``KTW_CACHE_DIR`` holding ``kafka-<v>/libs
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import sys
@@ -104,6 +105,7 @@ def main() -> None:
 
         mps = MpsDaemon()
         os.environ.update(mps.start())
+        atexit.register(mps.stop)  # whatever fails after this (stop is idempotent)
     photos = jpeg_photos(4096, seed=0)
     record["params"]["mean_jpeg_bytes"] = float(np.mean([len(p) for p in photos]))
     sizes = [int(s) for s in args.engine_sizes.split(",")]
@@ -153,11 +155,9 @@ def main() -> None:
             record["summary"]["gpu_scaling_valid"] = all(
                 r.get("process_share_min_over_max", 0) >= 0.95 for r in runs if r["gpus"] > 1)
         if mps is not None:
-            record["mps_servers"] = mps._control("get_server_list\n").stdout.split()
+            record["mps_servers"] = mps.servers()
     finally:
         broker.stop()
-        if mps is not None:
-            mps.stop()
     print("summary:", record.get("summary"), flush=True)
     print("wrote", write("kafka-e2e", record, args.out))
 

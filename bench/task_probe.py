@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import environment, median, write
 from bench.corpus import jpeg_photos
+from bench.cpu_decode_probe import decode_crop, rate
 
 
 class StepTimes:
@@ -139,20 +140,6 @@ def decode_alone(photos: list[bytes], batch: int, threads: int, batches: int) ->
     return decode_rate([w for w in work if len(w) == batch], threads)
 
 
-def cpu_decode_alone(task: Any, photos: list[bytes]) -> int:
-    """Pillow decode + resize + crop of every photo on the task's decode threads (what CPU
-    preprocessing does per image), no GPU work."""
-    from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
-
-    def one(data: bytes) -> Any:
-        return crop_pixels(decode_image(data, task._limits), jpeg_roundtrip=False)
-
-    list(task._decode_pool.map(one, photos[:256]))  # warm
-    t0 = time.perf_counter()
-    n = sum(1 for _ in task._decode_pool.map(one, photos))
-    return round(n / (time.perf_counter() - t0))
-
-
 def engine_alone(task: Any, batch: int, reps: int) -> float:
     """Graph replays of the pipeline's slot for ``batch``, back to back on its stream."""
     import torch
@@ -217,7 +204,8 @@ def main() -> None:
         record["decode_alone_img_s"] = {t: decode_alone(photos, args.batch, t, 64)
                                         for t in (1, 4)}
         record["engine_alone_img_s"] = engine_alone(task, args.batch, 200)
-        record["cpu_decode_alone_img_s"] = cpu_decode_alone(task, photos)
+        # Pillow decode + resize + crop on the task's own decode threads, no GPU work.
+        record["cpu_decode_alone_img_s"] = rate(task._decode_pool, decode_crop, photos)
         print("cpu decode alone", record["cpu_decode_alone_img_s"], flush=True)
         print("decode alone", record["decode_alone_img_s"], "engine alone",
               record["engine_alone_img_s"], flush=True)

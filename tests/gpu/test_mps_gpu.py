@@ -26,7 +26,7 @@ def test_a_cuda_client_runs_through_the_daemon() -> None:
     try:
         out = subprocess.run([sys.executable, "-c", CLIENT], env=os.environ | env,
                              capture_output=True, text=True, timeout=120, check=True).stdout
-        servers = daemon._control("get_server_list\n").stdout.split()
+        servers = daemon.servers()
     finally:
         daemon.stop()
     on_gpu, on_cpu = map(float, out.split())

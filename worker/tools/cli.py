@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import os
@@ -110,12 +111,10 @@ def run(
         from worker.tools.mps import MpsDaemon
 
         devices = visible_gpus(gpus)
-        if not mps:
-            raise typer.Exit(supervise(cfg, devices, child_argv(sys.argv), per_gpu=procs_per_gpu))
-        # The MPS server numbers the GPUs it was given from 0: children get positions.
-        with MpsDaemon(devices) as env:
-            code = supervise(cfg, [str(i) for i in range(len(devices))], child_argv(sys.argv),
-                             per_gpu=procs_per_gpu, env=env)
+        daemon = MpsDaemon(devices) if mps else None
+        with daemon or contextlib.nullcontext(None) as env:
+            code = supervise(cfg, daemon.client_devices() if daemon else devices,
+                             child_argv(sys.argv), per_gpu=procs_per_gpu, env=env)
         raise typer.Exit(code)
     worker = Worker(cfg)
     _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)

@@ -92,6 +92,16 @@ class MpsDaemon:
         log.info("mps_started", pipe=str(pipe))
         return dict(self.env)
 
+    def servers(self) -> list[str]:
+        """The process ids of the MPS servers the daemon runs (one once a client connected)."""
+        return self._control("get_server_list\n").stdout.split()
+
+    def client_devices(self) -> list[str]:
+        """Each GPU's ``CUDA_VISIBLE_DEVICES`` value for a client of this daemon: its position
+        among ``devices``, which the daemon's server numbers from 0."""
+        assert self.devices is not None, "a daemon given its devices"
+        return [str(i) for i in range(len(self.devices))]
+
     def stop(self) -> None:
         if self.root is None:
             return
