@@ -3,7 +3,8 @@
 Starts a single-node Apache Kafka 4.x (KRaft) with :class:`LocalKafka` from jars and a JDK
 that were carried to the machine (``bench/device_kafka.sh`` does the carrying), sized for the
 machine (network/io threads, segment size: recorded in the JSON), then runs, in one process
-and one run: the engine alone from device memory (the ceiling), the worker end to end with
+and one run: the engine alone from device memory (the ceiling; with --stages-procs also the GPU
+stages alone in K processes at once, bench/stages_alone.py), the worker end to end with
 pre-produced JPEG jobs (sustained frames/s, K worker processes), produce-to-result latency at
 half the best sustained rate, and the naive per-message worker. The figures come from
 ``bench/pipeline_bench.py``'s functions, so Tansu and Kafka runs measure the same thing.
@@ -72,6 +73,13 @@ def main() -> None:
                     help="the latency run's rate (default: half the best sustained rate)")
     ap.add_argument("--half-load-procs", type=int, default=None,
                     help="the latency run's worker processes (default: the best run's)")
+    ap.add_argument("--half-load-linger-ms", default="5",
+                    help="the job producer's linger.ms in the latency run; several values "
+                         "(e.g. 5,0) give one latency run each, in that order")
+    ap.add_argument("--stages-procs", default="",
+                    help="also measure the GPU stages alone (engine, decode, the task's batch "
+                         "path) with these many processes at once, e.g. 1,4 "
+                         "(bench/stages_alone.py), the ceilings for the sustained runs")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="the worker processes' sys.setswitchinterval (Python's default: 5 ms)")
     args = ap.parse_args()
@@ -97,7 +105,9 @@ def main() -> None:
                    "naive_jobs": args.naive_jobs, "gpus": args.gpus,
                    "worker_overrides": json.loads(args.worker_overrides or "{}"),
                    "switch_interval_ms": args.switch_interval_ms, "mps": args.mps,
-                   "half_load_fps": args.half_load_fps, "half_load_procs": args.half_load_procs},
+                   "half_load_fps": args.half_load_fps, "half_load_procs": args.half_load_procs,
+                   "half_load_linger_ms": args.half_load_linger_ms,
+                   "stages_procs": args.stages_procs},
     }
     mps = None
     if args.mps:  # before any worker process starts; the children inherit the variables
@@ -111,6 +121,13 @@ def main() -> None:
     sizes = [int(s) for s in args.engine_sizes.split(",")]
     record["engine"] = engine_ceiling(sizes, 30)
     print("engine:", [(r["batch"], round(r["img_s"])) for r in record["engine"]], flush=True)
+    if args.stages_procs:  # before the broker: the GPU and the host cores to themselves
+        from bench.stages_alone import stages_alone
+
+        record["stages_alone"] = []
+        for k in (int(p) for p in args.stages_procs.split(",")):
+            record["stages_alone"].append(stages_alone(k))
+            print("stages alone:", record["stages_alone"][-1], flush=True)
     broker = _local_kafka()(num_partitions=8, extra_config=BROKER)
     t0 = time.monotonic()
     bootstrap = broker.start(timeout=180)
@@ -132,17 +149,27 @@ def main() -> None:
         best = max(runs, key=lambda r: r["sustained_fps"])
         if not args.skip_latency:
             half = args.half_load_fps or best["sustained_fps"] / 2
-            record["half_load"] = end_to_end(bootstrap, photos, min(int(half * 10), 100_000),
-                                             args.preprocess, half,
-                                             args.half_load_procs
-                                             or int(best["worker_processes"]), args.gpus)
-            print("half load:", record["half_load"], flush=True)
+            record["half_load_runs"] = []
+            for linger in (float(x) for x in args.half_load_linger_ms.split(",")):
+                record["half_load_runs"].append(end_to_end(
+                    bootstrap, photos, min(int(half * 10), 100_000), args.preprocess, half,
+                    args.half_load_procs or int(best["worker_processes"]), args.gpus,
+                    producer_linger_ms=linger))
+                print("half load:", record["half_load_runs"][-1], flush=True)
+            record["half_load"] = record["half_load_runs"][0]
         if args.naive_jobs:
             record["naive"] = naive(bootstrap, photos, args.naive_jobs)
             print("naive:", record["naive"], flush=True)
         ceiling = max(r["img_s"] for r in record["engine"])
         record["summary"] = {"engine_best_img_s": ceiling, "sustained_best_fps":
                              best["sustained_fps"], "of_engine": best["sustained_fps"] / ceiling}
+        for st in record.get("stages_alone", []):
+            same = [r for r in runs if r["worker_processes"] == st["procs"]]
+            if same and "slowest_stage_img_s" in st:
+                record["summary"][f"of_slowest_stage_procs_{st['procs']}"] = (
+                    same[0]["sustained_fps"] / st["slowest_stage_img_s"])
+                record["summary"][f"of_task_alone_procs_{st['procs']}"] = (
+                    same[0]["sustained_fps"] / st["task_img_s"])
         if "naive" in record:
             record["summary"]["vs_naive"] = best["sustained_fps"] / record["naive"]["fps"]
         one = [r for r in runs if r["gpus"] == 1 and r["worker_processes"] == 1]

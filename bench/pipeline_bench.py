@@ -191,12 +191,16 @@ def stage_times(size: int, pixels: bool) -> dict[str, float]:
 
 # -- (c) end to end through the broker --------------------------------------------------------
 def produce_jobs(bootstrap: str, topic: str, photos: list[bytes], n: int, prefix: str,
-                 rate: float | None = None, sent: dict[str, float] | None = None) -> float:
+                 rate: float | None = None, sent: dict[str, float] | None = None,
+                 linger_ms: float = 5) -> float:
+    """``linger_ms``: the job producer's own batching wait, part of what a latency run
+    measures from the send (librdkafka's default is 5 ms)."""
     import confluent_kafka as ck
 
     from worker.tools.produce import encode_job
 
-    p = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1 << 20,
+    p = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms,
+                     "batch.size": 1 << 20,
                      "queue.buffering.max.kbytes": 1 << 21, "compression.type": "none"})
     payloads = [encode_job(f"{prefix}{i:07d}", photos[i % len(photos)]) for i in range(n)]
     t0 = time.perf_counter()
@@ -308,7 +312,8 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
 
 def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
                rate: float | None, procs: int = 1, gpus: int = 0,
-               produce_after_ready: bool | None = None) -> dict[str, float]:
+               produce_after_ready: bool | None = None,
+               producer_linger_ms: float = 5) -> dict[str, float]:
     """``gpus`` > 0: worker process i sees only GPU ``i % gpus`` (0: all share the default).
     ``produce_after_ready`` (sustained runs; default: with several processes): the jobs are
     produced once every process holds partitions, instead of before the processes start.
@@ -374,7 +379,7 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
         while not all(r.is_set() for _, r in members) and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(2)
-        produce_jobs(bootstrap, cfg.topics.jobs, photos, n, "j", rate, sent)
+        produce_jobs(bootstrap, cfg.topics.jobs, photos, n, "j", rate, sent, producer_linger_ms)
     sampler.join()
     answered_by = [int(c.value) for c, _ in members]  # results each process produced
     stop.set()
@@ -413,7 +418,8 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
             out["process_share_min_over_max"] = min(answered_by) / max(answered_by)
     else:
         lat = np.array([(results[k] - sent[k]) * 1e3 for k in results if k in sent])
-        out |= {"rate": rate, "latency_p50_ms": float(np.percentile(lat, 50)),
+        out |= {"rate": rate, "producer_linger_ms": producer_linger_ms,
+                "latency_p50_ms": float(np.percentile(lat, 50)),
                 "latency_p99_ms": float(np.percentile(lat, 99)), "latency_n": len(lat),
                 "reader": {"fetch_wait_max_ms": READER_FETCH_WAIT_MS,
                            "consume_timeout_ms": READER_CONSUME_TIMEOUT_S * 1e3}}

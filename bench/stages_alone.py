@@ -1,0 +1,86 @@
+"""The GPU stages alone, in K processes at once: the ceilings an end-to-end run of K worker
+processes is measured against, in the same run (issue 13: ">= 85% of the slowest stage alone").
+
+One process's stage figures (bench/task_probe.py) are no ceiling for K processes under MPS,
+whose decodes and engines run side by side. So each of K spawned processes builds the worker's
+own task (bench/pipeline_bench.worker_cfg with the bench's overrides: the served backend, aoti
+included), warms it up, and then all K run each stage together, started by one barrier:
+
+    engine   graph replays of the pipeline's slot for the batch size, from device memory
+    decode   torchvision's nvJPEG decode of the bench's JPEGs, 4 threads per process
+    task     the task's whole batch path (decode, resize, slot, graph, D2H), 4 batches in flight
+
+A stage's rate is all images over the span from the common start to the last process's end.
+The GPU path's slowest stage is the smaller of engine and decode; ``task`` chains both.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+STAGES = ("engine", "decode", "task")
+
+
+def _stage_proc(batch: int, batches: int, barrier: Any, out: Any) -> None:
+    import torch  # (spawned: the parent's sys.path, the code root included, comes along)
+
+    from bench.corpus import jpeg_photos
+    from bench.decode_probe import decode_rate
+    from bench.task_probe import StepTimes, engine_alone, make_task, pendings, run_task
+
+    photos = jpeg_photos(2048)
+    task = make_task(dry_run=False)
+    items = pendings(task, photos, batch * batches)
+    raw = [torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in photos]
+    work = [raw[(i * batch) % len(raw):][:batch] for i in range(batches)]
+    work = [w for w in work if len(w) == batch]
+    run_task(task, items[: batch * 8], batch, 4, StepTimes())  # warm, as task_probe does
+    decode_rate(work[:4], 4)
+    task._batch_pool._max_workers = max(task._batch_pool._max_workers, 4)
+    spans: dict[str, tuple[int, float, float]] = {}
+    for stage in STAGES:
+        barrier.wait(timeout=300)
+        t0 = time.time()
+        if stage == "engine":
+            reps = batches * 2
+            engine_alone(task, batch, reps)
+            n = reps * batch
+        elif stage == "decode":
+            decode_rate(work, 4)
+            n = len(work) * batch
+        else:
+            n = int(run_task(task, items, batch, 4, StepTimes())["images"])
+        spans[stage] = (n, t0, time.time())
+    task.close()
+    out.put(spans)
+
+
+def stages_alone(procs: int, batch: int = 128, batches: int = 160) -> dict[str, Any]:
+    """Images/s of each stage with ``procs`` processes running it at once (see the module)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(procs)
+    out = ctx.Queue()
+    children = [ctx.Process(target=_stage_proc, args=(batch, batches, barrier, out))
+                for _ in range(procs)]
+    for ch in children:
+        ch.start()
+    reports = []
+    for _ in children:
+        try:
+            reports.append(out.get(timeout=420))
+        except Exception:  # noqa: BLE001 - a process that died reports nothing
+            break
+    for ch in children:
+        ch.join(60)
+    if len(reports) < procs:
+        return {"procs": procs, "error": f"{len(reports)} of {procs} processes reported"}
+    rec: dict[str, Any] = {"procs": procs, "batch": batch, "batches_per_process": batches}
+    for stage in STAGES:
+        n = sum(r[stage][0] for r in reports)
+        span = max(r[stage][2] for r in reports) - min(r[stage][1] for r in reports)
+        rec[f"{stage}_img_s"] = round(n / span)
+    rec["slowest_stage_img_s"] = min(rec["engine_img_s"], rec["decode_img_s"])
+    return rec
