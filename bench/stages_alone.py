@@ -6,9 +6,9 @@ whose decodes and engines run side by side. So each of K spawned processes build
 own task (bench/pipeline_bench.worker_cfg with the bench's overrides: the served backend, aoti
 included), warms it up, and then all K run each stage together, started by one barrier:
 
+    task     the task's whole batch path (decode, resize, slot, graph, D2H), 4 batches in flight
     engine   graph replays of the pipeline's slot for the batch size, from device memory
     decode   torchvision's nvJPEG decode of the bench's JPEGs, 4 threads per process
-    task     the task's whole batch path (decode, resize, slot, graph, D2H), 4 batches in flight
 
 A stage's rate is all images over the span from the common start to the last process's end.
 The GPU path's slowest stage is the smaller of engine and decode; ``task`` chains both.
@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-STAGES = ("engine", "decode", "task")
+# The task first, as bench/task_probe.py runs it (its figures and these should agree).
+STAGES = ("task", "engine", "decode")
 
 
 def _stage_proc(batch: int, batches: int, barrier: Any, out: Any) -> None:
@@ -36,7 +37,6 @@ def _stage_proc(batch: int, batches: int, barrier: Any, out: Any) -> None:
     work = [raw[(i * batch) % len(raw):][:batch] for i in range(batches)]
     work = [w for w in work if len(w) == batch]
     run_task(task, items[: batch * 8], batch, 4, StepTimes())  # warm, as task_probe does
-    decode_rate(work[:4], 4)
     task._batch_pool._max_workers = max(task._batch_pool._max_workers, 4)
     spans: dict[str, tuple[int, float, float]] = {}
     for stage in STAGES:
