@@ -71,8 +71,7 @@ def job(task: str, cpu: bool) -> tuple[str, bytes]:
 
 
 def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
-            timeout_s: float, profile: Path | None = None, pycache: Path | None = None
-            ) -> dict[str, Any]:
+            timeout_s: float, profile: Path | None = None) -> dict[str, Any]:
     import confluent_kafka as ck
 
     from worker.devkit.local_kafka.admin import create_topics
@@ -94,8 +93,6 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
     reader.consume(1, 0.5)  # connected and positioned before the clock starts
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, PYTHONUNBUFFERED="1")
     env |= {f"KTW_{k.upper()}": json.dumps(v) for k, v in cfg.items()}
-    if pycache is not None:
-        env["PYTHONPYCACHEPREFIX"] = str(pycache)
     lines: list[tuple[float, str]] = []
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], env=env, cwd=HERE,
@@ -174,8 +171,6 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="runs with the engine cached")
     ap.add_argument("--cpu", action="store_true", help="the embedded default (no GPU)")
     ap.add_argument("--timeout", type=float, default=240.0)
-    ap.add_argument("--no-pycache", action="store_true",
-                    help="leave the workers' bytecode to the installed packages (see below)")
     ap.add_argument("--profile", action="store_true",
                     help="one more cached run per task under py-spy (speedscope JSON in --out)")
     args = ap.parse_args()
@@ -194,27 +189,18 @@ def main() -> None:
             record["broker"] = {"kind": "Apache Kafka (LocalKafka, KRaft, single node)",
                                 "group.initial.rebalance.delay.ms": 0}
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="warm-start-")))
-        # The workers write and read their bytecode under one folder of this invocation, so the
-        # first run compiles it and the cached runs start as from an installed image: pip
-        # compiles packages when it installs them (also under the Dockerfiles'
-        # PYTHONDONTWRITEBYTECODE). The GPU machine's torch has no bytecode and a read-only
-        # tree, so without this every start compiled torch's sources again (about a quarter
-        # of a profiled generation start, 2026-12-02).
-        pycache = None if args.no_pycache else work / "pycache"
-        record["params"]["pycache_prefix"] = None if pycache is None else "per invocation"
         for task in args.tasks.split(","):
             cache = work / f"cache-{task}"
             runs = []
             for i in range(args.runs + 1):
-                r = one_run(bootstrap, task, cache, work / "blobs", args.cpu, args.timeout,
-                            pycache=pycache)
+                r = one_run(bootstrap, task, cache, work / "blobs", args.cpu, args.timeout)
                 r["engine_cache"] = "built by this run" if i == 0 else "cached"
                 print(json.dumps(r), flush=True)
                 runs.append(r)
             if args.profile:
                 target = (args.out or Path(".")) / f"warm-start-{task}.speedscope.json"
                 r = one_run(bootstrap, task, cache, work / "blobs", args.cpu, args.timeout,
-                            profile=target, pycache=pycache)
+                            profile=target)
                 r["engine_cache"], r["profile"] = "cached, under py-spy", target.name
                 print(json.dumps(r), flush=True)
                 runs.append(r)
