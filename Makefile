@@ -70,3 +70,8 @@ clean:
 deploy-check: $(STAMP)  ## deploy/: installs pinned helm, kubeconform, hadolint, ... into deploy/tools/bin, then tests/deploy
 	PYTHON=$(BIN)/python bash deploy/tools/install.sh
 	DEPLOY_CHECK_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q tests/deploy
+
+.PHONY: dashboard-check
+dashboard-check: $(STAMP) jars  ## the Grafana dashboard's queries on a live run: builds pinned Prometheus (~5 min once), real worker + broker
+	bash deploy/tools/install_prometheus.sh
+	DASHBOARD_CHECK_REQUIRE_PROMETHEUS=1 $(BIN)/python -m pytest -q tests/integration/test_dashboard_live.py

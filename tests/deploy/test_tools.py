@@ -14,11 +14,18 @@ import pytest
 from tests.deploy.conftest import REPO, SCHEMAS, TOOLS, missing, run, tool
 
 INSTALL = TOOLS / "install.sh"
+INSTALL_PROMETHEUS = TOOLS / "install_prometheus.sh"  # (make dashboard-check; not run in CI)
 
 
-def test_install_script_passes_shellcheck() -> None:
-    proc = run([tool("shellcheck"), "--severity=style", str(INSTALL)])
+@pytest.mark.parametrize("script", [INSTALL, INSTALL_PROMETHEUS], ids=lambda p: p.name)
+def test_install_script_passes_shellcheck(script: Path) -> None:
+    proc = run([tool("shellcheck"), "--severity=style", str(script)])
     assert proc.returncode == 0, proc.stdout
+
+
+def test_prometheus_install_is_pinned() -> None:
+    assert re.search(r'^PROMETHEUS_MODULE="[^"@]+@v\d+\.\d+\.\d+"$',
+                     INSTALL_PROMETHEUS.read_text(), re.M)
 
 
 def test_install_script_pins_every_tool() -> None:

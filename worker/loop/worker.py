@@ -77,6 +77,7 @@ class Worker:
                          if cfg.kafka.cloudevents else None))
         self.committer = make_committer(cfg, self._consumer, self.assignment, task.remove,
                                         self.hops, self._outputs)
+        self.committer.on_committed = self.vitals.committed  # (exactly-once: for the lag)
         self._intake = Intake(self._consumer, self.assignment, self.committer, self.stats)
         self.backpressure = Backpressure(cfg.batch, self.stats)
         self._stop = threading.Event()

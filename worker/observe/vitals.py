@@ -46,6 +46,11 @@ class Vitals:
         self.batch_fill: dict[str, Buckets] = {}
         self.engine_seconds: dict[str, Buckets] = {}
         self.lag: dict[tuple[str, int], int] = {}  # (topic, partition) -> records behind
+        # Positions the worker committed inside transactions (exactly-once). The consumer's
+        # statistics never see those commits: they keep the committed offset fetched at
+        # assignment, so their consumer_lag grew with every record answered (or stayed
+        # unknown, -1, for a group that had never committed).
+        self.own_commits: dict[tuple[str, int], int] = {}
         # From the last statistics: is the consumer connected to its group coordinator (None:
         # no coordinator known), and when that sample arrived (monotonic).
         self.coordinator_up: bool | None = None
@@ -59,6 +64,11 @@ class Vitals:
             self.lost = False
         if event != "assigned":  # revoked or lost: their lag is another member's now
             self.lag.clear()
+            self.own_commits.clear()
+
+    def committed(self, positions: dict[tuple[str, int], int]) -> None:
+        """The committer committed these positions itself (in a transaction)."""
+        self.own_commits.update(positions)
 
     def batch_done(self, took_s: float, size: int, profile: str, capacity: int) -> None:
         if profile not in self.batch_size:
@@ -71,8 +81,9 @@ class Vitals:
 
     def on_stats(self, stats_json: str) -> None:
         """librdkafka's statistics callback (served from consume()): per-partition lag of the
-        partitions this member fetches (``consumer_lag``: high watermark minus the committed
-        offset; -1 while either is unknown)."""
+        partitions this member fetches (``consumer_lag``: high watermark, or the last stable
+        offset, minus the committed offset; -1 while either is unknown), or, where the worker
+        committed a partition itself, that end offset minus its own commit."""
         try:
             stats = json.loads(stats_json)
         except ValueError:
@@ -85,7 +96,21 @@ class Vitals:
         lag: dict[tuple[str, int], int] = {}
         for topic, t in (stats.get("topics") or {}).items():
             for pid, p in (t.get("partitions") or {}).items():
-                value = p.get("consumer_lag", -1)
-                if pid != "-1" and p.get("desired") and value >= 0:
-                    lag[(topic, int(pid))] = value
+                if pid == "-1" or not p.get("desired"):
+                    continue
+                key = (topic, int(pid))
+                own = self.own_commits.get(key)
+                value = p.get("consumer_lag", -1) if own is None else _lag_after(p, own)
+                if value >= 0:
+                    lag[key] = value
         self.lag = lag
+
+
+def _lag_after(p: dict[str, int], own: int) -> int:
+    """Records behind the end of partition statistics ``p`` when ``own`` was committed. The
+    statistics' committed offset counts too: it is the newer one right after an assignment."""
+    end = p.get("ls_offset", -1)
+    if end < 0:
+        end = p.get("hi_offset", -1)
+    committed = max(own, p.get("committed_offset", -1))
+    return max(0, end - committed) if end >= 0 and committed >= 0 else -1

@@ -62,3 +62,38 @@ def test_process_age_counts_from_the_process_start_not_from_the_import() -> None
                          check=True, timeout=60)
     age = float(out.stdout.strip())
     assert 1.2 <= age < 30.0
+
+
+def _eos_stats(committed: int, ls: int, lag: int) -> str:
+    # Exactly-once: the statistics' committed offset is the one fetched at assignment.
+    return _stats({"0": {"partition": 0, "desired": True, "consumer_lag": lag,
+                         "committed_offset": committed, "ls_offset": ls, "hi_offset": ls}})
+
+
+def test_own_commits_replace_the_statistics_stale_committed_offset() -> None:
+    v = Vitals()
+    v.on_stats(_eos_stats(committed=10, ls=20, lag=10))
+    assert v.lag == {("jobs", 0): 10}  # nothing committed by the worker yet: as reported
+    v.committed({("jobs", 0): 20})
+    v.on_stats(_eos_stats(committed=10, ls=20, lag=10))
+    assert v.lag == {("jobs", 0): 0}
+    v.committed({("jobs", 0): 17})  # (a rewind's commit would not go back; the max counts)
+    v.on_stats(_eos_stats(committed=18, ls=25, lag=7))
+    assert v.lag == {("jobs", 0): 7}
+
+
+def test_own_commits_give_a_lag_where_the_group_never_committed() -> None:
+    v = Vitals()
+    v.on_stats(_eos_stats(committed=-1001, ls=20, lag=-1))
+    assert v.lag == {}
+    v.committed({("jobs", 0): 15})
+    v.on_stats(_eos_stats(committed=-1001, ls=20, lag=-1))
+    assert v.lag == {("jobs", 0): 5}
+
+
+def test_own_commits_forgotten_on_revoke() -> None:
+    v = Vitals()
+    v.committed({("jobs", 0): 15})
+    v.rebalanced("revoked", 1)
+    v.on_stats(_eos_stats(committed=-1001, ls=20, lag=-1))
+    assert v.own_commits == {} and v.lag == {}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 import confluent_kafka as ck
@@ -57,6 +57,8 @@ class AtLeastOnce:
         self._tracker = OffsetTracker()
         self.fatal: BaseException | None = None
         self.transactional_id: str | None = None
+        # Never called: the consumer commits, and its statistics see its commits.
+        self.on_committed: Callable[[dict[TopicPartitionKey, int]], None] | None = None
         self._last_commit = time.monotonic()
         self._commit_sent: float | None = None  # when the unanswered async commit was sent
         self._unanswered = 0  # async commits sent and not yet reported

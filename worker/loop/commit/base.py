@@ -30,6 +30,9 @@ class Committer(Protocol):
     fatal: BaseException | None
     # The producer's transactional.id, where it has one (for the start-up log line).
     transactional_id: str | None
+    # Told the positions a committer committed other than through the consumer (inside
+    # transactions), which the consumer's statistics never see (the lag metric needs them).
+    on_committed: Callable[[dict[TopicPartitionKey, int]], None] | None
 
     def start(self) -> None:
         """Open the producer (and fence an earlier incarnation, where that matters)."""

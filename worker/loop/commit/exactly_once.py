@@ -12,6 +12,7 @@ committed position and drops the work in progress, so each output is committed e
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import partial
 
 import confluent_kafka as ck
@@ -52,6 +53,7 @@ class ExactlyOnce:
         self._release = OrderedRelease(self._tracker)
         self.fatal: BaseException | None = None
         self.transactional_id: str | None = transactional_id(cfg)
+        self.on_committed: Callable[[dict[TopicPartitionKey, int]], None] | None = None
         self._abort_request: str | None = None
         self._rewind_needed = False
         self._last_commit = time.monotonic()
@@ -221,6 +223,8 @@ class ExactlyOnce:
             self._abort(f"commit failed: {exc}")
             return
         self._tracker.mark_committed(positions)
+        if self.on_committed is not None:
+            self.on_committed(positions)
         self._aborts_in_a_row, self._failing_since = 0, None
         log.debug("transaction_committed", records=records,
                   offsets={f"{t}[{p}]": o for (t, p), o in positions.items()})
