@@ -21,11 +21,12 @@ COUNTERS = {
     "trt_worker_pauses_total", "trt_worker_rebalances_total", "trt_worker_transactions_total",
 }
 HISTOGRAMS = {"trt_worker_batch_size", "trt_worker_batch_fill_ratio", "trt_worker_hop_seconds",
-              "trt_worker_gc_pause_seconds"}
+              "trt_worker_gc_pause_seconds", "trt_worker_engine_seconds"}
 GAUGES = {
     "trt_worker_pending_records", "trt_worker_paused", "trt_worker_consumer_lag_records",
     "trt_worker_gpu_memory_used_bytes", "trt_worker_gpu_utilization_ratio", "trt_worker_info",
-    "trt_worker_ready", "trt_worker_last_step_timestamp_seconds",
+    "trt_worker_ready", "trt_worker_last_step_timestamp_seconds", "trt_worker_held_bytes",
+    "trt_worker_gpu_memory_total_bytes",
 }
 ALLOWED = COUNTERS | HISTOGRAMS | GAUGES
 SUFFIXES = ("_bucket", "_sum", "_count")

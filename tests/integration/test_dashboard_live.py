@@ -356,3 +356,12 @@ def test_the_panel_has_data(live: Live, panel: str, guarantee: str, expr: str) -
     nan = [s["metric"] for s in series if math.isnan(float(s["value"][1]))
            and not NAN_BY_DESIGN & {(guarantee, k, v) for k, v in s["metric"].items()}]
     assert not nan, f"{panel} [{guarantee}]: NaN, no rate over the run, for {nan}: {promql}"
+
+
+def test_every_metric_the_workers_export_is_on_the_dashboard(live: Live) -> None:
+    """The static test's metric lists are kept by hand; what real workers export is not."""
+    names = live.api("label/__name__/values", **{"match[]": f'{{job="{JOB}"}}'})["data"]
+    exported = {static.family(n) for n in names if n.startswith("trt_worker_")}
+    used = {static.family(n) for e in static.exprs(_dashboard())
+            for n in static.NAME.findall(e)}
+    assert exported and not exported - used, sorted(exported - used)
