@@ -164,7 +164,7 @@ def main() -> None:
         record["summary"] = {"engine_best_img_s": ceiling, "sustained_best_fps":
                              best["sustained_fps"], "of_engine": best["sustained_fps"] / ceiling}
         for st in record.get("stages_alone", []):
-            same = [r for r in runs if r["worker_processes"] == st["procs"]]
+            same = [r for r in runs if r["worker_processes"] == st["procs"] and r["gpus"] == 1]
             if same and "slowest_stage_img_s" in st:
                 record["summary"][f"of_slowest_stage_procs_{st['procs']}"] = (
                     same[0]["sustained_fps"] / st["slowest_stage_img_s"])

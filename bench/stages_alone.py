@@ -19,6 +19,7 @@ The GPU path's slowest stage is the smaller of engine and decode; ``task`` chain
 from __future__ import annotations
 
 import time
+from statistics import median
 from typing import Any
 
 # The task first, as bench/task_probe.py runs it (its figures and these should agree).
@@ -39,6 +40,7 @@ def _stage_proc(batch: int, batches: int, reps: int, barrier: Any, out: Any) -> 
     work = [raw[(i * batch) % len(raw):][:batch] for i in range(batches)]
     work = [w for w in work if len(w) == batch]
     run_task(task, items[: batch * 8], batch, 4, StepTimes())  # warm, as task_probe does
+    # 4 batches in flight need 4 batch threads (as task_probe grows the pool for its K).
     task._batch_pool._max_workers = max(task._batch_pool._max_workers, 4)
     spans: list[tuple[str, int, float, float]] = []
     for stage in STAGES * reps:
@@ -47,7 +49,7 @@ def _stage_proc(batch: int, batches: int, reps: int, barrier: Any, out: Any) -> 
         if stage == "engine":
             replays = batches * 2
             engine_alone(task, batch, replays)
-            n = replays * batch
+            n = replays * task.pipeline.size_for(batch)  # the slot replayed, padding included
         elif stage == "decode":
             decode_rate(work, 4)
             n = len(work) * batch
@@ -78,8 +80,13 @@ def stages_alone(procs: int, batch: int = 128, batches: int = 160, reps: int = 3
             break
     for ch in children:
         ch.join(60)
-    if len(reports) < procs:
-        return {"procs": procs, "error": f"{len(reports)} of {procs} processes reported"}
+    if len(reports) < procs:  # the rest may wait at a barrier, holding the GPU: end them
+        for ch in children:
+            if ch.is_alive():
+                ch.terminate()
+                ch.join(30)
+        return {"procs": procs, "error": f"{len(reports)} of {procs} processes reported",
+                "exit_codes": [ch.exitcode for ch in children]}
     rec: dict[str, Any] = {"procs": procs, "batch": batch, "batches_per_process": batches,
                            "reps": reps}
     for i, stage in enumerate(STAGES):
@@ -88,7 +95,7 @@ def stages_alone(procs: int, batch: int = 128, batches: int = 160, reps: int = 3
             n = sum(r[j][1] for r in reports)
             span = max(r[j][3] for r in reports) - min(r[j][2] for r in reports)
             rates.append(round(n / span))
-        rec[f"{stage}_img_s"] = sorted(rates)[len(rates) // 2]
+        rec[f"{stage}_img_s"] = round(median(rates))
         rec[f"{stage}_runs_img_s"] = rates
     rec["slowest_stage_img_s"] = min(rec["engine_img_s"], rec["decode_img_s"])
     return rec

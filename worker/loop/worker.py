@@ -77,7 +77,7 @@ class Worker:
                          if cfg.kafka.cloudevents else None))
         self.committer = make_committer(cfg, self._consumer, self.assignment, task.remove,
                                         self.hops, self._outputs)
-        self.committer.on_committed = self.vitals.committed  # (exactly-once: for the lag)
+        self.committer.on_committed = self.vitals.note_committed  # (exactly-once: the lag)
         self._intake = Intake(self._consumer, self.assignment, self.committer, self.stats)
         self.backpressure = Backpressure(cfg.batch, self.stats)
         self._stop = threading.Event()
@@ -301,6 +301,7 @@ class Worker:
 
     def _forget(self, keys: set[TopicPartitionKey]) -> None:
         self.committer.forget(keys)
+        self.vitals.forget(keys)
         self.assignment.bump(keys)
 
     def _callback_failed(self, where: str, exc: BaseException) -> None:

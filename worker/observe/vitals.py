@@ -9,6 +9,7 @@ import json
 import os
 import time
 from collections import Counter
+from typing import Any
 
 import structlog
 
@@ -64,11 +65,17 @@ class Vitals:
             self.lost = False
         if event != "assigned":  # revoked or lost: their lag is another member's now
             self.lag.clear()
-            self.own_commits.clear()
 
-    def committed(self, positions: dict[tuple[str, int], int]) -> None:
-        """The committer committed these positions itself (in a transaction)."""
+    def note_committed(self, positions: dict[tuple[str, int], int]) -> None:
+        """The committer committed these positions itself (in a transaction), or learnt them
+        from the group coordinator at a rewind."""
         self.own_commits.update(positions)
+
+    def forget(self, keys: set[tuple[str, int]]) -> None:
+        """These partitions were revoked or lost (only those: under cooperative rebalancing
+        the others stay, and their own commits still count)."""
+        for key in keys:
+            self.own_commits.pop(key, None)
 
     def batch_done(self, took_s: float, size: int, profile: str, capacity: int) -> None:
         if profile not in self.batch_size:
@@ -106,7 +113,7 @@ class Vitals:
         self.lag = lag
 
 
-def _lag_after(p: dict[str, int], own: int) -> int:
+def _lag_after(p: dict[str, Any], own: int) -> int:
     """Records behind the end of partition statistics ``p`` when ``own`` was committed. The
     statistics' committed offset counts too: it is the newer one right after an assignment."""
     end = p.get("ls_offset", -1)

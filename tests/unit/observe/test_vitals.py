@@ -74,10 +74,10 @@ def test_own_commits_replace_the_statistics_stale_committed_offset() -> None:
     v = Vitals()
     v.on_stats(_eos_stats(committed=10, ls=20, lag=10))
     assert v.lag == {("jobs", 0): 10}  # nothing committed by the worker yet: as reported
-    v.committed({("jobs", 0): 20})
+    v.note_committed({("jobs", 0): 20})
     v.on_stats(_eos_stats(committed=10, ls=20, lag=10))
     assert v.lag == {("jobs", 0): 0}
-    v.committed({("jobs", 0): 17})  # (a rewind's commit would not go back; the max counts)
+    v.note_committed({("jobs", 0): 17})  # (a rewind's commit would not go back; the max counts)
     v.on_stats(_eos_stats(committed=18, ls=25, lag=7))
     assert v.lag == {("jobs", 0): 7}
 
@@ -86,14 +86,18 @@ def test_own_commits_give_a_lag_where_the_group_never_committed() -> None:
     v = Vitals()
     v.on_stats(_eos_stats(committed=-1001, ls=20, lag=-1))
     assert v.lag == {}
-    v.committed({("jobs", 0): 15})
+    v.note_committed({("jobs", 0): 15})
     v.on_stats(_eos_stats(committed=-1001, ls=20, lag=-1))
     assert v.lag == {("jobs", 0): 5}
 
 
-def test_own_commits_forgotten_on_revoke() -> None:
+def test_a_revoke_forgets_only_the_revoked_partitions_own_commits() -> None:
+    # Cooperative rebalancing takes some partitions and leaves the others: a kept partition's
+    # own commit still counts (without it the statistics' stale committed offset would).
     v = Vitals()
-    v.committed({("jobs", 0): 15})
+    v.note_committed({("jobs", 0): 500, ("jobs", 1): 500})
     v.rebalanced("revoked", 1)
-    v.on_stats(_eos_stats(committed=-1001, ls=20, lag=-1))
-    assert v.own_commits == {} and v.lag == {}
+    v.forget({("jobs", 1)})
+    assert v.own_commits == {("jobs", 0): 500}
+    v.on_stats(_eos_stats(committed=100, ls=510, lag=410))
+    assert v.lag == {("jobs", 0): 10}

@@ -183,6 +183,8 @@ class ExactlyOnce:
         asked = self._consumer.committed([ck.TopicPartition(t, p) for t, p in keys],
                                          timeout=COMMITTED_TIMEOUT_S) if keys else []
         coordinator = {(tp.topic, tp.partition): tp.offset for tp in asked if tp.offset >= 0}
+        if self.on_committed is not None and coordinator:  # (may be past the last commit seen)
+            self.on_committed(coordinator)
         positions: dict[str, int] = {}
         for key in keys:
             target = self._tracker.rewind(key, coordinator.get(key))
