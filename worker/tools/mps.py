@@ -14,6 +14,10 @@ GPU's own id (NVIDIA's MPS guide: a client keeping the daemon's ids would get an
 Where the host or the cluster already runs MPS (the NVIDIA device plugin's MPS sharing connects
 the pod to its daemon), leave ``--mps`` out: the children use that one.
 The binary ships with the NVIDIA driver; nothing is installed here.
+
+A supervisor killed outright (SIGKILL, the OOM killer) cannot quit its daemon, which would then
+run on beside later ones until a reboot. So each folder records its supervisor's pid, and every
+start first quits the daemons of folders whose supervisor is gone, and removes those folders.
 """
 
 from __future__ import annotations
@@ -32,10 +36,27 @@ from worker.exceptions import ConfigError
 log = structlog.get_logger("worker")
 
 CONTROL = "nvidia-cuda-mps-control"
+PREFIX = "trt-worker-mps-"  # the private folders, in the temporary directory
+OWNER = "owner.pid"  # in each folder: the pid of the process that started its daemon
 
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())[:300]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to judge
+        return True
+    return True
+
+
+def _folders(root: Path) -> dict[str, str]:
+    return {"CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(root / "log")}
 
 
 class MpsDaemon:
@@ -49,10 +70,11 @@ class MpsDaemon:
         self.root: Path | None = None
         self.env: dict[str, str] = {}
 
-    def _control(self, command: str | None = None, *args: str, daemon: bool = False
-                 ) -> subprocess.CompletedProcess[str]:
+    def _control(self, command: str | None = None, *args: str, daemon: bool = False,
+                 folders: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run the control program (``folders``: another daemon's than this one's)."""
         assert self.binary is not None
-        env = os.environ | self.env
+        env = os.environ | (self.env if folders is None else folders)
         if daemon and self.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.devices)
         try:
@@ -68,11 +90,13 @@ class MpsDaemon:
         if self.binary is None:
             raise ConfigError(f"--mps: {CONTROL} not found on PATH (it ships with the NVIDIA "
                               "driver); run without --mps or install the driver's utilities")
-        self.root = Path(tempfile.mkdtemp(prefix="trt-worker-mps-"))
+        self._reap_orphans()
+        self.root = Path(tempfile.mkdtemp(prefix=PREFIX))
+        (self.root / OWNER).write_text(str(os.getpid()))
         pipe, logs = self.root / "pipe", self.root / "log"
         pipe.mkdir()
         logs.mkdir()
-        self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
+        self.env = _folders(self.root)
         try:
             started = self._control(None, "-d", daemon=True)
             if started.returncode != 0:
@@ -91,6 +115,25 @@ class MpsDaemon:
             raise
         log.info("mps_started", pipe=str(pipe))
         return dict(self.env)
+
+    def _reap_orphans(self) -> None:
+        """Quit the daemons whose supervisor died without quitting them; remove their
+        folders. A folder without an owner (being created, or made by an older version) is
+        left alone."""
+        for root in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+            try:
+                owner = int((root / OWNER).read_text())
+            except (OSError, ValueError):
+                continue
+            if _alive(owner):
+                continue
+            try:
+                code: int | None = self._control("quit\n", folders=_folders(root)).returncode
+            except ConfigError:
+                code = None
+            shutil.rmtree(root, ignore_errors=True)
+            log.warning("mps_orphan_reaped", folder=str(root), owner_pid=owner,
+                        quit_exit_code=code)
 
     def servers(self) -> list[str]:
         """The process ids of the MPS servers the daemon runs (one once a client connected)."""

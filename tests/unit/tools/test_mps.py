@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from worker.exceptions import ConfigError
-from worker.tools.mps import CONTROL, MpsDaemon
+from worker.tools.mps import CONTROL, OWNER, PREFIX, MpsDaemon
 
 # Appends {argv, stdin, pipe dir, visible GPUs} per call to $MPS_CALLS; exits MPS_FAIL's code on
 # "-d"; with MPS_MUTE set, fails every get_server_list (a daemon that started but does not answer).
@@ -43,6 +45,11 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     calls = tmp_path / "calls.jsonl"
     monkeypatch.setenv("MPS_CALLS", str(calls))
+    # The daemons' folders in a temporary directory of the test's own: another run's folders
+    # in the real one must not meet this test's orphan reaping.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     return calls
 
 
@@ -55,7 +62,8 @@ def test_start_hands_on_private_folders_and_stop_quits(stand_in: Path) -> None:
     with daemon as env:
         pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
         assert pipe.is_dir() and Path(env["CUDA_MPS_LOG_DIRECTORY"]).is_dir()
-        assert pipe.parent.name.startswith("trt-worker-mps-")
+        assert pipe.parent.name.startswith(PREFIX)
+        assert (pipe.parent / OWNER).read_text() == str(os.getpid())
     assert not pipe.parent.exists()
     assert [(c["argv"], c["stdin"], c["pipe"]) for c in _calls(stand_in)] == [
         (["-d"], "", str(pipe)), ([], "get_server_list\n", str(pipe)), ([], "quit\n", str(pipe))]
@@ -123,3 +131,32 @@ def test_a_daemon_that_does_not_answer_is_quit_and_reported(
         daemon.start()
     assert daemon.root is None
     assert [c["stdin"] for c in _calls(stand_in)] == ["", "get_server_list\n", "quit\n"]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _earlier_folder(name: str, owner: int | None) -> Path:
+    root = Path(tempfile.gettempdir()) / f"{PREFIX}{name}"
+    (root / "pipe").mkdir(parents=True)
+    (root / "log").mkdir()
+    if owner is not None:
+        (root / OWNER).write_text(str(owner))
+    return root
+
+
+def test_a_start_quits_the_daemons_of_supervisors_that_died(stand_in: Path) -> None:
+    """A supervisor killed outright never quit its daemon: the next start does, and removes
+    its folder; daemons of live supervisors, and folders without an owner, are left alone."""
+    orphan = _earlier_folder("orphan", _dead_pid())
+    alive = _earlier_folder("alive", os.getppid())
+    ownerless = _earlier_folder("ownerless", None)
+    with MpsDaemon() as env:
+        pass
+    assert not orphan.exists() and alive.is_dir() and ownerless.is_dir()
+    calls = [(c["argv"], c["stdin"], c["pipe"]) for c in _calls(stand_in)]
+    assert calls[0] == ([], "quit\n", str(orphan / "pipe"))
+    assert [c[2] for c in calls[1:]] == [env["CUDA_MPS_PIPE_DIRECTORY"]] * 3
