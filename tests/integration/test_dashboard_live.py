@@ -22,12 +22,9 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +33,9 @@ from typing import Any
 import pytest
 
 from tests.deploy import test_dashboard as static
+from tests.integration.http_support import get, until
 from worker.devkit.faults import good_job, small_images
+from worker.devkit.local_kafka.config import free_port
 from worker.devkit.workers import (
     Topics,
     WorkerProcess,
@@ -95,33 +94,8 @@ def _panel_params() -> list[Any]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:  # Prometheus answers a bad query 400, with JSON
-        return exc.code, exc.read()
-    except OSError as exc:  # not listening yet
-        return 0, str(exc).encode()
-
-
 def _answers(url: str) -> Callable[[], bool]:
-    return lambda: _get(url)[0] == 200
-
-
-def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+    return lambda: get(url)[0] == 200
 
 
 @dataclass
@@ -142,7 +116,7 @@ class Live:
 
     def api(self, path: str, **params: str) -> dict[str, Any]:
         query = urllib.parse.urlencode(params)
-        status, body = _get(f"{self.prometheus}/api/v1/{path}" + (f"?{query}" if query else ""))
+        status, body = get(f"{self.prometheus}/api/v1/{path}" + (f"?{query}" if query else ""))
         try:
             out: dict[str, Any] = json.loads(body)
         except ValueError:
@@ -197,9 +171,9 @@ def _scraped(live: Live, instance: str, results: int) -> None:
     """Until Prometheus has scraped ``results`` results from ``instance``, then three scrapes
     more: the rates span the wave, the lag is back at 0, the last transaction is in."""
     selector = f'trt_worker_results_total{{job="{JOB}", instance="{instance}"}}'
-    _until(lambda: live.value(selector) == results, 30, f"{instance}: {results} results scraped")
+    until(lambda: live.value(selector) == results, 30, f"{instance}: {results} results scraped")
     seen = time.time()
-    _until(lambda: (live.value(f"timestamp({selector})") or 0) > seen + 3 * SCRAPE_S, 30,
+    until(lambda: (live.value(f"timestamp({selector})") or 0) > seen + 3 * SCRAPE_S, 30,
            f"{instance}: three scrapes more")
 
 
@@ -297,16 +271,16 @@ def live(prometheus_binary: str, kafka_bootstrap: str,
     try:
         # Prometheus first, scraping the ports before the workers listen on them: it sees
         # every counter from its start (the first assignment counts as a rebalance event).
-        ports = {g: _free_port() for g in GUARANTEES}
-        port = _free_port()
+        ports = {g: free_port() for g in GUARANTEES}
+        port = free_port()
         prometheus = _start_prometheus(prometheus_binary, tmp, port,
                                        [f"127.0.0.1:{p}" for p in ports.values()])
         live = Live(f"http://127.0.0.1:{port}", workers)
-        _until(_answers(f"{live.prometheus}/-/ready"), 30, "Prometheus ready")
+        until(_answers(f"{live.prometheus}/-/ready"), 30, "Prometheus ready")
         for g in GUARANTEES:
             workers[g] = _start_worker(kafka_bootstrap, g, ports[g], tmp)
         for w in workers.values():
-            _until(_answers(f"http://{w.instance}/readyz"), 90, f"worker {w.instance} ready")
+            until(_answers(f"http://{w.instance}/readyz"), 90, f"worker {w.instance} ready")
         _send_and_wait(live, kafka_bootstrap)
         yield live
     finally:

@@ -10,17 +10,15 @@
 
 from __future__ import annotations
 
-import socket
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.http_support import get, until
 from worker.devkit.faults import good_job
 from worker.devkit.local_kafka import LocalKafka
+from worker.devkit.local_kafka.config import free_port
 from worker.devkit.workers import (
     WorkerProcess,
     fresh_topics,
@@ -32,31 +30,6 @@ from worker.devkit.workers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:  # not listening yet
-        return 0, str(exc)
-
-
-def _until(check: Callable[[], bool], timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if check():
-            return time.monotonic() - t0
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -75,7 +48,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., tuple[WorkerProcess, str]]]:
     def start(bootstrap: str, **cfg_overrides: object) -> tuple[WorkerProcess, str]:
         topics = fresh_topics(bootstrap, partitions=2)
         cfg = worker_config(bootstrap, topics, **cfg_overrides)  # type: ignore[arg-type]
-        port = _free_port()
+        port = free_port()
         env = worker_env(cfg, KTW_METRICS__PORT=str(port), KTW_METRICS__HOST="127.0.0.1",
                          KTW_METRICS__STATISTICS_INTERVAL_MS="500",
                          KTW_BATCH__MAX_BATCH_SIZE="4")
@@ -95,7 +68,7 @@ def test_metrics_count_what_was_sent_and_lag_falls_to_zero(
         kafka_bootstrap: str, spawn: Callable[..., tuple[WorkerProcess, str]]) -> None:
     proc, base = spawn(kafka_bootstrap)
     topics = spawn.topics  # type: ignore[attr-defined]
-    _until(lambda: _get(base + "/readyz")[0] == 200, 90, "worker ready")
+    until(lambda: get(base + "/readyz")[0] == 200, 90, "worker ready")
     good = [(f"job-{i}".encode(), good_job(f"job-{i}"), [("traceparent", TRACEPARENT)])
             for i in range(12)]
     bad = [(f"bad-{i}".encode(), b"\xc1 not msgpack", [("traceparent", TRACEPARENT)])
@@ -121,13 +94,13 @@ def test_metrics_count_what_was_sent_and_lag_falls_to_zero(
         assert h["__connect.errors.offset"] == h["ktw.dlq.source.offset"]
 
     def settled() -> bool:
-        m = _samples(_get(base + "/metrics")[1])
+        m = _samples(get(base + "/metrics")[1])
         lags = [v for k, v in m.items() if k.startswith("trt_worker_consumer_lag_records{")]
         return (m.get(f'trt_worker_records_consumed_total{{topic="{topics.jobs}"}}') == 15
                 and len(lags) == 2 and not any(lags))
 
-    _until(settled, 30, "consumed 15 and lag 0 on both partitions")
-    m = _samples(_get(base + "/metrics")[1])
+    until(settled, 30, "consumed 15 and lag 0 on both partitions")
+    m = _samples(get(base + "/metrics")[1])
     assert m["trt_worker_results_total"] == 12
     assert m['trt_worker_dead_lettered_total{reason="not_msgpack"}'] == 3
     assert m['trt_worker_hop_seconds_count{hop="delivery"}'] == 15
@@ -146,11 +119,11 @@ def test_lag_falls_to_zero_under_exactly_once(
     # a group that had never committed and grew with every record answered after that.
     proc, base = spawn(kafka_bootstrap, processing={"guarantee": "exactly-once"})
     topics = spawn.topics  # type: ignore[attr-defined]
-    _until(lambda: _get(base + "/readyz")[0] == 200, 90, "worker ready")
+    until(lambda: get(base + "/readyz")[0] == 200, 90, "worker ready")
     lags: dict[str, float] = {}
 
     def settled() -> bool:
-        m = _samples(_get(base + "/metrics")[1])
+        m = _samples(get(base + "/metrics")[1])
         lags.clear()
         lags.update({k: v for k, v in m.items()
                      if k.startswith("trt_worker_consumer_lag_records{")})
@@ -164,7 +137,7 @@ def test_lag_falls_to_zero_under_exactly_once(
         want = 8 * (wave + 1)
         read_topic(kafka_bootstrap, topics.results, until=lambda m, n=want: len(m) >= n)
         try:
-            _until(settled, 30, f"lag 0 on both partitions after wave {wave}")
+            until(settled, 30, f"lag 0 on both partitions after wave {wave}")
         except AssertionError as exc:
             raise AssertionError(f"{exc}: {lags}\n{proc.log_tail()}") from None
 
@@ -172,18 +145,18 @@ def test_lag_falls_to_zero_under_exactly_once(
 def test_readiness_goes_off_during_a_broker_stall_and_back_on(
         local_kafka: LocalKafka, spawn: Callable[..., tuple[WorkerProcess, str]]) -> None:
     proc, base = spawn(local_kafka.bootstrap_servers)
-    _until(lambda: _get(base + "/readyz")[0] == 200, 90, "worker ready")
-    _until(lambda: "partitions_assigned" in proc.log_text(), 30, "partitions assigned")
+    until(lambda: get(base + "/readyz")[0] == 200, 90, "worker ready")
+    until(lambda: "partitions_assigned" in proc.log_text(), 30, "partitions assigned")
     local_kafka.pause()
     try:
         # The session times out after 6 s (worker_config): the assignment is lost.
-        off = _until(lambda: _get(base + "/readyz")[0] == 503, 30, "readiness off in the stall")
-        _, reasons = _get(base + "/readyz")
+        off = until(lambda: get(base + "/readyz")[0] == 503, 30, "readiness off in the stall")
+        _, reasons = get(base + "/readyz")
         assert "partitions lost" in reasons, reasons
-        assert _get(base + "/healthz")[0] == 200  # the loop keeps stepping
+        assert get(base + "/healthz")[0] == 200  # the loop keeps stepping
     finally:
         local_kafka.resume()
-    back = _until(lambda: _get(base + "/readyz")[0] == 200, 60, "readiness back after resume")
-    assert _get(base + "/healthz")[0] == 200
+    back = until(lambda: get(base + "/readyz")[0] == 200, 60, "readiness back after resume")
+    assert get(base + "/healthz")[0] == 200
     print(f"\nreadiness off {off:.1f} s into the stall, back {back:.1f} s after the resume")
     assert proc.proc.poll() is None

@@ -154,8 +154,9 @@ def test_a_start_quits_the_daemons_of_supervisors_that_died(stand_in: Path) -> N
     orphan = _earlier_folder("orphan", _dead_pid())
     alive = _earlier_folder("alive", os.getppid())
     ownerless = _earlier_folder("ownerless", None)
-    with MpsDaemon() as env:
-        pass
+    daemon = MpsDaemon()
+    env = daemon.start()
+    daemon.stop()
     assert not orphan.exists() and alive.is_dir() and ownerless.is_dir()
     calls = [(c["argv"], c["stdin"], c["pipe"]) for c in _calls(stand_in)]
     assert calls[0] == ([], "quit\n", str(orphan / "pipe"))
