@@ -31,7 +31,11 @@ from engines.exceptions import EngineError
 log = logging.getLogger("engines")
 
 SIDECAR = "sidecar.json"
+STAMP = ".verified.json"  # the artifact's file identity when it last hashed right (see below)
 FORMAT_VERSION = 1
+# A stamp is not written for a file changed this recently: an edit within the same timestamp
+# tick as the one hashed would otherwise keep the stamp's identity (git's "racy" index entries).
+_RACY_NS = 2_000_000_000
 
 
 # What a builder may report about its artifact (e.g. per-profile timings and the variant it
@@ -113,7 +117,10 @@ def default_cache_dir() -> Path:
 
 class EngineCache:
     """``verify``: check an entry's artifact against the SHA-256 in its sidecar whenever it is
-    looked up (a corrupt entry is removed and rebuilt, never loaded)."""
+    looked up (a corrupt entry is removed and rebuilt, never loaded). A full hash costs seconds
+    for the SD engines at every start, so a lookup trusts the entry's stamp (the artifact's size,
+    times, inode and device when it last hashed right) and hashes only when the file changed;
+    ``trt-worker engines verify`` always hashes."""
 
     def __init__(self, root: Path | None = None, *, verify: bool = True) -> None:
         self.root = Path(root) if root is not None else default_cache_dir()
@@ -130,7 +137,7 @@ class EngineCache:
         entry = CacheEntry(folder, json.loads(sidecar.read_text()))
         try:
             check_entry(entry, recipe.device, recipe.backend_version,
-                        verify_bytes=self.verify)
+                        verify_bytes=self.verify, trust_stamp=True)
         except CacheCorrupt as exc:
             # Truncated, edited or escaping: never load it; the loader builds it again.
             log.error("engine_cache_entry_corrupt: %s; removed, it is built again", exc)
@@ -200,8 +207,13 @@ class EngineCache:
 
 
 def check_entry(entry: CacheEntry, device: DeviceFingerprint, backend_version: str | None,
-                *, verify_bytes: bool) -> None:
-    """Refuse an entry built for another device or backend version, or whose bytes changed."""
+                *, verify_bytes: bool, trust_stamp: bool = False) -> None:
+    """Refuse an entry built for another device or backend version, or whose bytes changed.
+
+    ``trust_stamp``: skip the hash when the artifact's file identity equals the entry's stamp,
+    and stamp it after a hash that matched (best effort: a read-only cache hashes every time).
+    A truncation, an edit or a copy over the file changes its size or ctime; what a stamp
+    cannot see is a bit flipped on disk under an unchanged inode, which `engines verify` does."""
     sc = entry.sidecar
     built_for = DeviceFingerprint.from_dict(sc["device"])
     hint = ("rebuild it on this machine: `trt-worker engines build`, or delete the entry "
@@ -219,10 +231,43 @@ def check_entry(entry: CacheEntry, device: DeviceFingerprint, backend_version: s
     if verify_bytes:
         if not entry.artifact.is_file():
             raise CacheCorrupt(f"engine {entry.key}: artifact {entry.artifact} is missing")
+        expected = sc["artifact"]["sha256"]
+        if trust_stamp and _stamped(entry, expected):
+            return
         digest = _sha256_file(entry.artifact)
-        if digest != sc["artifact"]["sha256"]:
+        if digest != expected:
             raise CacheCorrupt(f"engine {entry.key}: artifact hash {digest[:12]} does not match "
-                               f"its sidecar ({sc['artifact']['sha256'][:12]}); {hint}")
+                               f"its sidecar ({expected[:12]}); {hint}")
+        if trust_stamp:
+            _stamp(entry, digest)
+
+
+def _file_identity(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _stamped(entry: CacheEntry, sha256: str) -> bool:
+    try:
+        stamp = json.loads((entry.path / STAMP).read_text())
+        return bool(stamp == {"sha256": sha256, "file": _file_identity(entry.artifact)})
+    except (OSError, ValueError):
+        return False
+
+
+def _stamp(entry: CacheEntry, sha256: str) -> None:
+    """Record that the artifact, as it is now, hashed right (written atomically; skipped for a
+    file changed in the last two seconds, and where the cache is read-only)."""
+    identity = _file_identity(entry.artifact)
+    if time.time_ns() - max(identity[1], identity[2]) < _RACY_NS:
+        return
+    tmp = entry.path / f"{STAMP}.{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps({"sha256": sha256, "file": identity}))
+        os.replace(tmp, entry.path / STAMP)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        log.debug("engine_cache_stamp_not_written: %s", exc)
 
 
 @dataclass(frozen=True, slots=True)

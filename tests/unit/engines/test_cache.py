@@ -145,3 +145,66 @@ def test_a_sidecar_naming_a_file_outside_its_entry_is_never_loaded(
     entry = loader()  # the edited entry is dropped and built again
     assert len(built) == 2 and entry.artifact.parent == entry.path
     assert entry.artifact.read_bytes() == b"plan"
+
+
+class _CountingHash:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import engines.cache as cache_mod
+
+        self.calls = 0
+        real = cache_mod._sha256_file
+
+        def counted(path: Path) -> str:
+            self.calls += 1
+            return real(path)
+
+        monkeypatch.setattr(cache_mod, "_sha256_file", counted)
+        # Files in a test are seconds old at most: stamp them anyway.
+        monkeypatch.setattr(cache_mod, "_RACY_NS", 0)
+
+
+def test_a_stamped_artifact_is_not_hashed_again_at_lookup(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"))  # type: ignore[arg-type]
+    entry = loader()  # built: hashed once for the sidecar
+    hashes = _CountingHash(monkeypatch)
+    assert loader().path == entry.path and hashes.calls == 1  # hashed, then stamped
+    assert (entry.path / ".verified.json").is_file()
+    for _ in range(3):
+        assert loader().path == entry.path
+    assert hashes.calls == 1
+    check_entry(entry, DEV, "10.8.0", verify_bytes=True)  # `engines verify`: always hashes
+    assert hashes.calls == 2
+
+
+@pytest.mark.parametrize("edit", [b"plan, edited after the build", b"PLAN"])
+def test_a_stamp_does_not_hide_an_edit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: bytes) -> None:
+    built: list[BuildRecipe] = []
+    loader = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"),  # type: ignore[arg-type]
+                             on_build=built.append)
+    hashes = _CountingHash(monkeypatch)
+    entry = loader()
+    loader()  # stamped
+    time.sleep(0.05)  # past the file system's timestamp tick (the racy case is the guard's)
+    entry.artifact.write_bytes(edit)  # b"PLAN": the same size, only the times and bytes differ
+    again = loader()
+    assert len(built) == 2 and again.artifact.read_bytes() == b"plan"
+    assert hashes.calls >= 3
+
+
+def test_an_unwritable_stamp_still_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"))  # type: ignore[arg-type]
+    entry = loader()
+    (entry.path / ".verified.json").mkdir()  # os.replace onto a folder fails like a read-only cache
+    hashes = _CountingHash(monkeypatch)
+    assert loader().path == entry.path and loader().path == entry.path
+    assert hashes.calls == 2  # no stamp: hashed at every lookup
+    assert sorted(p.name for p in entry.path.iterdir()) == [".verified.json", "engine.bin",
+                                                           "sidecar.json"]
+
+
+def test_a_fresh_file_is_not_stamped(tmp_path: Path) -> None:
+    entry = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"))()  # type: ignore[arg-type]
+    EngineCache(tmp_path).lookup(recipe())
+    assert not (entry.path / ".verified.json").exists()  # changed within the last 2 s
