@@ -35,8 +35,10 @@ sys.path.insert(0, str(HERE))
 from bench.common import environment, write  # noqa: E402
 
 
-def sections(task: str, tag: str, cache: Path, blobs: Path, cpu: bool) -> dict[str, Any]:
-    """The config sections a user of ``task`` writes, as the worker's env overrides take them."""
+def sections(task: str, tag: str, cache: Path, blobs: Path, cpu: bool,
+             model_extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config sections a user of ``task`` writes, as the worker's env overrides take them
+    (``model_extra``: more of moderation's model section, e.g. another backend and its profiles)."""
     topics = {"jobs": f"jobs-{tag}", "results": f"results-{tag}", "dlq": f"dlq-{tag}"}
     common = {"kafka": {"group_id": f"warm-{tag}", "client_id": f"warm-{tag}"},
               "engines": {"cache_dir": str(cache)}, "log": {"level": "INFO"},
@@ -44,6 +46,7 @@ def sections(task: str, tag: str, cache: Path, blobs: Path, cpu: bool) -> dict[s
     if task == "moderation":
         model = {} if cpu else {"backend": "torch", "preprocess": "gpu",
                                 "jpeg_roundtrip": False}
+        model |= model_extra or {}
         return common | {"topics": topics, "model": model}
     gen = {"random_weights": "tiny" if cpu else "sd15", "backend": "torch",
            "device": "cpu" if cpu else "cuda:0",
@@ -71,13 +74,14 @@ def job(task: str, cpu: bool) -> tuple[str, bytes]:
 
 
 def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
-            timeout_s: float, profile: Path | None = None) -> dict[str, Any]:
+            timeout_s: float, profile: Path | None = None,
+            model_extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import confluent_kafka as ck
 
     from worker.devkit.local_kafka.admin import create_topics
 
     tag = uuid.uuid4().hex[:8]
-    cfg = sections(task, tag, cache, blobs, cpu)
+    cfg = sections(task, tag, cache, blobs, cpu, model_extra)
     tp = cfg["generation"]["topics"] if task == "generation" else cfg["topics"]
     create_topics(bootstrap, [tp["jobs"], tp["results"], tp["dlq"]], partitions=1)
     if task == "generation":  # the moderation topics the generation worker also checks
@@ -141,7 +145,7 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
     def first(event: str) -> float | None:
         return next((t for t, e in events if e.get("event") == event), None)
 
-    started = next((e for _, e in events if e.get("event") == "worker_started"), {})
+    started: dict[str, Any] = next((e for _, e in events if e.get("event") == "worker_started"), {})
     out: dict[str, Any] = {"task": task, "first_result_s": round(got["s"], 3) if got else None,
                            "answered_on": got.get("topic"),
                            "to_worker_started_s": first("worker_started"),
@@ -171,11 +175,18 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="runs with the engine cached")
     ap.add_argument("--cpu", action="store_true", help="the embedded default (no GPU)")
     ap.add_argument("--timeout", type=float, default=240.0)
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="engine cache folder for every run (default: a fresh one per task, "
+                         "so the first run builds)")
+    ap.add_argument("--moderation-model", type=json.loads, default=None,
+                    help='JSON merged into moderation\'s model section, e.g. '
+                         '\'{"backend": "aoti", "profiles": [...]}\'')
     ap.add_argument("--profile", action="store_true",
                     help="one more cached run per task under py-spy (speedscope JSON in --out)")
     args = ap.parse_args()
     record: dict[str, Any] = {"benchmark": "warm_start", "env": environment(),
-                              "params": vars(args) | {"out": str(args.out)}}
+                              "params": vars(args) | {"out": str(args.out),
+                                                         "cache": str(args.cache)}}
     with contextlib.ExitStack() as stack:
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
         if bootstrap:
@@ -190,17 +201,21 @@ def main() -> None:
                                 "group.initial.rebalance.delay.ms": 0}
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="warm-start-")))
         for task in args.tasks.split(","):
-            cache = work / f"cache-{task}"
+            cache = args.cache or work / f"cache-{task}"
+            extra = args.moderation_model if task == "moderation" else None
             runs = []
-            for i in range(args.runs + 1):
-                r = one_run(bootstrap, task, cache, work / "blobs", args.cpu, args.timeout)
-                r["engine_cache"] = "built by this run" if i == 0 else "cached"
+            for _ in range(args.runs + 1):
+                before = set(cache.glob("*/*/sidecar.json"))
+                r = one_run(bootstrap, task, cache, work / "blobs", args.cpu, args.timeout,
+                            model_extra=extra)
+                built = set(cache.glob("*/*/sidecar.json")) - before
+                r["engine_cache"] = "built by this run" if built else "cached"
                 print(json.dumps(r), flush=True)
                 runs.append(r)
             if args.profile:
                 target = (args.out or Path(".")) / f"warm-start-{task}.speedscope.json"
                 r = one_run(bootstrap, task, cache, work / "blobs", args.cpu, args.timeout,
-                            profile=target)
+                            profile=target, model_extra=extra)
                 r["engine_cache"], r["profile"] = "cached, under py-spy", target.name
                 print(json.dumps(r), flush=True)
                 runs.append(r)
