@@ -186,7 +186,10 @@ def main() -> None:
     args = ap.parse_args()
     record: dict[str, Any] = {"benchmark": "warm_start", "env": environment(),
                               "params": vars(args) | {"out": str(args.out),
-                                                         "cache": str(args.cache)}}
+                                                         "cache": str(args.cache)},
+                              # Precompiled bytecode (an installed image's) or none.
+                              "pycache_prefix": os.environ.get("PYTHONPYCACHEPREFIX"),
+                              "dont_write_bytecode": bool(sys.flags.dont_write_bytecode)}
     with contextlib.ExitStack() as stack:
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
         if bootstrap:
