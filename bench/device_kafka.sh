@@ -95,8 +95,10 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels)
         # so without this every start compiles torch's sources again (import torch 4.5-5.3 s
         # there against 3.0 s compiled, 2026-12-02). Compiled once per machine into a prefix.
         export PYTHONPYCACHEPREFIX=/tmp/pyc
-        purelib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-        python3 -m compileall -q -j 0 "$purelib" /tmp/site "$ROOT/worker" "$ROOT/engines" \
+        # The standard library too: the machine's has no bytecode either.
+        libs=$(python3 -c 'import sysconfig as s; p = s.get_paths(); print(p["purelib"], p["stdlib"])')
+        # shellcheck disable=SC2086
+        python3 -m compileall -q -j 0 $libs /tmp/site "$ROOT/worker" "$ROOT/engines" \
             > /dev/null 2>&1
         echo "bytecode in $PYTHONPYCACHEPREFIX: $(find /tmp/pyc -name '*.pyc' | wc -l) files"
     fi

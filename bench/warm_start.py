@@ -151,7 +151,11 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
                            "to_worker_started_s": first("worker_started"),
                            "to_partitions_assigned_s": first("partitions_assigned"),
                            "startup_s": started.get("startup_s"),
-                           "events": [(t, e.get("event")) for t, e in events][:20]}
+                           "events": [(t, e.get("event")) for t, e in events][:20],
+                           # Per engine and pipeline: import, load, graphs (engines' own lines).
+                           "activations": [(t, e.get("event")) for t, e in events
+                                           if str(e.get("event", "")).startswith(
+                                               ("engine_activated", "pipeline_activated"))]}
     if not got:
         out["stderr_tail"] = [line for _, line in lines[-15:]]
     return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -131,6 +132,7 @@ class TorchRunner(Runner):
         self._stream: Any = None
         self._pool: Any = None  # the graphs' shared memory pool, where the network wants one
         self._cpu: ThreadPoolExecutor | None = None
+        self.activation_s: dict[str, float] = {}  # import, load, graphs (set by activate)
 
     @property
     def cuda(self) -> bool:
@@ -153,7 +155,9 @@ class TorchRunner(Runner):
         return sum(len(v) for v in self._slots.values())
 
     def _activate(self) -> None:
+        t0 = time.monotonic()
         torch = self._torch_for_device()
+        t1 = time.monotonic()
         native = native_net(self.spec)
         module, self._hash = load_native(native, self.device, self.precision, self._engine)
         self._net = self._fn = in_engine_form(module, native, self.device, self.precision)
@@ -162,7 +166,13 @@ class TorchRunner(Runner):
             if artifacts is not None:
                 torch.compiler.load_cache_artifacts(artifacts)
             self._fn = torch.compile(self._net, dynamic=False)
+        t2 = time.monotonic()
         self._start()
+        # Where a start's seconds go, per engine (bench/warm_start.py reads these lines).
+        self.activation_s = {"import_s": round(t1 - t0, 3), "load_s": round(t2 - t1, 3),
+                             "graphs_s": round(time.monotonic() - t2, 3)}
+        compile_log.info("engine_activated: %s on %s, %s", self.spec.model_id, self.device,
+                         self.activation_s)
 
     def _torch_for_device(self) -> Any:
         """torch, once the device and precision are known to work (fp32 set to IEEE fp32)."""
