@@ -109,9 +109,9 @@ class TorchPipeline:
         self.h2d, self.compute, self.d2h = Stream(), Stream(), Stream()
         self._torch_compute = torch.cuda.ExternalStream(self.compute.ptr)
         for size in self.sizes:
-            # Kernels are chosen by the first slot's warm-up runs; the next slots of the size
-            # capture without any (as TorchRunner's do): ~60% fewer eager passes at start.
-            self._slots[size] = [self._make_slot(size, warmup=3 if i == 0 else 0)
+            # One eager pass initialises what a capture cannot (cuDNN and cuBLAS handles, the
+            # kernels' choice for the shape); the next slots of the size capture without one.
+            self._slots[size] = [self._make_slot(size, warmup=1 if i == 0 else 0)
                                  for i in range(self.slots_per_size)]
             self._next[size] = 0
         torch.cuda.synchronize()

@@ -284,8 +284,10 @@ class TorchRunner(Runner):
             for i in range(self._slots_per_key):
                 dev_in = samples if i == 0 else [x.clone() for x in samples]
                 # Kernels are chosen (and compiled) by the first slot's warm-up runs already.
+                # One eager run initialises what a capture cannot; torch.compile gets three
+                # (its first calls compile and may recompile).
                 ring.append(capture_graph(self._fn, dev_in, name, pool=self._pool,
-                                          warmup=3 if i == 0 else 0))
+                                          warmup=(3 if self._compile else 1) if i == 0 else 0))
             torch.cuda.synchronize(self.device)  # inputs and capture done before any replay
         except RuntimeError as exc:
             self._static.discard(key)
