@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from worker.config import load_config
-from worker.tools import preload
-from worker.tools.preload import needs_torch, preload_torch
+from worker.tools.preload import _import, needs_torch, preload_torch
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
@@ -39,5 +38,5 @@ def test_a_failing_import_is_left_to_the_engine(monkeypatch: pytest.MonkeyPatch)
     def boom(name: str) -> None:
         raise ImportError(f"{name}: libcudart.so.13 not found")
 
-    monkeypatch.setattr(preload.importlib, "import_module", boom)
-    preload._import("torch")  # no exception: the engine's own import reports it
+    monkeypatch.setattr("worker.tools.preload.importlib.import_module", boom)
+    _import("torch")  # no exception: the engine's own import reports it
