@@ -113,10 +113,6 @@ def run(
             code = supervise(cfg, daemon.client_devices() if daemon else devices,
                              child_argv(sys.argv), per_gpu=procs_per_gpu, env=env)
         raise typer.Exit(code)
-    from worker.tools.preload import preload_torch
-
-    # Started before the loop's own imports: it overlaps them, the clients and the topic check.
-    preload_torch(cfg)
     from worker.loop.worker import Worker
     from worker.observe.attach import observe
 
