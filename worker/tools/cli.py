@@ -96,6 +96,9 @@ def run(
              "already runs).")] = False,
 ) -> None:
     """Run the worker against the configured brokers until SIGTERM/SIGINT."""
+    from worker.loop.worker import Worker
+    from worker.observe.attach import observe
+
     cfg = _config(config, bootstrap_servers,
                   **({"processing": {"task": task}} if task is not None else {}))
     if not cfg.kafka.bootstrap_servers:
@@ -113,9 +116,6 @@ def run(
             code = supervise(cfg, daemon.client_devices() if daemon else devices,
                              child_argv(sys.argv), per_gpu=procs_per_gpu, env=env)
         raise typer.Exit(code)
-    from worker.loop.worker import Worker
-    from worker.observe.attach import observe
-
     worker = Worker(cfg)
     _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)
     server = observe(worker)
