@@ -11,7 +11,7 @@ import sys
 
 import structlog
 
-from worker.observe.events import count_events
+from worker.observe.events import count_events, count_foreign_events
 
 _SHARED: list[structlog.typing.Processor] = [
     structlog.contextvars.merge_contextvars,
@@ -46,7 +46,7 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-            foreign_pre_chain=_SHARED,
+            foreign_pre_chain=[count_foreign_events, *_SHARED],
         )
     )
     root = logging.getLogger()
