@@ -137,7 +137,7 @@ class EngineCache:
         entry = CacheEntry(folder, json.loads(sidecar.read_text()))
         try:
             check_entry(entry, recipe.device, recipe.backend_version,
-                        verify_bytes=self.verify, trust_stamp=True)
+                        verify_bytes=self.verify, trust_stamp=True, write_stamp=True)
         except CacheCorrupt as exc:
             # Truncated, edited or escaping: never load it; the loader builds it again.
             log.error("engine_cache_entry_corrupt: %s; removed, it is built again", exc)
@@ -207,13 +207,15 @@ class EngineCache:
 
 
 def check_entry(entry: CacheEntry, device: DeviceFingerprint, backend_version: str | None,
-                *, verify_bytes: bool, trust_stamp: bool = False) -> None:
+                *, verify_bytes: bool, trust_stamp: bool = False, write_stamp: bool = False
+                ) -> None:
     """Refuse an entry built for another device or backend version, or whose bytes changed.
 
-    ``trust_stamp``: skip the hash when the artifact's file identity equals the entry's stamp,
-    and stamp it after a hash that matched (best effort: a read-only cache hashes every time).
-    A truncation, an edit or a copy over the file changes its size or ctime; what a stamp
-    cannot see is a bit flipped on disk under an unchanged inode, which `engines verify` does."""
+    ``trust_stamp``: skip the hash when the artifact's file identity equals the entry's stamp.
+    ``write_stamp``: stamp the entry after a hash that matched (best effort: a read-only cache
+    hashes every time). A truncation, an edit or a copy over the file changes its size or
+    ctime; what a stamp cannot see is a bit flipped on disk under an unchanged inode, which
+    `engines verify` (always hashing) does."""
     sc = entry.sidecar
     built_for = DeviceFingerprint.from_dict(sc["device"])
     hint = ("rebuild it on this machine: `trt-worker engines build`, or delete the entry "
@@ -234,12 +236,13 @@ def check_entry(entry: CacheEntry, device: DeviceFingerprint, backend_version: s
         expected = sc["artifact"]["sha256"]
         if trust_stamp and _stamped(entry, expected):
             return
+        before, started = _file_identity(entry.artifact), time.time_ns()
         digest = _sha256_file(entry.artifact)
         if digest != expected:
             raise CacheCorrupt(f"engine {entry.key}: artifact hash {digest[:12]} does not match "
                                f"its sidecar ({expected[:12]}); {hint}")
-        if trust_stamp:
-            _stamp(entry, digest)
+        if write_stamp:
+            _stamp(entry, digest, before, started)
 
 
 def _file_identity(path: Path) -> list[int]:
@@ -255,11 +258,13 @@ def _stamped(entry: CacheEntry, sha256: str) -> bool:
         return False
 
 
-def _stamp(entry: CacheEntry, sha256: str) -> None:
-    """Record that the artifact, as it is now, hashed right (written atomically; skipped for a
-    file changed in the last two seconds, and where the cache is read-only)."""
-    identity = _file_identity(entry.artifact)
-    if time.time_ns() - max(identity[1], identity[2]) < _RACY_NS:
+def _stamp(entry: CacheEntry, sha256: str, identity: list[int], hashed_at_ns: int) -> None:
+    """Record that the artifact, as it was when its hash began (``identity``), hashed right.
+    Written atomically; skipped when the file changed while it was hashed, when it had changed
+    less than two seconds before, and where the cache is read-only."""
+    if _file_identity(entry.artifact) != identity:
+        return
+    if hashed_at_ns - max(identity[1], identity[2]) < _RACY_NS:
         return
     tmp = entry.path / f"{STAMP}.{os.getpid()}"
     try:

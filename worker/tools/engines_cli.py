@@ -108,7 +108,8 @@ def list_(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] =
 
 @engines_app.command()
 def verify(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] = None) -> None:
-    """Re-hash every artifact against its sidecar and check it fits this machine."""
+    """Re-hash every artifact against its sidecar and check it fits this machine; stamp the
+    entries that hash right, so that workers need not hash them again at start."""
     cache = _cache(cache_dir)
     seen: dict[str, DeviceFingerprint | None] = {}
     bad = 0
@@ -117,7 +118,7 @@ def verify(cache_dir: Annotated[str | None, typer.Option(help="Cache folder.")] 
         try:
             if here is None:
                 raise EngineError(f"no {e.sidecar['device']['kind']} device on this machine")
-            check_entry(e, here, None, verify_bytes=True)
+            check_entry(e, here, None, verify_bytes=True, write_stamp=True)
             console.print(f"ok       {e.key[:12]} {e.sidecar['backend']} {e.sidecar['precision']}")
         except EngineError as exc:
             bad += 1

@@ -208,3 +208,36 @@ def test_a_fresh_file_is_not_stamped(tmp_path: Path) -> None:
     entry = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"))()  # type: ignore[arg-type]
     EngineCache(tmp_path).lookup(recipe())
     assert not (entry.path / ".verified.json").exists()  # changed within the last 2 s
+
+
+def test_a_file_changed_while_it_is_hashed_is_not_stamped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engines.cache as cache_mod
+
+    loader = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"))  # type: ignore[arg-type]
+    entry = loader()
+    monkeypatch.setattr(cache_mod, "_RACY_NS", 0)
+    real = cache_mod._sha256_file
+
+    def hash_then_touch(path: Path) -> str:
+        digest = real(path)
+        time.sleep(0.05)
+        path.write_bytes(b"plan")  # the same bytes, written again while the "hash" ran
+        return digest
+
+    monkeypatch.setattr(cache_mod, "_sha256_file", hash_then_touch)
+    check_entry(entry, DEV, "10.8.0", verify_bytes=True, write_stamp=True)
+    assert not (entry.path / ".verified.json").exists()
+
+
+def test_engines_verify_stamps_what_hashes_right(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engines.cache as cache_mod
+
+    entry = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"))()  # type: ignore[arg-type]
+    monkeypatch.setattr(cache_mod, "_RACY_NS", 0)
+    check_entry(entry, DEV, "10.8.0", verify_bytes=True)  # a plain check writes nothing
+    assert not (entry.path / ".verified.json").exists()
+    check_entry(entry, DEV, "10.8.0", verify_bytes=True, write_stamp=True)
+    stamp = json.loads((entry.path / ".verified.json").read_text())
+    assert stamp["sha256"] == entry.sidecar["artifact"]["sha256"]
