@@ -180,3 +180,40 @@ def test_cuda_packages_load_without_the_cpu_isa_probe(monkeypatch: pytest.Monkey
     assert "AOTI_CPU_ISA" not in info and info["AOTI_MACHINE"]
     with pytest.raises(AssertionError, match="probed"):  # outside the load, torch's own
         codecache.get_device_information("cpu")
+
+
+_LOAD_ONLY = """
+import sys
+import numpy as np
+import torch
+from engines.backends.aoti.bundle import PackageCall, load_package, read_bundle
+packages = read_bundle(__import__("pathlib").Path(sys.argv[1]))
+net = load_package(packages[sys.argv[2]], cuda=False)
+x = torch.from_numpy(np.load(sys.argv[3]))
+np.save(sys.argv[4], net(x).numpy())
+print(type(net).__name__, "torch._inductor" in sys.modules)
+"""
+
+
+@pytest.mark.slow  # compiles
+def test_a_package_loads_and_runs_without_importing_inductor(built: EnginePlan,
+                                                             tmp_path: Path) -> None:
+    # A fresh process: loading a cached package must not import torch._inductor (seconds of
+    # a worker's start), and must answer as aoti_load_package's model does.
+    import subprocess
+    import sys
+
+    entry = built.cache.lookup(built.recipe())
+    assert entry is not None
+    x = _x(4)
+    np.save(tmp_path / "x.npy", x)
+    proc = subprocess.run([sys.executable, "-c", _LOAD_ONLY, str(entry.artifact),
+                           shape_name(4, ITEM), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[5])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["PackageCall", "False"], proc.stdout
+    reference = torch._inductor.aoti_load_package(
+        __import__("io").BytesIO(read_bundle(entry.artifact)[shape_name(4, ITEM)]))
+    expected = reference(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=0, atol=0)
