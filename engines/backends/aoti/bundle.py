@@ -50,6 +50,10 @@ def load_package(data: bytes, cuda: bool) -> Any:
     CPU-ISA probe, :func:`skip_cpu_isa_probe`)."""
     import torch
 
+    if cuda:
+        # The C++ loader expects an initialised CUDA context; aoti_load_package's device check
+        # makes one on its way. Without it, loading a CUDA package crashed the process (H200).
+        torch.cuda.init()
     direct = _load_direct(data)
     if direct is not None:
         return direct
