@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -45,64 +44,12 @@ def read_bundle(path: Path) -> dict[str, bytes]:
 
 def load_package(data: bytes, cuda: bool) -> Any:
     """A package from memory, ready to call (and to capture in a CUDA graph: single-threaded;
-    the runner's lock keeps it so): by torch's C++ package loader where this torch has the one
-    :class:`PackageCall` knows, else by ``aoti_load_package`` (CUDA packages without the
-    CPU-ISA probe, :func:`skip_cpu_isa_probe`)."""
+    the runner's lock keeps it so). CUDA packages load without the CPU-ISA probe
+    (:func:`skip_cpu_isa_probe`)."""
     import torch
 
-    if cuda:
-        # The C++ loader expects an initialised CUDA context; aoti_load_package's device check
-        # makes one on its way. Without it, loading a CUDA package crashed the process (H200).
-        torch.cuda.init()
-    direct = _load_direct(data)
-    if direct is not None:
-        return direct
     with skip_cpu_isa_probe() if cuda else contextlib.nullcontext():
         return torch._inductor.aoti_load_package(io.BytesIO(data), run_single_threaded=True)
-
-
-class PackageCall:
-    """A loaded package called as ``aoti_load_package``'s model is (inputs flattened, outputs
-    rebuilt by the package's own call spec), without importing ``torch._inductor``: that import
-    is seconds of a worker's start (3.8 s on the H200 machine, bench/NOTES.md) and serving
-    needs nothing from it. The engine cache's key already pins the device the package was
-    built for, which is what ``aoti_load_package``'s metadata check compares."""
-
-    def __init__(self, loader: Any) -> None:
-        from torch.utils import _pytree as pytree
-
-        self._pytree, self.loader = pytree, loader
-        in_spec, out_spec = loader.get_call_spec()
-        self._out_spec = pytree.treespec_loads(out_spec)
-        pytree.treespec_loads(in_spec)  # a spec this torch cannot read fails here, at load
-        self._run = getattr(loader, "boxed_run", None) or loader.run
-
-    def __call__(self, *args: Any) -> Any:
-        import torch
-
-        flat = [x for x in self._pytree.tree_flatten((args, {}))[0]
-                if isinstance(x, torch.Tensor)]
-        return self._pytree.tree_unflatten(self._run(flat), self._out_spec)
-
-
-def _load_direct(data: bytes) -> PackageCall | None:
-    """The package through ``torch._C._aoti.AOTIModelPackageLoader``, or None where this torch
-    lacks it or takes other arguments (the caller then uses ``aoti_load_package``)."""
-    import torch
-
-    loader_cls = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
-    if loader_cls is None:
-        return None
-    with tempfile.NamedTemporaryFile(suffix=".pt2") as f:  # the loader reads a path
-        f.write(data)
-        f.flush()
-        # (path, model name, run single-threaded, runners, device index[, stream affinity])
-        for args in (("model", True, 1, -1), ("model", True, 1, -1, False)):
-            try:
-                return PackageCall(loader_cls(f.name, *args))
-            except TypeError:
-                continue
-    return None
 
 
 @contextlib.contextmanager
