@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -13,7 +13,8 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from engines.cache import CacheEntry, EngineCache, check_entry
+from engines.assembly import EnginePlan
+from engines.cache import CacheEntry, EngineCache, EngineFromCache, check_entry
 from engines.device import DeviceFingerprint, current_fingerprint
 from engines.exceptions import EngineError
 from worker.config import WorkerConfig, load_config
@@ -25,13 +26,19 @@ engines_app = typer.Typer(no_args_is_help=True,
 console = Console()
 
 
-def _cfg(config: Path | None, backend: str | None, precision: str | None) -> WorkerConfig:
-    model: dict[str, str] = {}
+def _cfg(config: Path | None, backend: str | None, precision: str | None,
+         task: str | None) -> WorkerConfig:
+    overrides: dict[str, Any] = {"processing": {"task": task}} if task else {}
+    section: dict[str, str] = {}
     if backend:
-        model["backend"] = backend
+        section["backend"] = backend
     if precision:
-        model["precision"] = precision
-    return load_config(config, **({"model": model} if model else {}))
+        section["precision"] = precision
+    cfg = load_config(config, **overrides)
+    if section:  # the engine section of the task the build is for
+        which = "generation" if cfg.processing.task == "generation" else "model"
+        cfg = load_config(config, **overrides, **{which: section})
+    return cfg
 
 
 @engines_app.command()
@@ -41,17 +48,30 @@ def build(
         help="onnxruntime | torch | aoti | tensorrt")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32 | fp16 | int8 | fp8")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if cached.")] = False,
+    task: Annotated[str | None, typer.Option(
+        help="moderation | generation (default: the config's processing.task)")] = None,
 ) -> None:
-    """Build (or find) the engine the configured worker would load."""
-    cfg = _cfg(config, backend, precision)
+    """Build (or find) the engines the configured worker would load: moderation's model, or
+    generation's text encoder, UNet and VAE decoder (a deploy-time step: the worker's start
+    then finds them cached)."""
+    cfg = _cfg(config, backend, precision, task)
+    if cfg.processing.task == "generation":
+        from worker.tasks.generation.setup import engine_plans
+
+        for plan in engine_plans(cfg).values():
+            _build(plan, plan.loader(), force)
+        return
     plan = engine_plan(cfg)
-    loader = engine_loader(cfg, plan)
+    _build(plan, engine_loader(cfg, plan), force)
+
+
+def _build(plan: EnginePlan, loader: EngineFromCache, force: bool) -> None:
     cache, recipe = loader.cache, loader.recipe
     existing = None if force else cache.lookup(recipe)
     if existing is not None:
         console.print(f"cached: {existing.path} ({existing.sidecar['build_seconds']} s to build)")
         return
-    profiles = ", ".join(p.name for p in plan.profiles)
+    profiles = ", ".join(p.name for p in plan.profiles) or "none"
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         what = (f"building {plan.spec.model_id} ({plan.backend} {plan.precision}, profiles "

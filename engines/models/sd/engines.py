@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engines.assembly import EngineParams
+from engines.assembly import EngineParams, EnginePlan
 from engines.backends.base import Runner
 from engines.cache import BuildRecipe, EngineCache
 from engines.models.sd import COMPONENTS
@@ -80,16 +80,24 @@ class SdEngines:
             r.deactivate()
 
 
+def sd_plans(weights: SdWeights, resolutions: tuple[Resolution, ...],
+             options: SdEngineOptions, cache: EngineCache | None = None
+             ) -> tuple[SdProfiles, dict[str, EnginePlan]]:
+    """The profiles and each component's engine plan (what ``trt-worker engines build`` builds
+    ahead of a worker's start, and what the worker's runners load)."""
+    o = options
+    profiles = sd_profiles(weights.dims(), resolutions, text_sizes=o.text_sizes,
+                           unet_sizes=o.unet_sizes, vae_sizes=o.vae_sizes)
+    return profiles, {c: sd_plan(weights, c, o.params(c, cache), profiles.of(c))
+                      for c in COMPONENTS}
+
+
 def make_sd_engines(weights: SdWeights, resolutions: tuple[Resolution, ...],
                     options: SdEngineOptions, cache: EngineCache | None = None,
                     on_build: Callable[[BuildRecipe], None] | None = None) -> SdEngines:
     """Runners for text encoder, UNet and VAE decoder (not yet active: nothing loads here)."""
-    o = options
-    dims = weights.dims()
-    profiles = sd_profiles(dims, resolutions, text_sizes=o.text_sizes, unet_sizes=o.unet_sizes,
-                           vae_sizes=o.vae_sizes)
-    engines = SdEngines(weights, dims, profiles, weights.tokenizer())
-    for c in COMPONENTS:
-        plan = sd_plan(weights, c, o.params(c, cache), profiles.of(c))
+    profiles, plans = sd_plans(weights, resolutions, options, cache)
+    engines = SdEngines(weights, weights.dims(), profiles, weights.tokenizer())
+    for c, plan in plans.items():
         engines.runners[c] = plan.runner(on_build)
     return engines

@@ -11,9 +11,10 @@ from collections.abc import Callable
 
 import structlog
 
+from engines.assembly import EnginePlan
 from engines.cache import BuildRecipe, EngineCache
 from engines.models.sd.arch import ARCHES
-from engines.models.sd.engines import SdEngineOptions, SdEngines, make_sd_engines
+from engines.models.sd.engines import SdEngineOptions, SdEngines, make_sd_engines, sd_plans
 from engines.models.sd.specs import Resolution
 from engines.models.sd.weights import LocalSdWeights, RandomSdWeights, SdWeights
 from worker.config import WorkerConfig
@@ -51,14 +52,33 @@ def engine_options(g: GenerationSettings, intra_op_threads: int | None = None,
 def make_engines(cfg: WorkerConfig, on_build: Callable[[BuildRecipe], None] | None = None
                  ) -> SdEngines:
     g = cfg.generation
-    cache = EngineCache(cfg.engines.cache_dir) if cfg.engines.use_cache else None
-    resolutions = tuple(Resolution(s.width, s.height) for s in g.sizes)
     try:
-        return make_sd_engines(weights_from(g), resolutions,
-                               engine_options(g, cfg.model.intra_op_threads,
-                                              cfg.engines.autotune), cache, on_build)
+        return make_sd_engines(weights_from(g), _resolutions(g), _options(cfg), _cache(cfg),
+                               on_build)
     except ValueError as exc:  # a configured size the architecture cannot produce
         raise ConfigError(f"generation: {exc}") from exc
+
+
+def engine_plans(cfg: WorkerConfig) -> dict[str, EnginePlan]:
+    """The text encoder's, UNet's and VAE decoder's plans as the worker would load them (for
+    ``trt-worker engines build``: built ahead, a worker's start finds them cached)."""
+    try:
+        return sd_plans(weights_from(cfg.generation), _resolutions(cfg.generation),
+                        _options(cfg), _cache(cfg))[1]
+    except ValueError as exc:
+        raise ConfigError(f"generation: {exc}") from exc
+
+
+def _resolutions(g: GenerationSettings) -> tuple[Resolution, ...]:
+    return tuple(Resolution(s.width, s.height) for s in g.sizes)
+
+
+def _options(cfg: WorkerConfig) -> SdEngineOptions:
+    return engine_options(cfg.generation, cfg.model.intra_op_threads, cfg.engines.autotune)
+
+
+def _cache(cfg: WorkerConfig) -> EngineCache | None:
+    return EngineCache(cfg.engines.cache_dir) if cfg.engines.use_cache else None
 
 
 def jobs_per_batch(cfg: WorkerConfig) -> int:

@@ -1,0 +1,45 @@
+"""`trt-worker engines build --task generation`: the SD engines built ahead (a deploy-time
+step), so that a generation worker's start finds all three cached and builds nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from engines.cache import BuildRecipe, EngineCache
+from tests.unit.tasks.generation.gen_support import needs_sd
+from worker.config import load_config
+from worker.tasks.generation.setup import make_engines
+from worker.tools import engines_cli
+
+
+@needs_sd
+def test_generation_engines_build_ahead_of_the_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    generation = {"random_weights": "tiny", "backend": "torch", "device": "cpu",
+                  "precision": "fp32", "sizes": [{"width": 64, "height": 64}],
+                  "text_batch_sizes": [2], "unet_batch_sizes": [2], "vae_batch_sizes": [1]}
+    monkeypatch.setenv("KTW_GENERATION", json.dumps(generation))
+    monkeypatch.setenv("KTW_ENGINES", json.dumps({"cache_dir": str(tmp_path)}))
+    monkeypatch.setattr(engines_cli, "console", Console(width=300))
+
+    first = CliRunner().invoke(engines_cli.engines_app, ["build", "--task", "generation"])
+    assert first.exit_code == 0, first.output
+    assert first.output.count("built ") == 3, first.output
+    assert len(EngineCache(tmp_path).entries()) == 3
+    again = CliRunner().invoke(engines_cli.engines_app, ["build", "--task", "generation"])
+    assert again.exit_code == 0 and again.output.count("cached:") == 3, again.output
+
+    # The worker's own engines: the same three entries, nothing built at activation.
+    built: list[BuildRecipe] = []
+    cfg = load_config(processing={"task": "generation"})
+    engines = make_engines(cfg, on_build=built.append)
+    engines.activate()
+    try:
+        assert built == [] and all(h != "not-loaded" for h in engines.engine_hashes().values())
+    finally:
+        engines.deactivate()
