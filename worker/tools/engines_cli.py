@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ from engines.cache import CacheEntry, EngineCache, EngineFromCache, check_entry
 from engines.device import DeviceFingerprint, current_fingerprint
 from engines.exceptions import EngineError
 from worker.config import WorkerConfig, load_config
+from worker.exceptions import ConfigError
 from worker.tasks.moderation.engine_setup.open_nsfw import engine_loader, engine_plan
 from worker.tools.options import ConfigOpt
 
@@ -34,11 +36,17 @@ def _cfg(config: Path | None, backend: str | None, precision: str | None,
         section["backend"] = backend
     if precision:
         section["precision"] = precision
-    cfg = load_config(config, **overrides)
-    if section:  # the engine section of the task the build is for
-        which = "generation" if cfg.processing.task == "generation" else "model"
-        cfg = load_config(config, **overrides, **{which: section})
-    return cfg
+    if not section:
+        return load_config(config, **overrides)
+    # The options go to the engine section of the task the build is for: the config's own task
+    # unless --task says (read first without them; a config that is only valid with them is
+    # a moderation one, the options' original meaning).
+    which = "generation" if task == "generation" else "model"
+    if task is None:
+        with contextlib.suppress(ConfigError):
+            if load_config(config).processing.task == "generation":
+                which = "generation"
+    return load_config(config, **overrides, **{which: section})
 
 
 @engines_app.command()

@@ -43,3 +43,16 @@ def test_generation_engines_build_ahead_of_the_worker(
         assert built == [] and all(h != "not-loaded" for h in engines.engine_hashes().values())
     finally:
         engines.deactivate()
+
+
+def test_backend_and_precision_go_to_the_built_task_s_section(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = engines_cli._cfg(None, "onnxruntime", "fp32", "generation")
+    assert (gen.generation.backend, gen.generation.precision) == ("onnxruntime", "fp32")
+    assert gen.model.backend == "onnxruntime" and gen.model.precision is None  # untouched
+    mod = engines_cli._cfg(None, "torch", None, None)
+    assert mod.model.backend == "torch" and mod.generation.backend == "torch"
+    monkeypatch.setenv("KTW_PROCESSING", json.dumps({"task": "generation"}))
+    from_config = engines_cli._cfg(None, "onnxruntime", "fp32", None)
+    assert from_config.generation.backend == "onnxruntime"
+    assert from_config.model.backend == "onnxruntime" and from_config.model.precision is None
