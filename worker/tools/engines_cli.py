@@ -79,7 +79,7 @@ def _build(plan: EnginePlan, loader: EngineFromCache, force: bool) -> None:
     if existing is not None:
         console.print(f"cached: {existing.path} ({existing.sidecar['build_seconds']} s to build)")
         return
-    profiles = ", ".join(p.name for p in plan.profiles) or "none"
+    profiles = ", ".join(p.name for p in plan.profiles)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         what = (f"building {plan.spec.model_id} ({plan.backend} {plan.precision}, profiles "

@@ -93,10 +93,9 @@ class MpsDaemon:
         self._reap_orphans()
         self.root = Path(tempfile.mkdtemp(prefix=PREFIX))
         (self.root / OWNER).write_text(str(os.getpid()))
-        pipe, logs = self.root / "pipe", self.root / "log"
-        pipe.mkdir()
-        logs.mkdir()
         self.env = _folders(self.root)
+        for folder in self.env.values():
+            Path(folder).mkdir()
         try:
             started = self._control(None, "-d", daemon=True)
             if started.returncode != 0:
@@ -113,7 +112,7 @@ class MpsDaemon:
         except ConfigError:
             self.stop()  # a daemon that started but does not answer is not left behind
             raise
-        log.info("mps_started", pipe=str(pipe))
+        log.info("mps_started", pipe=self.env["CUDA_MPS_PIPE_DIRECTORY"])
         return dict(self.env)
 
     def _reap_orphans(self) -> None:

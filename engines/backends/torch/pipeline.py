@@ -124,7 +124,7 @@ class TorchPipeline:
             x = self._pixels_to_input(x)
         return self.runner.net(x)
 
-    def _make_slot(self, size: int, warmup: int = 3) -> PipelineSlot:
+    def _make_slot(self, size: int, *, warmup: int) -> PipelineSlot:
         import torch
 
         device = torch.device(self.runner.device)

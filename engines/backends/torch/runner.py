@@ -132,7 +132,6 @@ class TorchRunner(Runner):
         self._stream: Any = None
         self._pool: Any = None  # the graphs' shared memory pool, where the network wants one
         self._cpu: ThreadPoolExecutor | None = None
-        self.activation_s: dict[str, float] = {}  # import, load, graphs (set by activate)
 
     @property
     def cuda(self) -> bool:
@@ -169,10 +168,9 @@ class TorchRunner(Runner):
         t2 = time.monotonic()
         self._start()
         # Where a start's seconds go, per engine (bench/warm_start.py reads these lines).
-        self.activation_s = {"import_s": round(t1 - t0, 3), "load_s": round(t2 - t1, 3),
-                             "graphs_s": round(time.monotonic() - t2, 3)}
         compile_log.info("engine_activated: %s on %s, %s", self.spec.model_id, self.device,
-                         self.activation_s)
+                         {"import_s": round(t1 - t0, 3), "load_s": round(t2 - t1, 3),
+                          "graphs_s": round(time.monotonic() - t2, 3)})
 
     def _torch_for_device(self) -> Any:
         """torch, once the device and precision are known to work (fp32 set to IEEE fp32)."""
