@@ -15,10 +15,15 @@ import pytest
 
 from worker.devkit.local_kafka import LocalKafka, kafka_from_env_or_local
 
+RETENTION_CHECK = {"log.retention.check.interval.ms": "1000"}
+
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
-    with kafka_from_env_or_local() as bootstrap:
+    # The broker's retention check runs every 5 min by default (first one 30 s after start),
+    # so a test whose records carry old timestamps lost them at a random point of the suite;
+    # checking every second makes that loss happen every time a test relies on such records.
+    with kafka_from_env_or_local(extra_config=RETENTION_CHECK) as bootstrap:
         yield bootstrap
 
 

@@ -22,6 +22,7 @@ from worker.devkit.workers import REPO
 from worker.tools.produce import encode_job
 
 BASE_TS = 1_700_000_000_000  # 2023-11-14T22:13:20Z: explicit, far from "now"
+KEEP_FOREVER = {"retention.ms": "-1"}
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,9 @@ class ReplayTopics:
 def replay_topics(bootstrap: str, partitions: int = 2) -> ReplayTopics:
     tag = uuid.uuid4().hex[:8]
     t = ReplayTopics(f"rjobs-{tag}", f"replay-{tag}", f"old-{tag}", f"rdlq-{tag}")
-    create_topics(bootstrap, [t.jobs], partitions=partitions)
+    # The jobs carry timestamps from 2023 (BASE_TS): under the broker's 7-day default
+    # retention its next check would delete them, so this topic keeps records forever.
+    create_topics(bootstrap, [t.jobs], partitions=partitions, config=KEEP_FOREVER)
     create_topics(bootstrap, [t.replay, t.old, t.dlq], partitions=2)
     return t
 
