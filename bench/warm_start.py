@@ -38,7 +38,8 @@ from bench.common import environment, write  # noqa: E402
 def sections(task: str, tag: str, cache: Path, blobs: Path, cpu: bool,
              model_extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The config sections a user of ``task`` writes, as the worker's env overrides take them
-    (``model_extra``: more of moderation's model section, e.g. another backend and its profiles)."""
+    (``model_extra``: more of moderation's model section, e.g. another backend and its profiles,
+    or of the generation section, e.g. ``{"backend": "aoti"}``)."""
     topics = {"jobs": f"jobs-{tag}", "results": f"results-{tag}", "dlq": f"dlq-{tag}"}
     common = {"kafka": {"group_id": f"warm-{tag}", "client_id": f"warm-{tag}"},
               "engines": {"cache_dir": str(cache)}, "log": {"level": "INFO"},
@@ -53,7 +54,7 @@ def sections(task: str, tag: str, cache: Path, blobs: Path, cpu: bool,
            "sizes": [{"width": 64, "height": 64}] if cpu else [{"width": 512, "height": 512}],
            "text_batch_sizes": [2], "unet_batch_sizes": [2], "vae_batch_sizes": [1],
            "max_images_per_job": 1, "max_images_per_batch": 1, "blob": {"local_dir": str(blobs)},
-           "topics": {f: f"gen-{t}" for f, t in topics.items()}}
+           "topics": {f: f"gen-{t}" for f, t in topics.items()}} | (model_extra or {})
     return common | {"processing": {"task": "generation"},
                      "topics": {f: f"mod-{t}" for f, t in topics.items()}, "generation": gen,
                      "batch": {"max_batch_size": 1}}
@@ -120,7 +121,7 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
             for m in reader.consume(10, 0.005):
                 if m.error() is None and m.key() == key.encode():
                     got = {"topic": "dlq" if m.topic() == tp["dlq"] else "results",
-                           "s": time.monotonic() - t0}
+                           "s": time.monotonic() - t0, "timings": job_timings(m.value())}
             if got:
                 break
     finally:
@@ -148,6 +149,8 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
     started: dict[str, Any] = next((e for _, e in events if e.get("event") == "worker_started"), {})
     out: dict[str, Any] = {"task": task, "first_result_s": round(got["s"], 3) if got else None,
                            "answered_on": got.get("topic"),
+                           # The job's own stage times as its result reports them (ms).
+                           "job_timings": got.get("timings"),
                            "to_worker_started_s": first("worker_started"),
                            "to_partitions_assigned_s": first("partitions_assigned"),
                            "startup_s": started.get("startup_s"),
@@ -159,6 +162,16 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
     if not got:
         out["stderr_tail"] = [line for _, line in lines[-15:]]
     return out
+
+
+def job_timings(value: bytes | None) -> Any:
+    import msgpack
+
+    try:
+        result = msgpack.unpackb(value or b"")
+    except (ValueError, msgpack.UnpackException):
+        return None
+    return result.get("timings_ms") if isinstance(result, dict) else None
 
 
 def py_spy() -> str:
@@ -185,6 +198,8 @@ def main() -> None:
     ap.add_argument("--moderation-model", type=json.loads, default=None,
                     help='JSON merged into moderation\'s model section, e.g. '
                          '\'{"backend": "aoti", "profiles": [...]}\'')
+    ap.add_argument("--generation", type=json.loads, default=None,
+                    help='JSON merged into the generation section, e.g. \'{"backend": "aoti"}\'')
     ap.add_argument("--profile", action="store_true",
                     help="one more cached run per task under py-spy (speedscope JSON in --out)")
     args = ap.parse_args()
@@ -209,7 +224,7 @@ def main() -> None:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="warm-start-")))
         for task in args.tasks.split(","):
             cache = args.cache or work / f"cache-{task}"
-            extra = args.moderation_model if task == "moderation" else None
+            extra = args.moderation_model if task == "moderation" else args.generation
             runs = []
             for _ in range(args.runs + 1):
                 before = set(cache.glob("*/*/sidecar.json"))
