@@ -4,7 +4,8 @@ one record (per shape: compile seconds, error against the float32 network, the m
 the package, a CUDA graph over it and the eager network under a graph, and what is served).
 
     python bench/engines_build.py --out DIR --cache DIR [--task generation]
-        [--backend aoti] [--config-json '{"generation": {...}, "engines": {...}}'] [--force]
+        [--backend aoti] [--net unet] [--force]
+        [--config-json '{"generation": {...}, "engines": {...}}']
 
 ``--config-json``: config sections as the worker's ``KTW_<SECTION>`` environment overrides take
 them (e.g. the generation batch sizes, ``engines.autotune``). Nothing here talks to Kafka.
@@ -47,13 +48,16 @@ def main() -> None:
     ap.add_argument("--backend", default="aoti")
     ap.add_argument("--config-json", default="{}")
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--net", action="append", default=[],
+                    help="generation: build just this net (repeatable)")
     args = ap.parse_args()
     sections: dict[str, Any] = json.loads(args.config_json)
     sections.setdefault("engines", {})["cache_dir"] = str(args.cache)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env |= {f"KTW_{k.upper()}": json.dumps(v) for k, v in sections.items()}
     cmd = [sys.executable, "-m", "worker", "engines", "build", "--task", args.task,
-           "--backend", args.backend, *(["--force"] if args.force else [])]
+           "--backend", args.backend, *(["--force"] if args.force else []),
+           *(x for n in args.net for x in ("--net", n))]
     started = time.monotonic()
     proc = subprocess.run(cmd, env=env, cwd=HERE, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started

@@ -58,6 +58,9 @@ def build(
     force: Annotated[bool, typer.Option(help="Rebuild even if cached.")] = False,
     task: Annotated[str | None, typer.Option(
         help="moderation | generation (default: the config's processing.task)")] = None,
+    net: Annotated[list[str] | None, typer.Option(
+        help="generation only: build just this net (text_encoder | unet | vae; repeatable), "
+             "e.g. after changing only the UNet's batch sizes")] = None,
 ) -> None:
     """Build (or find) the engines the configured worker would load: moderation's model, or
     generation's text encoder, UNet and VAE decoder (a deploy-time step: the worker's start
@@ -66,9 +69,18 @@ def build(
     if cfg.processing.task == "generation":
         from worker.tasks.generation.setup import engine_plans
 
-        for plan in engine_plans(cfg).values():
-            _build(plan, plan.loader(), force)
+        plans = engine_plans(cfg)
+        unknown = sorted(set(net or ()) - set(plans))
+        if unknown:
+            raise typer.BadParameter(f"no net {', '.join(unknown)} (the generation task has "
+                                     f"{', '.join(plans)})", param_hint="--net")
+        for name, plan in plans.items():
+            if not net or name in net:
+                _build(plan, plan.loader(), force)
         return
+    if net:
+        raise typer.BadParameter("picks a generation net; the moderation task has one engine",
+                                 param_hint="--net")
     plan = engine_plan(cfg)
     _build(plan, engine_loader(cfg, plan), force)
 

@@ -56,3 +56,24 @@ def test_backend_and_precision_go_to_the_built_task_s_section(
     from_config = engines_cli._cfg(None, "onnxruntime", "fp32", None)
     assert from_config.generation.backend == "onnxruntime"
     assert from_config.model.backend == "onnxruntime" and from_config.model.precision is None
+
+
+@needs_sd
+def test_net_builds_only_the_named_generation_nets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    generation = {"random_weights": "tiny", "backend": "torch", "device": "cpu",
+                  "precision": "fp32", "sizes": [{"width": 64, "height": 64}],
+                  "text_batch_sizes": [2], "unet_batch_sizes": [2], "vae_batch_sizes": [1]}
+    monkeypatch.setenv("KTW_GENERATION", json.dumps(generation))
+    monkeypatch.setenv("KTW_ENGINES", json.dumps({"cache_dir": str(tmp_path)}))
+    monkeypatch.setattr(engines_cli, "console", Console(width=300))
+    run = CliRunner().invoke
+    out = run(engines_cli.engines_app, ["build", "--task", "generation", "--net", "unet"])
+    assert out.exit_code == 0, out.output
+    assert [e.sidecar["model_id"] for e in EngineCache(tmp_path).entries()] == [
+        "tiny-random-s0.unet"]
+    bad = run(engines_cli.engines_app, ["build", "--task", "generation", "--net", "unte"])
+    assert bad.exit_code != 0 and "no net unte" in bad.output
+    mod = run(engines_cli.engines_app, ["build", "--task", "moderation", "--net", "unet"])
+    assert mod.exit_code != 0 and "generation net" in mod.output
+    assert len(EngineCache(tmp_path).entries()) == 1
