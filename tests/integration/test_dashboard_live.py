@@ -64,10 +64,9 @@ NO_GPU = ("a CPU worker (onnxruntime) never initialises CUDA, and worker.observe
           "GPU series only where torch has")
 EMPTY_HERE = {(title, g): NO_GPU for title in ("GPU memory used", "GPU utilisation")
               for g in GUARANTEES}
-# (guarantee, label, value) of series that are NaN by design: under exactly-once the delivery
-# hop has no samples (worker/loop/hops.py: outputs become visible when their transaction
-# commits, there is no per-record ack), so its quantiles and mean are 0/0.
-NAN_BY_DESIGN = {("exactly-once", "hop", "delivery")}
+# (guarantee, label, value) of series that are NaN by design (0/0 quantiles and means). None
+# now: the exactly-once delivery hop was one until it got samples (its transaction's commit).
+NAN_BY_DESIGN: set[tuple[str, str, str]] = set()
 
 # Two waves of jobs, each answered and scraped before the next: a labelled series (a DLQ
 # reason, a hop's histogram) first appears already counting the first wave, and only the

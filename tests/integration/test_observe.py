@@ -112,7 +112,7 @@ def test_metrics_count_what_was_sent_and_lag_falls_to_zero(
     assert m["trt_worker_ready"] == 1 and m["trt_worker_pending_records"] == 0
 
 
-def test_lag_falls_to_zero_under_exactly_once(
+def test_lag_falls_to_zero_and_delivery_hop_counts_under_exactly_once(
         kafka_bootstrap: str, spawn: Callable[..., tuple[WorkerProcess, str]]) -> None:
     # Exactly-once commits offsets inside transactions, which the consumer's statistics never
     # see: the lag came from the committed offset fetched at assignment, so it was absent for
@@ -140,6 +140,11 @@ def test_lag_falls_to_zero_under_exactly_once(
             until(settled, 30, f"lag 0 on both partitions after wave {wave}")
         except AssertionError as exc:
             raise AssertionError(f"{exc}: {lags}\n{proc.log_tail()}") from None
+    # The delivery hop under exactly-once ends at the transaction's commit: one sample per
+    # answered record (before, it had none at all and the dashboard's panel stayed empty).
+    m = _samples(get(base + "/metrics")[1])
+    assert m['trt_worker_hop_seconds_count{hop="delivery"}'] == 16
+    assert m['trt_worker_hop_seconds_sum{hop="delivery"}'] > 0
 
 
 def test_readiness_goes_off_during_a_broker_stall_and_back_on(

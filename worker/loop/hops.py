@@ -8,8 +8,9 @@ Hops (seconds, one sample per job unless said otherwise):
 - ``engine``: batch formed -> engine done (preprocessing, the engine, and the wait for a free
   slot; as the loop sees it when it collects the batch);
 - ``output``: engine done -> result produced (encoding waited for, the loop's turn);
-- ``delivery``: result produced -> delivery acknowledged (at-least-once; under exactly-once
-  outputs become visible when their transaction commits, so there is no per-record ack).
+- ``delivery``: result produced -> delivery acknowledged (at-least-once), or -> its
+  transaction committed (exactly-once: outputs become visible to read_committed readers then,
+  so the hop includes the wait for the commit interval).
 
 Samples are kept in bounded windows (the most recent ``keep`` per hop), so a long-running worker
 holds a constant amount; :meth:`HopTimes.summary` gives p50 / p99 in milliseconds. Every sample

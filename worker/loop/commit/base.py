@@ -102,7 +102,7 @@ def _exactly_once(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
                   drop_work: DropWork, hops: HopTimes, outputs: OutputBuilder) -> Committer:
     from worker.loop.commit.exactly_once import ExactlyOnce
 
-    return ExactlyOnce(cfg, consumer, assignment, drop_work, outputs)
+    return ExactlyOnce(cfg, consumer, assignment, drop_work, outputs, hops)
 
 
 COMMITTERS: dict[str, Callable[[WorkerConfig, Consumer, Assignment, DropWork, HopTimes,

@@ -27,6 +27,7 @@ from worker.loop.commit.base import DropWork
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.commit.ordered import OrderedRelease
 from worker.loop.commit.transactions import Transactions
+from worker.loop.hops import HopTimes
 from worker.loop.output import Output, OutputBuilder, stand_in
 from worker.wire.records import SourceRef, TopicPartitionKey
 
@@ -43,8 +44,13 @@ HOLD_MAX_S = 60.0
 
 class ExactlyOnce:
     def __init__(self, cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
-                 drop_work: DropWork, outputs: OutputBuilder | None = None) -> None:
+                 drop_work: DropWork, outputs: OutputBuilder | None = None,
+                 hops: HopTimes | None = None) -> None:
         self.cfg, self._consumer, self._assignment = cfg, consumer, assignment
+        self._hops = hops or HopTimes()
+        # When each output of the open transaction was produced: its delivery hop ends when
+        # the transaction commits (a read_committed reader sees it from then on).
+        self._produced_at: list[float] = []
         self._outputs = outputs
         self._drop_work = drop_work
         self._producer = Producer(transactional_producer_settings(cfg))
@@ -78,6 +84,7 @@ class ExactlyOnce:
             self.request_abort(f"{topic}[{partition}] re-delivered offset {offset}")
 
     def emit(self, outs: list[Output]) -> None:
+        now = time.monotonic()
         for out in outs:
             if out.ref in self._too_large:
                 out = self._smaller(out)
@@ -86,6 +93,7 @@ class ExactlyOnce:
                     break  # doomed: the rewind that follows redoes these records
                 try:
                     self._txn.produce(ready, partial(self._delivered, self._txn.sequence, ready))
+                    self._produced_at.append(now)
                 except TransactionError as exc:
                     if exc.fatal:
                         raise
@@ -163,6 +171,7 @@ class ExactlyOnce:
         log.warning("transaction_abort", reason=reason[:300], records=self._txn.records,
                     age_s=round(self._txn.age_s, 3))
         self._txn.abort()
+        self._produced_at.clear()  # redone after the rewind: their hop starts again then
         self._rewind_needed = True
         self._aborts_in_a_row += 1
         if self._failing_since is None:
@@ -225,6 +234,9 @@ class ExactlyOnce:
             self._abort(f"commit failed: {exc}")
             return
         self._tracker.mark_committed(positions)
+        done = time.monotonic()
+        self._hops.add_many("delivery", [done - t for t in self._produced_at])
+        self._produced_at.clear()
         if self.on_committed is not None:
             self.on_committed(positions)
         self._aborts_in_a_row, self._failing_since = 0, None
