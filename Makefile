@@ -74,4 +74,4 @@ deploy-check: $(STAMP)  ## deploy/: installs pinned helm, kubeconform, hadolint,
 .PHONY: dashboard-check
 dashboard-check: $(STAMP) jars  ## the Grafana dashboard's queries on a live run: builds pinned Prometheus (~5 min once), real worker + broker
 	bash deploy/tools/install_prometheus.sh
-	DASHBOARD_CHECK_REQUIRE_PROMETHEUS=1 $(BIN)/python -m pytest -q tests/integration/test_dashboard_live.py
+	DASHBOARD_CHECK_REQUIRE_PROMETHEUS=1 $(BIN)/python -m pytest -q tests/integration/observe/test_dashboard_live.py

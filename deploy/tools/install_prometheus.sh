@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned Prometheus server into deploy/tools/bin/prometheus for `make dashboard-check`
-# (tests/integration/test_dashboard_live.py: a real Prometheus scrapes a real worker and runs
+# (tests/integration/observe/test_dashboard_live.py: a real Prometheus scrapes a real worker and runs
 # every query of the Grafana dashboard against it).
 #
 # Separate from deploy/tools/install.sh on purpose: Prometheus comes from the Go module proxy

@@ -51,7 +51,7 @@ def common_settings(k: KafkaSettings) -> dict[str, Any]:
         # A broker that was unreachable (or fenced by its controller, e.g. after a long pause)
         # can answer metadata with no brokers at all; librdkafka then forgets every broker and
         # only re-bootstraps after this long (default 5 min: the worker would sit idle that
-        # long). Measured in tests/integration/test_faults_broker_stall.py.
+        # long). Measured in tests/integration/faults/test_faults_broker_stall.py.
         "metadata.recovery.rebootstrap.trigger.ms": 5_000,
         # Reconnect attempts back off exponentially up to this (default 10 s): after a broker
         # came back, a client could otherwise wait that long before trying again, on top of

@@ -1,5 +1,5 @@
-"""The start-up ACL check's decisions (the broker's answers: tests/integration/
-test_startup_checks.py)."""
+"""The start-up ACL check's decisions (the broker's answers:
+tests/integration/e2e/test_startup_checks.py)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """The wire contract: schemas/*.json, their examples, and the hand-written codec agree.
 
 The schema files use standard Draft 2020-12 keywords only (any strict validator compiles them:
-tests/integration/test_schemas_ajv.py runs ajv's strict mode on them). Each example is valid as
-JSON (bin as base64 text) and on its msgpack side (bin as bytes, checked through its JSON view:
-tests/contract.py); job examples decode with the codec, result examples are what the codec
-writes, and mutated jobs are refused by both the schema and the codec, in both contract versions.
+tests/integration/contracts/test_schemas_ajv.py runs ajv's strict mode on them). Each example
+is valid as JSON (bin as base64 text) and on its msgpack side (bin as bytes, checked through
+its JSON view: tests/contract.py); job examples decode with the codec, result examples are what
+the codec writes, and mutated jobs are refused by both the schema and the codec, in both
+contract versions.
 """
 
 from __future__ import annotations

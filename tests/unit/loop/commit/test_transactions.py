@@ -1,7 +1,7 @@
 """worker.loop.commit.transactions: librdkafka's error classes and what the worker does with each.
 
 The producer here is a scripted stand-in (no broker: unit tests); the real transactional
-producer is exercised by tests/integration/test_exactly_once.py and the fault tests.
+producer is exercised by tests/integration/delivery/test_exactly_once.py and the fault tests.
 """
 
 from __future__ import annotations

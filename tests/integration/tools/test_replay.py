@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from PIL import Image
 
-from tests.integration.replay_support import (  # noqa: F401 - shared_runner is a fixture
+from tests.integration.tools.replay_support import (  # noqa: F401 - shared_runner is a fixture
     BASE_TS,
     iso,
     produce_jobs,

@@ -18,7 +18,7 @@ from worker.devkit.local_kafka.admin import create_topics
 from worker.devkit.workers import ThreadedWorker, Topics, worker_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CLIENT = REPO / "schemas" / "clients" / "java"
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from tests.deploy import test_dashboard as static
-from tests.integration.http_support import get, until
+from tests.integration.observe.http_support import get, until
 from worker.devkit.faults import good_job, small_images
 from worker.devkit.local_kafka.config import free_port
 from worker.devkit.workers import (
@@ -49,7 +49,7 @@ from worker.tools.produce import encode_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LOCAL_PROMETHEUS = REPO / "deploy" / "tools" / "bin" / "prometheus"
 REQUIRE_ENV = "DASHBOARD_CHECK_REQUIRE_PROMETHEUS"
 JOB = "trt-worker"  # the scrape job, named as in deploy/compose/prometheus.yml

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.http_support import get, until
+from tests.integration.observe.http_support import get, until
 from worker.devkit.faults import good_job
 from worker.devkit.local_kafka import LocalKafka
 from worker.devkit.local_kafka.config import free_port

@@ -1,5 +1,5 @@
 // Compiles JSON Schemas with ajv's strict mode and validates documents against them, for
-// tests/integration/test_schemas_ajv.py.
+// tests/integration/contracts/test_schemas_ajv.py.
 //
 //   node ajv_check.js NODE_MODULES_PARENT SPEC_JSON
 //
