@@ -119,7 +119,7 @@ class EngineCache:
     """``verify``: check an entry's artifact against the SHA-256 in its sidecar whenever it is
     looked up (a corrupt entry is removed and rebuilt, never loaded). A full hash costs seconds
     for the SD engines at every start, so a lookup trusts the entry's stamp (the artifact's size,
-    times, inode and device when it last hashed right) and hashes only when the file changed;
+    times and inode when it last hashed right) and hashes only when the file changed;
     ``trt-worker engines verify`` always hashes."""
 
     def __init__(self, root: Path | None = None, *, verify: bool = True) -> None:
@@ -246,8 +246,11 @@ def check_entry(entry: CacheEntry, device: DeviceFingerprint, backend_version: s
 
 
 def _file_identity(path: Path) -> list[int]:
+    """Size, modification and change times, inode. Not the device number: pods on other nodes
+    mounting one shared (ReadWriteMany) cache see other device numbers for the same file, and
+    each would hash the artifact again and overwrite the others' stamp at every start."""
     st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def _stamped(entry: CacheEntry, sha256: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -175,6 +176,38 @@ def test_a_stamped_artifact_is_not_hashed_again_at_lookup(
     assert hashes.calls == 1
     check_entry(entry, DEV, "10.8.0", verify_bytes=True)  # `engines verify`: always hashes
     assert hashes.calls == 2
+
+
+def test_a_stamp_holds_on_another_node_of_a_shared_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A ReadWriteMany volume: the same file, inode and times, under another device number on
+    # each node. Each node used to hash the artifact again and overwrite the other's stamp.
+    loader = EngineFromCache(EngineCache(tmp_path), recipe(), _write(b"plan"))  # type: ignore[arg-type]
+    entry = loader()
+    hashes = _CountingHash(monkeypatch)
+    loader()  # this node: hashed and stamped
+    real_stat = Path.stat
+
+    class OtherMount:
+        def __init__(self, st: os.stat_result) -> None:
+            self._st = st
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._st, name)
+
+        @property
+        def st_dev(self) -> int:
+            return self._st.st_dev + 1
+
+    def stat_elsewhere(self: Path, *args: object, **kw: object) -> object:
+        st = real_stat(self, *args, **kw)  # type: ignore[arg-type]
+        return OtherMount(st) if self == entry.artifact else st
+
+    monkeypatch.setattr(Path, "stat", stat_elsewhere)
+    assert Path(entry.artifact).stat().st_dev != real_stat(entry.artifact).st_dev
+    for _ in range(2):
+        assert loader().path == entry.path
+    assert hashes.calls == 1
 
 
 @pytest.mark.parametrize("edit", [b"plan, edited after the build", b"PLAN"])
