@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from worker.exceptions import ImageRejected
+from worker.tasks.moderation.images.png_rows import short_image_data
 
 # PIL's own bomb guard warns or raises at 89M/179M pixels; ours is checked first and is
 # configurable, so silence the warning (process-wide: catch_warnings is not thread-safe and
@@ -161,6 +162,10 @@ def decode_views(data: bytes, limits: ImageLimits | None = None) -> list[Image.I
     """
     limits = limits or ImageLimits()
     img = open_checked(data, limits)
+    if img.format == "PNG":  # (APNG too) Pillow shows missing rows black: refuse them first
+        short = short_image_data(data)
+        if short is not None:
+            raise ImageRejected(short)
     frames = getattr(img, "n_frames", 1)
     if frames > MAX_FRAMES:
         raise ImageRejected(f"animated image with {frames} frames exceeds the maximum "

@@ -136,13 +136,8 @@ def test_hand_built_png_is_a_real_png() -> None:
     assert np.asarray(img).max() == 0
 
 
-@pytest.mark.xfail(
-    reason="BUG (low severity, inherited from Pillow): a PNG whose zlib stream ends before "
-    "the rows its IHDR declares is accepted; the missing rows come back black instead of an "
-    "ImageRejected('corrupt image data')",
-    strict=True,
-)
 def test_png_with_fewer_rows_than_declared_is_rejected() -> None:
+    # Pillow decodes it, the missing rows black (worker/tasks/moderation/images/png_rows.py).
     with pytest.raises(ImageRejected, match="corrupt"):
         decode_image(_png_bomb(2000, 2000))  # two rows of data for 2000 declared
 

@@ -1,0 +1,126 @@
+"""Does a PNG hold the pixel rows its header declares?
+
+Pillow (13.0) accepts a PNG, or an APNG frame, whose zlib stream ends cleanly before the rows
+its header declares: the missing rows come back black, and a moderation score of that image
+scores something nobody is shown. libpng calls such a file corrupt ("Not enough image data").
+So before decoding, the image data of the default image (IDAT) and of every animation frame
+(fdAT) is inflated and counted against what the header (IHDR, and each frame's fcTL) declares.
+
+Written here rather than taken from a library: Pillow has no switch for it, and the check is a
+chunk walk plus zlib, both in the standard library. It inflates the image data a second time
+(the output counted and dropped, a megabyte at a time): on the 2-core VM a 1920x1080 photo PNG
+took 17 ms to check and about 45 ms to decode, a flat one 13 and 16 ms. JPEGs, the common
+case, are not touched.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # colour type -> samples per pixel
+# Adam7 passes: (first column, first row, column step, row step).
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+          (0, 1, 1, 2))
+_STEP = 1 << 20  # inflate output held at once
+
+
+def expected_bytes(width: int, height: int, bits_per_pixel: int, interlaced: bool) -> int:
+    """Bytes of filtered scanlines (one filter byte per row) an image of this size inflates
+    to."""
+    def rows(w: int, h: int) -> int:
+        return h * (1 + (w * bits_per_pixel + 7) // 8) if w > 0 and h > 0 else 0
+
+    if not interlaced:
+        return rows(width, height)
+    return sum(rows(-(-(width - x0) // dx), -(-(height - y0) // dy))
+               for x0, y0, dx, dy in _ADAM7)
+
+
+def _chunks(data: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """(type, body) of each whole chunk after the signature, up to IEND."""
+    i, n = len(SIGNATURE), len(data)
+    while i + 8 <= n:
+        length, kind = struct.unpack(">I4s", data[i:i + 8])
+        body = data[i + 8:i + 8 + length]
+        if len(body) < length:
+            return  # cut short: Pillow reports the truncation itself
+        yield kind, body
+        if kind == b"IEND":
+            return
+        i += 12 + length
+
+
+@dataclass
+class _Image:
+    label: str
+    width: int
+    height: int
+    parts: list[bytes] = field(default_factory=list)
+
+
+def _images(data: bytes) -> tuple[int, bool, list[_Image]]:
+    """Bits per pixel, interlacing, and the default image and the animation frames with their
+    compressed data."""
+    chunks = _chunks(data)
+    kind, ihdr = next(chunks, (b"", b""))
+    if kind != b"IHDR" or len(ihdr) < 13:
+        raise ValueError("PNG without a header chunk first")
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", ihdr[:13])
+    if colour not in _CHANNELS:
+        raise ValueError(f"PNG colour type {colour} is not defined")
+    images: list[_Image] = []
+    frame_size: tuple[int, int] | None = None  # of the last fcTL whose data has not come yet
+    controls = 0  # fcTL chunks so far: frame k's control is the (k+1)-th
+    in_idat = False
+    for kind, body in chunks:
+        if kind == b"fcTL" and len(body) >= 12:
+            frame_size = struct.unpack(">II", body[4:12])
+            controls += 1
+        elif kind == b"IDAT":
+            if not in_idat:
+                images.append(_Image("image", width, height))
+                in_idat, frame_size = True, None
+            images[-1].parts.append(body)
+        elif kind == b"fdAT":
+            if frame_size is not None:
+                images.append(_Image(f"frame {controls - 1}", *frame_size))
+                frame_size = None
+            if images:
+                images[-1].parts.append(body[4:])  # after the sequence number
+        if kind != b"IDAT" and in_idat:
+            in_idat = False
+    return depth * _CHANNELS[colour], interlace == 1, images
+
+
+def _inflated_size(parts: list[bytes], limit: int) -> int:
+    """Bytes the zlib stream in ``parts`` inflates to, counted up to ``limit``."""
+    inflater = zlib.decompressobj()
+    total = 0
+    for part in parts:
+        pending = part
+        while pending and total < limit:
+            total += len(inflater.decompress(pending, _STEP))
+            pending = inflater.unconsumed_tail
+        if total >= limit or inflater.eof:
+            break
+    return total
+
+
+def short_image_data(data: bytes) -> str | None:
+    """A one-line reason when the PNG's default image or one of its frames holds fewer pixel
+    bytes than its header declares (or its image data does not inflate), else None."""
+    try:
+        bits, interlaced, images = _images(data)
+        for img in images:
+            want = expected_bytes(img.width, img.height, bits, interlaced)
+            got = _inflated_size(img.parts, want)
+            if got < want:
+                return (f"corrupt image data: the PNG's {img.label} holds {got} of the {want} "
+                        "bytes of pixel rows its header declares")
+    except (ValueError, zlib.error) as exc:
+        return f"corrupt image data: {' '.join(str(exc).split())[:200]}"
+    return None
