@@ -18,7 +18,10 @@ Reported: messages/s for each, the ratio, and the worker's host CPU per message 
 time of this process during the run / messages; the broker runs in its own process).
 
 python bench/passthrough_bench.py [--jobs 100000] [--sizes 500,1024,16384] [--partitions 6]
-                                  [--out DIR]
+                                  [--alt-kafka '{"cloudevents": false}'] [--out DIR]
+
+``--alt-kafka``: per repeat, one more worker run with these kafka settings over the shipped
+ones, on a topic of its own filled the same way (e.g. what the CloudEvents headers cost).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import contextlib
 import cProfile
 import io
+import json
 import pstats
 import sys
 import threading
@@ -282,13 +286,16 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--alt-kafka", type=json.loads, default=None,
+                    help="kafka settings of one more worker run per repeat")
     args = ap.parse_args()
     from worker.devkit.local_kafka import kafka_from_env_or_local
 
     record: dict[str, Any] = {"benchmark": "passthrough", "env": environment(),
                               "params": {"jobs": args.jobs, "sizes": args.sizes,
                                          "partitions": args.partitions,
-                                         "repeats": args.repeats}, "runs": []}
+                                         "repeats": args.repeats,
+                                         "alt_kafka": args.alt_kafka}, "runs": []}
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     outdir = args.out or Path(__file__).resolve().parent / "results"
     outdir.mkdir(parents=True, exist_ok=True)
@@ -298,7 +305,7 @@ def main() -> None:
         record["broker"] = {"kind": "Apache Kafka", "version": DEFAULT_VERSION,
                             "bootstrap": bootstrap}
         for size in (int(s) for s in args.sizes.split(",")):
-            mins, works = [], []
+            mins, works, alts = [], [], []
             for r in range(args.repeats):
                 tag = uuid.uuid4().hex[:8]
                 create(bootstrap, [f"jobs-{tag}", f"results-{tag}", f"dlq-{tag}",
@@ -311,6 +318,16 @@ def main() -> None:
                 print(f"{size} B #{r}: minimal {mins[-1]['msg_s']:,.0f} msg/s, worker "
                       f"{works[-1]['msg_s']:,.0f} msg/s "
                       f"({works[-1]['cpu_us_per_msg']:.1f} us CPU/msg)", flush=True)
+                if args.alt_kafka is not None:
+                    alt = uuid.uuid4().hex[:8]
+                    create(bootstrap, [f"jobs-{alt}", f"results-{alt}", f"dlq-{alt}"],
+                           args.partitions)
+                    fill(bootstrap, f"jobs-{alt}", args.jobs, size)
+                    alts.append(through_worker(bootstrap, alt, args.jobs, None,
+                                               kafka=args.alt_kafka))
+                    print(f"{size} B #{r}: worker with {args.alt_kafka} "
+                          f"{alts[-1]['msg_s']:,.0f} msg/s "
+                          f"({alts[-1]['cpu_us_per_msg']:.1f} us CPU/msg)", flush=True)
             # A separate profiled run (cProfile slows every Python call, so it is never timed).
             tag = uuid.uuid4().hex[:8]
             create(bootstrap, [f"jobs-{tag}", f"results-{tag}", f"dlq-{tag}"], args.partitions)
@@ -321,7 +338,12 @@ def main() -> None:
             w = median([x["msg_s"] for x in works])
             record["runs"].append({"value_bytes": value_bytes, "minimal": mins, "worker": works,
                                    "minimal_msg_s": m, "worker_msg_s": w, "ratio": w / m,
-                                   "profiled_run": profiled})
+                                   "profiled_run": profiled,
+                                   **({"worker_alt": alts,
+                                       "worker_alt_msg_s": median([x["msg_s"] for x in alts]),
+                                       "worker_alt_cpu_us_per_msg": median(
+                                           [x["cpu_us_per_msg"] for x in alts])}
+                                      if alts else {})})
     print(f"{'value B':>8} {'minimal msg/s':>14} {'worker msg/s':>13} {'ratio':>6} "
           f"{'us CPU/msg':>11}")
     for r in record["runs"]:
