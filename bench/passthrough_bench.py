@@ -48,6 +48,7 @@ import confluent_kafka as ck
 import msgpack
 
 from bench.common import environment, median, write
+from worker.wire.records import Headers
 
 COMMIT_EVERY_S = 1.0
 
@@ -104,7 +105,7 @@ def minimal(bootstrap: str, jobs: str, results: str, n: int) -> dict[str, float]
         for m in msgs:
             if m.error() is not None:
                 continue
-            job = msgpack.unpackb(m.value())
+            job = msgpack.unpackb(m.value() or b"")
             value = msgpack.packb({"v": 1, "id": job["id"], "status": "ok"})
             while True:
                 try:
@@ -154,14 +155,14 @@ class InstantTask:
         self.cfg = cfg
         self.topics = TaskTopics(cfg.topics.jobs, cfg.topics.results, cfg.topics.dlq)
         self.model_id, self.engine_hash = "instant", "none"
-        self.on_batch_done: Callable[[float, int], None] | None = None
+        self.on_batch_done: Callable[[float, int, str, int], None] | None = None
         b = cfg.batch
         self._batcher: Any = DynamicBatcher(
             (RangeProfile("all", (1,), (1,), (1,), 1, b.max_batch_size, b.max_batch_size),),
             max_batch_size=b.max_batch_size, max_delay_s=b.max_delay_ms / 1e3,
             max_pad_fraction=b.max_pad_fraction)
         self._done: list[Future[list[Any]]] = []
-        self._headers = [("ktw.schema", b"moderation-result/v1")]
+        self._headers: Headers = [("ktw.schema", b"moderation-result/v1")]
 
     def warm_up(self) -> None:
         """No engine to warm."""
