@@ -171,7 +171,9 @@ class ExactlyOnce:
         log.warning("transaction_abort", reason=reason[:300], records=self._txn.records,
                     age_s=round(self._txn.age_s, 3))
         self._txn.abort()
-        self._produced_at.clear()  # redone after the rewind: their hop starts again then
+        # Redone after the rewind: their hop starts again then. (A commit that timed out but
+        # did land on the coordinator is not redone: its outputs go without a sample.)
+        self._produced_at.clear()
         self._rewind_needed = True
         self._aborts_in_a_row += 1
         if self._failing_since is None:

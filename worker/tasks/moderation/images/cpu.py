@@ -162,10 +162,6 @@ def decode_views(data: bytes, limits: ImageLimits | None = None) -> list[Image.I
     """
     limits = limits or ImageLimits()
     img = open_checked(data, limits)
-    if img.format == "PNG":  # (APNG too) Pillow shows missing rows black: refuse them first
-        short = short_image_data(data)
-        if short is not None:
-            raise ImageRejected(short)
     frames = getattr(img, "n_frames", 1)
     if frames > MAX_FRAMES:
         raise ImageRejected(f"animated image with {frames} frames exceeds the maximum "
@@ -173,6 +169,10 @@ def decode_views(data: bytes, limits: ImageLimits | None = None) -> list[Image.I
     if frames * img.size[0] * img.size[1] > limits.max_pixels * 4:
         raise ImageRejected(f"animated image: {frames} frames of {img.size[0]}x{img.size[1]} "
                             "exceed the pixel budget")
+    if img.format == "PNG":  # (APNG too) Pillow shows missing rows black: refuse them first
+        short = short_image_data(data)
+        if short is not None:
+            raise ImageRejected(short)
     orientation = _orientation(img)
     views: list[Image.Image] = []
     try:

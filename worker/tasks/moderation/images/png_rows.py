@@ -63,56 +63,78 @@ class _Image:
 
 
 def _images(data: bytes) -> tuple[int, bool, list[_Image]]:
-    """Bits per pixel, interlacing, and the default image and the animation frames with their
-    compressed data."""
+    """Bits per pixel, interlacing, and the images Pillow would decode with their compressed
+    data: the default image (the first run of IDAT chunks; at its fcTL's size when one comes
+    before it, as Pillow reads it) and the animation frames up to the count acTL declares."""
     chunks = _chunks(data)
-    kind, ihdr = next(chunks, (b"", b""))
-    if kind != b"IHDR" or len(ihdr) < 13:
-        raise ValueError("PNG without a header chunk first")
+    for kind, ihdr in chunks:  # (Pillow skips chunks before IHDR; so does this)
+        if kind == b"IHDR" and len(ihdr) >= 13:
+            break
+    else:
+        raise ValueError("PNG without a header chunk")
     width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", ihdr[:13])
     if colour not in _CHANNELS:
         raise ValueError(f"PNG colour type {colour} is not defined")
     images: list[_Image] = []
-    frame_size: tuple[int, int] | None = None  # of the last fcTL whose data has not come yet
+    declared: int | None = None  # acTL's frame count
+    frame: tuple[int, int] | None = None  # size of the last fcTL whose data has not come yet
     controls = 0  # fcTL chunks so far: frame k's control is the (k+1)-th
-    in_idat = False
+    idat = "before"  # -> "in" -> "after": only the first run of IDAT chunks is image data
     for kind, body in chunks:
-        if kind == b"fcTL" and len(body) >= 12:
-            frame_size = struct.unpack(">II", body[4:12])
+        if idat == "in" and kind != b"IDAT":
+            idat = "after"
+        if kind == b"acTL" and len(body) >= 8:
+            declared = struct.unpack(">I", body[:4])[0]
+        elif kind == b"fcTL" and len(body) >= 20:
             controls += 1
-        elif kind == b"IDAT":
-            if not in_idat:
-                images.append(_Image("image", width, height))
-                in_idat, frame_size = True, None
+            if declared is not None and controls > declared:
+                frame = None  # past the frames acTL declares: never decoded
+                continue
+            w, h, x, y = struct.unpack(">IIII", body[4:20])
+            if x + w > width or y + h > height:  # (Pillow refuses these too)
+                raise ValueError(f"APNG frame {controls - 1} ({w}x{h} at {x},{y}) lies "
+                                 f"outside its {width}x{height} canvas")
+            frame = (w, h)
+        elif kind == b"IDAT" and idat != "after":
+            if idat == "before":
+                label = "frame 0" if frame is not None else "image"
+                images.append(_Image(label, *(frame or (width, height))))
+                idat, frame = "in", None
             images[-1].parts.append(body)
         elif kind == b"fdAT":
-            if frame_size is not None:
-                images.append(_Image(f"frame {controls - 1}", *frame_size))
-                frame_size = None
-            if images:
+            if frame is not None:
+                images.append(_Image(f"frame {controls - 1}", *frame))
+                frame = None
+            if images and images[-1].label == f"frame {controls - 1}":
                 images[-1].parts.append(body[4:])  # after the sequence number
-        if kind != b"IDAT" and in_idat:
-            in_idat = False
     return depth * _CHANNELS[colour], interlace == 1, images
 
 
 def _inflated_size(parts: list[bytes], limit: int) -> int:
-    """Bytes the zlib stream in ``parts`` inflates to, counted up to ``limit``."""
+    """Bytes the zlib stream in ``parts`` inflates to, counted up to ``limit`` and no further
+    (nothing past the declared rows is inflated: neither a bomb nor an error there counts)."""
     inflater = zlib.decompressobj()
     total = 0
     for part in parts:
         pending = part
-        while pending and total < limit:
-            total += len(inflater.decompress(pending, _STEP))
+        while pending and total < limit and not inflater.eof:
+            total += len(inflater.decompress(pending, min(_STEP, limit - total)))
             pending = inflater.unconsumed_tail
-        if total >= limit or inflater.eof:
+    while total < limit and not inflater.eof:
+        # Input used up while the output was capped: what zlib still holds (the rest of a
+        # match, bits already read) is output too.
+        more = inflater.decompress(b"", min(_STEP, limit - total))
+        if not more:
             break
+        total += len(more)
     return total
 
 
 def short_image_data(data: bytes) -> str | None:
     """A one-line reason when the PNG's default image or one of its frames holds fewer pixel
-    bytes than its header declares (or its image data does not inflate), else None."""
+    bytes than its header declares (or its image data does not inflate, or a frame lies
+    outside the canvas), else None. Call it after the image's size, frame count and pixel
+    budget are checked: it inflates at most what the decode would."""
     try:
         bits, interlaced, images = _images(data)
         for img in images:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -124,3 +125,81 @@ def test_every_bundled_png_passes(sample_paths: list[Path]) -> None:
     assert pngs, "no PNG among the samples"
     for p in pngs:
         assert short_image_data(p.read_bytes()) is None, p.name
+
+
+# --- what Pillow decodes whole must pass; nothing past the declared rows is inflated ----------
+
+_W, _H = 8, 4
+_RAW = b"".join(b"\x00" + bytes(range(_W * 3)) for _ in range(_H))
+
+
+def _ihdr(w: int = _W, h: int = _H, depth: int = 8, colour: int = 2) -> bytes:
+    return _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, colour, 0, 0, 0))
+
+
+def _fctl(seq: int, w: int, h: int, x: int = 0, y: int = 0) -> bytes:
+    return _chunk(b"fcTL", struct.pack(">IIIIIHHBB", seq, w, h, x, y, 1, 10, 0, 0))
+
+
+def _actl(frames: int) -> bytes:
+    return _chunk(b"acTL", struct.pack(">II", frames, 0))
+
+
+def _idat(raw: bytes = _RAW) -> bytes:
+    return _chunk(b"IDAT", zlib.compress(raw))
+
+
+_IEND = _chunk(b"IEND", b"")
+
+PILLOW_DECODES_WHOLE = {
+    "a chunk before IHDR": SIGNATURE + _chunk(b"tEXt", b"a\x00b") + _ihdr() + _idat() + _IEND,
+    # An fcTL before IDAT: Pillow decodes the default image at the fcTL's size.
+    "frame 0 smaller than the canvas": SIGNATURE + _ihdr() + _actl(1) + _fctl(0, _W, 2)
+    + _idat(_RAW[:2 * 25]) + _IEND,
+    "an empty IDAT after another chunk": SIGNATURE + _ihdr() + _idat() + _chunk(b"tEXt", b"a\x00b")
+    + _chunk(b"IDAT", b"") + _IEND,
+    "a frame past acTL's count": SIGNATURE + _ihdr() + _actl(1) + _fctl(0, _W, _H) + _idat()
+    + _fctl(1, _W, _H) + _chunk(b"fdAT", struct.pack(">I", 2) + zlib.compress(_RAW[:10])) + _IEND,
+    "a frame at an offset": SIGNATURE + _ihdr() + _actl(2) + _fctl(0, _W, _H) + _idat()
+    + _fctl(1, 4, 2, 4, 2) + _chunk(b"fdAT", struct.pack(">I", 2)
+                                    + zlib.compress(bytes(13) * 2)) + _IEND,
+    # The rows are whole; the adler32 after them is wrong: Pillow never reads that far.
+    "an error after the rows": SIGNATURE + _ihdr() + _chunk(
+        b"IDAT", zlib.compress(_RAW + bytes(4000))[:-4] + b"\x00\x00\x00\x00") + _IEND,
+}
+
+
+@pytest.mark.parametrize("case", sorted(PILLOW_DECODES_WHOLE))
+def test_what_pillow_decodes_whole_passes(case: str) -> None:
+    data = PILLOW_DECODES_WHOLE[case]
+    img = Image.open(io.BytesIO(data))
+    img.load()  # Pillow reads it without an error
+    assert short_image_data(data) is None
+    assert decode_views(data)
+
+
+def test_rows_held_back_by_the_output_cap_are_counted() -> None:
+    # 16-bit RGBA, 8 rows of 1 + 8 * 16384 bytes: 1 MiB + 8, one cap's worth and a little more,
+    # in a stream that ends without its adler32 (the rows are all there; Pillow decodes it).
+    w, h = 16384, 8
+    raw = bytes(h * (1 + 8 * w))
+    assert len(raw) == expected_bytes(w, h, 64, interlaced=False) == (1 << 20) + 8
+    data = SIGNATURE + _ihdr(w, h, 16, 6) + _chunk(
+        b"IDAT", zlib.compress(raw, 9)[:-4]) + _IEND
+    Image.open(io.BytesIO(data)).load()
+    assert short_image_data(data) is None
+
+
+def test_a_frame_larger_than_its_canvas_is_refused_without_inflating_it() -> None:
+    # A 1x1 APNG whose second frame declares 60000x60000 and carries 256 MiB of zeros in a
+    # few hundred KB: Pillow refuses it at once; the check must not inflate it first.
+    zeros = zlib.compressobj(9)
+    blob = b"".join(zeros.compress(bytes(1 << 24)) for _ in range(16)) + zeros.flush()
+    data = (SIGNATURE + _ihdr(1, 1) + _actl(2) + _fctl(0, 1, 1) + _idat(b"\x00\x01\x02\x03")
+            + _fctl(1, 60_000, 60_000) + _chunk(b"fdAT", struct.pack(">I", 2) + blob) + _IEND)
+    started = time.perf_counter()
+    reason = short_image_data(data)
+    assert time.perf_counter() - started < 0.5
+    assert reason is not None and "outside its 1x1 canvas" in reason
+    with pytest.raises(ImageRejected, match="corrupt image data"):
+        decode_views(data)
