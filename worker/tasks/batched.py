@@ -41,6 +41,15 @@ def sticky_device_error(message: str) -> bool:
     text = message.lower()
     return ("cuda error" in text or "cudaerror" in text) and "out of memory" not in text
 
+
+def stops_the_worker(exc: BaseException) -> bool:
+    """Whether a batch's failure must stop the worker instead of being isolated: a fatal
+    worker error, or a CUDA error that poisons the context (every later call fails too)."""
+    if isinstance(exc, WorkerError) and not exc.recoverable and not isinstance(exc, JobRejected):
+        return True
+    return sticky_device_error(str(exc))
+
+
 P = TypeVar("P", bound=Batchable)
 
 
@@ -182,12 +191,7 @@ class BatchedTask(abc.ABC, Generic[P]):
         return answers
 
     def fatal(self, exc: BaseException) -> bool:
-        """Whether a batch's failure must stop the worker instead of being isolated: a fatal
-        worker error, or a CUDA error that poisons the context (every later call fails too)."""
-        if isinstance(exc, WorkerError) and not exc.recoverable and not isinstance(
-                exc, JobRejected):
-            return True
-        return sticky_device_error(str(exc))
+        return stops_the_worker(exc)
 
     def _isolate(self, batch: Batch[P], exc: BaseException) -> list[Answer]:
         """A batch that failed as a whole (a bug one job triggers, a transient failure): its

@@ -92,7 +92,8 @@ def check_envelope(obj: dict[Any, Any], fields: frozenset[str], versions: frozen
         raise UnsupportedVersion(f"schema version v={v} is not supported (this worker: {speaks})")
     unknown = set(obj) - fields
     if unknown:
-        raise SchemaViolation(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}")
+        # repr: a key holding a newline or control characters stays on the reason's one line
+        raise SchemaViolation(f"unknown field(s): {', '.join(sorted(map(repr, unknown)))}")
     return v
 
 

@@ -119,6 +119,12 @@ def test_bin_map_key_is_an_unknown_field() -> None:
     assert "unknown field" in str(err)
 
 
+def test_an_unknown_field_s_name_cannot_break_the_one_line_reason() -> None:
+    err = _reject(_pack({**_job(), "a\nb": 1}))
+    assert type(err) is SchemaViolation and "\n" not in str(err)
+    assert "'a\\nb'" in str(err)
+
+
 # --- msgpack features the contract does not have ------------------------------------------------
 
 

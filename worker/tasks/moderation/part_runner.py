@@ -9,13 +9,19 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+import structlog
+
 from engines.exceptions import InferenceFailed
 from engines.profiles import Profile
+from worker.exceptions import TaskFailed
+from worker.tasks.batched import stops_the_worker
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.models.base import Finished, ModerationModel
 from worker.tasks.moderation.parts import JobState, Part, PartFailed, mark_started
 from worker.tasks.moderation.scoring.policies import Decision, ScoresByModel, evaluate
 from worker.wire.moderation_jobs import ModerationResult, Status, Verdict
+
+log = structlog.get_logger("worker")
 
 
 class Models:
@@ -41,13 +47,32 @@ class Models:
         return self.by_name[model].identity()
 
     def run(self, kind: str, batch: Batch[Part]) -> list[Finished]:
-        """Off the loop's thread: the batch's parts with their values."""
+        """Off the loop's thread: the batch's parts with their values.
+
+        A model that raises anything but InferenceFailed has a bug on some input. The batch is
+        split in halves until the parts that raise are alone; each of those gets a TaskFailed
+        (its job is dead-lettered as internal_error, to redrive once fixed) instead of the
+        exception stopping the task at the same offset on every restart."""
         for part in batch.items:
             mark_started(part.state)
         try:
             return self.by_kind[kind].run(kind, batch)
         except InferenceFailed as exc:
             return [(p, PartFailed(str(exc))) for p in batch.items]
+        except MemoryError:
+            raise
+        except Exception as exc:  # a bug on some input: pinned on its job below, never lost
+            if stops_the_worker(exc):
+                raise
+            items = list(batch.items)
+            if len(items) == 1:
+                why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                log.error("part_failed_alone", kind=kind, job_id=items[0].state.pending.job.id,
+                          error=why)
+                return [(items[0], TaskFailed(f"the {kind} model failed on this job: {why}"))]
+            halves = (items[:len(items) // 2], items[len(items) // 2:])
+            return [done for half in halves for done in self.run(
+                kind, Batch(batch.profile, half, batch.profile.padded(len(half))))]
 
 
 def scores_of(models: Models, state: JobState) -> ScoresByModel:

@@ -8,6 +8,7 @@ then are the pixels decoded. Every failure is an :class:`ImageRejected` naming w
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,27 +51,49 @@ def open_checked(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
         raise ImageRejected(f"decompression bomb: {exc}") from exc
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise ImageRejected(f"corrupt image data: {_one_line(exc)}") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # Pillow's other errors: see pillow_slip
+        raise pillow_slip(exc) from exc
     check_dimensions(*img.size, limits)
     return img
+
+
+def pillow_slip(exc: Exception) -> ImageRejected:
+    """The rejection for an exception Pillow raised on a malformed file that is none of the
+    OSError / ValueError / SyntaxError / EOFError it documents. A fuzzer found TypeError (an
+    interlaced PNG loaded twice), IndexError (a short iCCP chunk after the image data, an MPO
+    index pointing nowhere) and struct.error (a short EXIF block); one escaping would stop the
+    task on one record, so all but MemoryError become the record's rejection."""
+    return ImageRejected(f"corrupt image data: {type(exc).__name__}: {_one_line(exc)}")
 
 
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame markers
 
 
+_FILL = re.compile(rb"\xff+")
+# Segments before the frame header that are walked at most: real files have a few dozen (APPn,
+# DQT, DHT, ...); a record of millions of tiny segments would otherwise hold the loop's
+# thread for seconds. Past it the file is not "plain" and Pillow judges it.
+MAX_SEGMENTS = 1024
+
+
 def _segments(data: bytes) -> Iterator[tuple[int, int, int]]:
     """(marker, position, length) of a JPEG's marker segments up to and including the frame
-    header; stops early (yielding nothing more) where the stream is malformed or a scan starts
-    before any frame header."""
+    header; stops early (yielding nothing more) where the stream is malformed, a scan starts
+    before any frame header, or after :data:`MAX_SEGMENTS`."""
     if data[:2] != b"\xff\xd8":
         return
-    i, n = 2, len(data)
-    while i + 4 <= n:
+    i, n, seen = 2, len(data), 0
+    while i + 4 <= n and seen < MAX_SEGMENTS:
         if data[i] != 0xFF:
             return
         marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
+        if marker == 0xFF:  # fill bytes: a run of them at once (a regex, not a Python loop)
+            run = _FILL.match(data, i + 1)
+            i = run.end() - 1 if run is not None else i + 1
             continue
+        seen += 1
         if marker == 0x01 or 0xD0 <= marker <= 0xD7:
             i += 2
             continue
@@ -162,7 +185,10 @@ def decode_views(data: bytes, limits: ImageLimits | None = None) -> list[Image.I
     """
     limits = limits or ImageLimits()
     img = open_checked(data, limits)
-    frames = getattr(img, "n_frames", 1)
+    # An MPO (a JPEG with more pictures appended, e.g. a stereo camera's) shows as its first
+    # picture in browsers and viewers, as on the GPU path; the others are not looked at (nor
+    # checked against the limits, which only the first one's header was).
+    frames = 1 if img.format == "MPO" else getattr(img, "n_frames", 1)
     if frames > MAX_FRAMES:
         raise ImageRejected(f"animated image with {frames} frames exceeds the maximum "
                             f"{MAX_FRAMES}")
@@ -173,13 +199,14 @@ def decode_views(data: bytes, limits: ImageLimits | None = None) -> list[Image.I
         short = short_image_data(data)
         if short is not None:
             raise ImageRejected(short)
-    orientation = _orientation(img)
     views: list[Image.Image] = []
     try:
+        img.load()  # before the EXIF read: for a PNG, getexif() decodes the pixels itself
+        orientation = _orientation(img)
         for index in _sampled(frames):
             if frames > 1:
                 img.seek(index)
-            img.load()
+                img.load()
             frame = img.copy() if frames > 1 else img  # (seek() reuses img's pixels)
             views.extend(_as_displayed(_oriented(_eight_bit(frame), orientation)))
     except Image.DecompressionBombError as exc:
@@ -187,6 +214,10 @@ def decode_views(data: bytes, limits: ImageLimits | None = None) -> list[Image.I
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         # Truncated or corrupt streams surface as OSError/SyntaxError depending on the plugin.
         raise ImageRejected(f"corrupt image data: {_one_line(exc)}") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # Pillow's other errors: see pillow_slip
+        raise pillow_slip(exc) from exc
     return views
 
 
@@ -213,8 +244,10 @@ def _sampled(frames: int) -> list[int]:
 def _orientation(img: Image.Image) -> int:
     try:
         value = img.getexif().get(0x0112, 1)
-    except (OSError, ValueError, SyntaxError, TypeError):
-        return 1  # an unreadable EXIF block: shown as stored
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - e.g. struct.error on a short block (see pillow_slip)
+        return 1  # an unreadable EXIF block: shown as stored (viewers ignore it too)
     return value if isinstance(value, int) and value in _TRANSPOSE else 1
 
 

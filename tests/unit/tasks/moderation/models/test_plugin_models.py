@@ -64,6 +64,11 @@ class FakeModel(ModerationModel):
                 for i, w in enumerate(words)]
 
     def run(self, kind: str, batch: Batch[Part]) -> list[Finished]:
+        words = {p.payload for p in batch.items}
+        if "bug" in words:  # a model bug some input triggers
+            raise TypeError("function takes at most 3 arguments (4 given)")
+        if "poison" in words:  # a CUDA error no later call survives
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return [(p, PartFailed("engine on fire") if p.payload == "fire" else
                  np.float32(p.payload == "spam")) for p in batch.items]
 
@@ -126,6 +131,40 @@ def test_a_registered_model_runs_through_the_task_end_to_end(fake: None) -> None
     assert fire["status"] == "error" and fire["error"] == "engine on fire"
     task.close()
     assert FakeModel.closed == ["fake"]
+
+
+def _answers(task: Task, records: list[SourceRecord]) -> list[Answer]:
+    answers = task.admit(ConsumedBatch(records, {}, time.monotonic()))
+    while task.held():
+        answers += task.schedule(time.monotonic(), int(time.time() * 1e3), free=2, force=True)
+        answers += task.collect(block=True)
+    return answers
+
+
+def test_a_model_bug_on_one_job_dead_letters_that_job_only(fake: None) -> None:
+    # Before, the exception left the task (collect re-raised it): the worker stopped without
+    # committing and met the same record at every restart.
+    cfg = load_config(batch={"max_batch_size": 8})
+    task = PolicyModerationTask(cfg, POLICIES, registry.make_models(cfg, POLICIES))
+    answers = _answers(task, [_record(0, id="a", text="spam"), _record(1, id="b", text="a bug"),
+                              _record(2, id="c", text="hello there")])
+    by_offset = {a.ref.offset: a for a in answers}
+    assert sorted(by_offset) == [0, 1, 2]
+    bad = by_offset[1].rejection
+    assert bad is not None and bad.reason == "internal_error"
+    assert "TypeError: function takes at most 3 arguments" in str(bad)
+    assert by_offset[0].rejection is None and by_offset[2].rejection is None
+    assert decode_result(by_offset[0].value or b"")["verdict"] == "block"
+    task.close()
+
+
+def test_a_poisoned_device_still_stops_the_worker(fake: None) -> None:
+    # Pinning it on a job would dead-letter every later job as well.
+    cfg = load_config()
+    task = PolicyModerationTask(cfg, POLICIES, registry.make_models(cfg, POLICIES))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        _answers(task, [_record(0, id="a", text="poison")])
+    task.close()
 
 
 def test_a_models_runtime_problem_stops_start_up(fake: None,
