@@ -30,14 +30,12 @@ from bench.common import environment, write  # noqa: E402
 
 def sidecars(cache: Path) -> list[dict[str, Any]]:
     """What each cache entry under ``cache`` records about its build."""
-    out = []
-    for path in sorted(cache.glob("*/*/sidecar.json")):
-        side = json.loads(path.read_text())
-        out.append({"key": side.get("key"), "model": side.get("model_id"),
-                    "backend": side.get("backend"), "precision": side.get("precision"),
-                    "bytes": side.get("artifact", {}).get("bytes"),
-                    "build_seconds": side.get("build_seconds"), "build": side.get("build")})
-    return out
+    from engines.cache import EngineCache
+
+    return [{"key": e.key, "model": e.sidecar["model_id"], "backend": e.sidecar["backend"],
+             "precision": e.sidecar["precision"], "bytes": e.sidecar["artifact"]["bytes"],
+             "build_seconds": e.sidecar["build_seconds"], "build": e.sidecar.get("build")}
+            for e in EngineCache(cache).entries()]
 
 
 def main() -> None:
@@ -63,12 +61,12 @@ def main() -> None:
     wall = time.monotonic() - started
     log_tail = (proc.stdout + proc.stderr)[-4000:]
     print(log_tail)
-    record = {"bench": "engines_build", "env": environment(), "command": cmd[1:],
+    record: dict[str, Any] = {"bench": "engines_build", "env": environment(), "command": cmd[1:],
               "sections": sections, "exit_code": proc.returncode, "wall_s": round(wall, 1),
               "entries": sidecars(args.cache), "log_tail": log_tail}
     path = write(f"engines-build-{args.task}-{args.backend}", record, args.out)
     print(f"engines_build: exit {proc.returncode} in {wall:.0f} s -> {path}")
-    for e in sidecars(args.cache):
+    for e in record["entries"]:
         for shape, s in ((e.get("build") or {}).get("shapes") or {}).items():
             print(f"  {e['model']} {shape}: compile {s.get('compile_seconds')} s, "
                   f"error {s.get('max_error')}, ms {s.get('ms')}, serve {s.get('serve')}")

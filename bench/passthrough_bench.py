@@ -82,6 +82,15 @@ def create(bootstrap: str, topics: list[str], partitions: int) -> None:
     create_topics(bootstrap, topics, partitions=partitions)
 
 
+def filled_topics(bootstrap: str, partitions: int, n: int, size: int) -> str:
+    """The tag of fresh jobs, results and DLQ topics for a worker run, ``n`` jobs of ``size``
+    bytes waiting in the jobs topic."""
+    tag = uuid.uuid4().hex[:8]
+    create(bootstrap, [f"jobs-{tag}", f"results-{tag}", f"dlq-{tag}"], partitions)
+    fill(bootstrap, f"jobs-{tag}", n, size)
+    return tag
+
+
 def minimal(bootstrap: str, jobs: str, results: str, n: int) -> dict[str, float]:
     """The floor: what one Python process does with no worker code at all."""
     c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"min-{uuid.uuid4().hex[:8]}",
@@ -320,19 +329,14 @@ def main() -> None:
                       f"{works[-1]['msg_s']:,.0f} msg/s "
                       f"({works[-1]['cpu_us_per_msg']:.1f} us CPU/msg)", flush=True)
                 if args.alt_kafka is not None:
-                    alt = uuid.uuid4().hex[:8]
-                    create(bootstrap, [f"jobs-{alt}", f"results-{alt}", f"dlq-{alt}"],
-                           args.partitions)
-                    fill(bootstrap, f"jobs-{alt}", args.jobs, size)
+                    alt = filled_topics(bootstrap, args.partitions, args.jobs, size)
                     alts.append(through_worker(bootstrap, alt, args.jobs, None,
                                                kafka=args.alt_kafka))
                     print(f"{size} B #{r}: worker with {args.alt_kafka} "
                           f"{alts[-1]['msg_s']:,.0f} msg/s "
                           f"({alts[-1]['cpu_us_per_msg']:.1f} us CPU/msg)", flush=True)
             # A separate profiled run (cProfile slows every Python call, so it is never timed).
-            tag = uuid.uuid4().hex[:8]
-            create(bootstrap, [f"jobs-{tag}", f"results-{tag}", f"dlq-{tag}"], args.partitions)
-            fill(bootstrap, f"jobs-{tag}", args.jobs, size)
+            tag = filled_topics(bootstrap, args.partitions, args.jobs, size)
             profiled = through_worker(bootstrap, tag, args.jobs,
                                       outdir / f"passthrough-{stamp}-{size}B")
             m = median([x["msg_s"] for x in mins])

@@ -165,13 +165,13 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
 
 
 def job_timings(value: bytes | None) -> Any:
-    import msgpack
+    from worker.exceptions import JobRejected
+    from worker.wire.msgpack_map import unpack_map
 
     try:
-        result = msgpack.unpackb(value or b"")
-    except (ValueError, msgpack.UnpackException):
+        return unpack_map(value or b"").get("timings_ms")
+    except JobRejected:  # not a result map
         return None
-    return result.get("timings_ms") if isinstance(result, dict) else None
 
 
 def py_spy() -> str:

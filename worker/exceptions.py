@@ -9,6 +9,12 @@ wrapped with ``raise ... from`` so the cause stays visible.
 from __future__ import annotations
 
 
+def one_line(text: object, limit: int = 300) -> str:
+    """``text`` (an exception, a message) on one line of at most ``limit`` characters, as DLQ
+    reasons and log fields carry it: every run of whitespace, newlines included, is one space."""
+    return " ".join(str(text).split())[:limit]
+
+
 class WorkerError(Exception):
     """Root of every error raised by the worker package."""
 

@@ -6,6 +6,7 @@ views (decode_views, worst view)."""
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import pytest
@@ -44,20 +45,17 @@ def _cases() -> dict[str, bytes]:
     return out
 
 
-@pytest.mark.parametrize("preprocess", ["cpu", "gpu"])
-def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -> None:
-    from engines.backends.onnxruntime import OrtRunner
+def _gpu_outcomes(cases: dict[str, bytes], preprocess: str) -> dict[str, Any]:
+    """Each case's outcome from the GPU task (open_nsfw on the torch backend, no engine cache),
+    run in batches of at most 8 jobs, by case name."""
     from worker.config import load_config
-    from worker.exceptions import JobRejected
     from worker.tasks.batcher import Batch
-    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan, make_runner
-    from worker.tasks.moderation.images.cpu import decode_views, preprocess_open_nsfw
+    from worker.tasks.moderation.engine_setup.open_nsfw import make_runner
     from worker.tasks.moderation.open_nsfw import Pending
     from worker.tasks.moderation.open_nsfw_gpu import OpenNsfwGpuTask
     from worker.wire.moderation_jobs import ModerationJob
     from worker.wire.records import SourceRecord, SourceRef
 
-    cases = _cases()
     cfg = load_config(model={"backend": "torch", "preprocess": preprocess,
                              "jpeg_roundtrip": False}, engines={"use_cache": False})
     runner, plan = make_runner(cfg)
@@ -65,12 +63,30 @@ def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -
     task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
     task.warm_up(plan.profiles)
     names = list(cases)
-    items = [Pending(SourceRef("t", 0, i), ModerationJob(name, cases[name]), 0.0,
-                     SourceRecord("t", 0, i, None, None, None, None))
-             for i, name in enumerate(names)]
-    outcomes = {o.pending.job.id: o for o in task._run(Batch(plan.profiles[0], items, 8))}
-    task.close()
-    runner.deactivate()
+    outcomes: dict[str, Any] = {}
+    try:
+        for start in range(0, len(names), 8):
+            items = [Pending(SourceRef("t", 0, i), ModerationJob(name, cases[name]), 0.0,
+                             SourceRecord("t", 0, i, None, None, None, None))
+                     for i, name in enumerate(names[start:start + 8])]
+            outcomes |= {o.pending.job.id: o for o in task._run(Batch(plan.profiles[0], items, 8))}
+    finally:
+        task.close()
+        runner.deactivate()
+    return outcomes
+
+
+@pytest.mark.parametrize("preprocess", ["cpu", "gpu"])
+def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -> None:
+    from engines.backends.onnxruntime import OrtRunner
+    from worker.config import load_config
+    from worker.exceptions import JobRejected
+    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan
+    from worker.tasks.moderation.images.cpu import decode_views, preprocess_open_nsfw
+
+    cases = _cases()
+    names = list(cases)
+    outcomes = _gpu_outcomes(cases, preprocess)
     truncated = outcomes.pop("truncated")
     # Rejected like the CPU path rejects it (nvJPEG alone would have scored it).
     assert truncated.rejection is not None and "corrupt image data" in str(truncated.rejection)
@@ -124,15 +140,8 @@ def test_gpu_task_accepts_and_rejects_mutated_jpegs_like_the_cpu_path() -> None:
     # Written 2026-12-02 without a GPU to run it on (no device time was left): the parity
     # question it asks was open. A failure here names the files nvJPEG accepts and the CPU
     # refuses (or the reverse); the fix then is to let the CPU judge those.
-    from worker.config import load_config
     from worker.exceptions import JobRejected
-    from worker.tasks.batcher import Batch
-    from worker.tasks.moderation.engine_setup.open_nsfw import make_runner
     from worker.tasks.moderation.images.cpu import decode_views
-    from worker.tasks.moderation.open_nsfw import Pending
-    from worker.tasks.moderation.open_nsfw_gpu import OpenNsfwGpuTask
-    from worker.wire.moderation_jobs import ModerationJob
-    from worker.wire.records import SourceRecord, SourceRef
 
     cases = _mutated_jpegs()
     cpu_accepts: dict[str, bool] = {}
@@ -142,25 +151,8 @@ def test_gpu_task_accepts_and_rejects_mutated_jpegs_like_the_cpu_path() -> None:
             cpu_accepts[name] = True
         except JobRejected:
             cpu_accepts[name] = False
-    cfg = load_config(model={"backend": "torch", "preprocess": "gpu", "jpeg_roundtrip": False},
-                      engines={"use_cache": False})
-    runner, plan = make_runner(cfg)
-    runner.activate()
-    task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
-    task.warm_up(plan.profiles)
     names = list(cases)
-    gpu_accepts: dict[str, bool] = {}
-    try:
-        for start in range(0, len(names), 8):
-            chunk = names[start:start + 8]
-            items = [Pending(SourceRef("t", 0, i), ModerationJob(name, cases[name]), 0.0,
-                             SourceRecord("t", 0, i, None, None, None, None))
-                     for i, name in enumerate(chunk)]
-            for o in task._run(Batch(plan.profiles[0], items, 8)):
-                gpu_accepts[o.pending.job.id] = o.rejection is None
-    finally:
-        task.close()
-        runner.deactivate()
+    gpu_accepts = {name: o.rejection is None for name, o in _gpu_outcomes(cases, "gpu").items()}
     print(f"\nmutated JPEGs: {sum(cpu_accepts.values())} of {len(cases)} accepted on the CPU")
     differ = sorted(n for n in names if gpu_accepts[n] != cpu_accepts[n])
     assert not differ, [(n, "gpu accepts" if gpu_accepts[n] else "gpu rejects") for n in differ]

@@ -25,6 +25,7 @@ from worker.exceptions import (
     SchemaViolation,
     TaskFailed,
     WorkerError,
+    one_line,
 )
 from worker.tasks.batcher import Batch, Batchable, DynamicBatcher, NoProfileFits
 from worker.tasks.protocol import Answer, ConsumedBatch, TaskTopics, admit_each
@@ -199,7 +200,7 @@ class BatchedTask(abc.ABC, Generic[P]):
         times is dead-lettered (``internal_error``, the exception named), so one job cannot
         stop the worker on every restart nor take its batch-mates with it."""
         items = batch.items
-        why = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+        why = one_line(f"{type(exc).__name__}: {exc}")
         if len(items) > 1:
             log.warning("batch_failed_split", jobs=len(items), profile=batch.profile.name,
                         error=why)

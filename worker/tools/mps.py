@@ -31,17 +31,13 @@ from types import TracebackType
 
 import structlog
 
-from worker.exceptions import ConfigError
+from worker.exceptions import ConfigError, one_line
 
 log = structlog.get_logger("worker")
 
 CONTROL = "nvidia-cuda-mps-control"
 PREFIX = "trt-worker-mps-"  # the private folders, in the temporary directory
 OWNER = "owner.pid"  # in each folder: the pid of the process that started its daemon
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:300]
 
 
 def _alive(pid: int) -> bool:
@@ -83,7 +79,7 @@ class MpsDaemon:
                                   check=False)
         except (OSError, subprocess.SubprocessError) as exc:
             raise ConfigError(f"--mps: {self.binary} {' '.join(args)} failed: "
-                              f"{_one_line(str(exc))}") from exc
+                              f"{one_line(exc)}") from exc
 
     def start(self) -> dict[str, str]:
         self.binary = self.binary or shutil.which(CONTROL)
@@ -101,14 +97,14 @@ class MpsDaemon:
             if started.returncode != 0:
                 self._cleanup()
                 raise ConfigError(f"--mps: {CONTROL} did not start (exit {started.returncode}): "
-                                  f"{_one_line(started.stderr or started.stdout)}")
+                                  f"{one_line(started.stderr or started.stdout)}")
             # The daemon forks and returns at once; a command through its pipe proves it
             # listens.
             listening = self._control("get_server_list\n")
             if listening.returncode != 0:
                 raise ConfigError(f"--mps: {CONTROL} does not answer (exit "
                                   f"{listening.returncode}): "
-                                  f"{_one_line(listening.stderr or listening.stdout)}")
+                                  f"{one_line(listening.stderr or listening.stdout)}")
         except ConfigError:
             self.stop()  # a daemon that started but does not answer is not left behind
             raise

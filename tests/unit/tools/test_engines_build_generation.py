@@ -17,15 +17,21 @@ from worker.tasks.generation.setup import make_engines
 from worker.tools import engines_cli
 
 
-@needs_sd
-def test_generation_engines_build_ahead_of_the_worker(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def tiny_generation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tiny SD nets on the CPU, one size and batch each, cached in the returned folder."""
     generation = {"random_weights": "tiny", "backend": "torch", "device": "cpu",
                   "precision": "fp32", "sizes": [{"width": 64, "height": 64}],
                   "text_batch_sizes": [2], "unet_batch_sizes": [2], "vae_batch_sizes": [1]}
     monkeypatch.setenv("KTW_GENERATION", json.dumps(generation))
     monkeypatch.setenv("KTW_ENGINES", json.dumps({"cache_dir": str(tmp_path)}))
     monkeypatch.setattr(engines_cli, "console", Console(width=300))
+    return tmp_path
+
+
+@needs_sd
+def test_generation_engines_build_ahead_of_the_worker(tiny_generation: Path) -> None:
+    tmp_path = tiny_generation
 
     first = CliRunner().invoke(engines_cli.engines_app, ["build", "--task", "generation"])
     assert first.exit_code == 0, first.output
@@ -59,14 +65,8 @@ def test_backend_and_precision_go_to_the_built_task_s_section(
 
 
 @needs_sd
-def test_net_builds_only_the_named_generation_nets(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    generation = {"random_weights": "tiny", "backend": "torch", "device": "cpu",
-                  "precision": "fp32", "sizes": [{"width": 64, "height": 64}],
-                  "text_batch_sizes": [2], "unet_batch_sizes": [2], "vae_batch_sizes": [1]}
-    monkeypatch.setenv("KTW_GENERATION", json.dumps(generation))
-    monkeypatch.setenv("KTW_ENGINES", json.dumps({"cache_dir": str(tmp_path)}))
-    monkeypatch.setattr(engines_cli, "console", Console(width=300))
+def test_net_builds_only_the_named_generation_nets(tiny_generation: Path) -> None:
+    tmp_path = tiny_generation
     run = CliRunner().invoke
     out = run(engines_cli.engines_app, ["build", "--task", "generation", "--net", "unet"])
     assert out.exit_code == 0, out.output

@@ -22,7 +22,7 @@ from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 from worker.bundled import samples_dir
 from worker.config import WorkerConfig
-from worker.exceptions import JobRejected, NothingToScore, UnknownPolicy
+from worker.exceptions import JobRejected, NothingToScore, UnknownPolicy, one_line
 from worker.tasks.batched import BatchedTask, QueuedJob, sticky_device_error
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.images.cpu import (
@@ -244,7 +244,7 @@ class OpenNsfwTask(BatchedTask[Pending]):
             try:
                 scores = self.runner.infer({self.input_name: np.stack(chunk)}).result()
             except InferenceFailed as exc:
-                why = " ".join(str(exc).split())[:300]
+                why = one_line(exc)
                 if sticky_device_error(why):
                     raise
                 if hi - lo == 1:

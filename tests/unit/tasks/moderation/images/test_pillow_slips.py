@@ -12,12 +12,9 @@ import zlib
 import pytest
 from PIL import Image
 
+from tests.unit.tasks.moderation.images.png_support import png_chunk
 from worker.exceptions import ImageRejected
 from worker.tasks.moderation.images.cpu import decode_views, jpeg_dimensions, jpeg_plain
-
-
-def _chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
 
 def _saved(img: Image.Image, fmt: str, **kw: object) -> bytes:
@@ -27,20 +24,20 @@ def _saved(img: Image.Image, fmt: str, **kw: object) -> bytes:
 
 
 PNG = _saved(Image.new("RGB", (8, 8), (10, 200, 30)), "PNG")
-IEND = _chunk(b"IEND", b"")
+IEND = png_chunk(b"IEND", b"")
 
 
 def test_a_cut_interlaced_png_is_rejected_not_a_type_error() -> None:
     # Reading EXIF decoded the pixels once (failing), and the load that followed passed the
     # interlace flag to the decoder twice: TypeError.
-    ihdr = _chunk(b"IHDR", struct.pack(">IIBBBBB", 16, 16, 8, 0, 0, 0, 1))
-    data = b"\x89PNG\r\n\x1a\n" + ihdr + _chunk(b"IDAT", zlib.compress(bytes(1000))[:8]) + IEND
+    ihdr = png_chunk(b"IHDR", struct.pack(">IIBBBBB", 16, 16, 8, 0, 0, 0, 1))
+    data = b"\x89PNG\r\n\x1a\n" + ihdr + png_chunk(b"IDAT", zlib.compress(bytes(1000))[:8]) + IEND
     with pytest.raises(ImageRejected, match="corrupt image data"):
         decode_views(data)
 
 
 def test_a_short_chunk_after_the_image_data_is_rejected_not_an_index_error() -> None:
-    data = PNG[:-len(IEND)] + _chunk(b"iCCP", b"a\x00") + IEND
+    data = PNG[:-len(IEND)] + png_chunk(b"iCCP", b"a\x00") + IEND
     with pytest.raises(ImageRejected, match="corrupt image data: IndexError"):
         decode_views(data)
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.unit.tasks.moderation.images.png_support import png_chunk
 from worker.exceptions import ImageRejected
 from worker.tasks.moderation.images.cpu import decode_views
 from worker.tasks.moderation.images.png_rows import (
@@ -22,15 +23,11 @@ from worker.tasks.moderation.images.png_rows import (
 )
 
 
-def _chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-
 def _png(width: int, height: int, raw: bytes, *, interlace: int = 0, colour: int = 2,
          depth: int = 8) -> bytes:
     ihdr = struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, interlace)
-    return (SIGNATURE + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", zlib.compress(raw))
-            + _chunk(b"IEND", b""))
+    return (SIGNATURE + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", zlib.compress(raw))
+            + png_chunk(b"IEND", b""))
 
 
 def _chunks(data: bytes) -> list[tuple[bytes, bytes]]:
@@ -43,9 +40,11 @@ def _chunks(data: bytes) -> list[tuple[bytes, bytes]]:
 
 
 def _rebuild(chunks: list[tuple[bytes, bytes]]) -> bytes:
-    return SIGNATURE + b"".join(_chunk(k, b) for k, b in chunks)
+    return SIGNATURE + b"".join(png_chunk(k, b) for k, b in chunks)
 
 
+# The spec's Adam7 table, written out again on purpose: taking the module's would let a wrong
+# table agree with itself.
 _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
           (0, 1, 1, 2))
 
@@ -134,37 +133,38 @@ _RAW = b"".join(b"\x00" + bytes(range(_W * 3)) for _ in range(_H))
 
 
 def _ihdr(w: int = _W, h: int = _H, depth: int = 8, colour: int = 2) -> bytes:
-    return _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, colour, 0, 0, 0))
+    return png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, colour, 0, 0, 0))
 
 
 def _fctl(seq: int, w: int, h: int, x: int = 0, y: int = 0) -> bytes:
-    return _chunk(b"fcTL", struct.pack(">IIIIIHHBB", seq, w, h, x, y, 1, 10, 0, 0))
+    return png_chunk(b"fcTL", struct.pack(">IIIIIHHBB", seq, w, h, x, y, 1, 10, 0, 0))
 
 
 def _actl(frames: int) -> bytes:
-    return _chunk(b"acTL", struct.pack(">II", frames, 0))
+    return png_chunk(b"acTL", struct.pack(">II", frames, 0))
 
 
 def _idat(raw: bytes = _RAW) -> bytes:
-    return _chunk(b"IDAT", zlib.compress(raw))
+    return png_chunk(b"IDAT", zlib.compress(raw))
 
 
-_IEND = _chunk(b"IEND", b"")
+_IEND = png_chunk(b"IEND", b"")
 
 PILLOW_DECODES_WHOLE = {
-    "a chunk before IHDR": SIGNATURE + _chunk(b"tEXt", b"a\x00b") + _ihdr() + _idat() + _IEND,
+    "a chunk before IHDR": SIGNATURE + png_chunk(b"tEXt", b"a\x00b") + _ihdr() + _idat() + _IEND,
     # An fcTL before IDAT: Pillow decodes the default image at the fcTL's size.
     "frame 0 smaller than the canvas": SIGNATURE + _ihdr() + _actl(1) + _fctl(0, _W, 2)
     + _idat(_RAW[:2 * 25]) + _IEND,
-    "an empty IDAT after another chunk": SIGNATURE + _ihdr() + _idat() + _chunk(b"tEXt", b"a\x00b")
-    + _chunk(b"IDAT", b"") + _IEND,
+    "an empty IDAT after another chunk": SIGNATURE + _ihdr() + _idat()
+    + png_chunk(b"tEXt", b"a\x00b") + png_chunk(b"IDAT", b"") + _IEND,
     "a frame past acTL's count": SIGNATURE + _ihdr() + _actl(1) + _fctl(0, _W, _H) + _idat()
-    + _fctl(1, _W, _H) + _chunk(b"fdAT", struct.pack(">I", 2) + zlib.compress(_RAW[:10])) + _IEND,
+    + _fctl(1, _W, _H) + png_chunk(b"fdAT", struct.pack(">I", 2) + zlib.compress(_RAW[:10]))
+    + _IEND,
     "a frame at an offset": SIGNATURE + _ihdr() + _actl(2) + _fctl(0, _W, _H) + _idat()
-    + _fctl(1, 4, 2, 4, 2) + _chunk(b"fdAT", struct.pack(">I", 2)
+    + _fctl(1, 4, 2, 4, 2) + png_chunk(b"fdAT", struct.pack(">I", 2)
                                     + zlib.compress(bytes(13) * 2)) + _IEND,
     # The rows are whole; the adler32 after them is wrong: Pillow never reads that far.
-    "an error after the rows": SIGNATURE + _ihdr() + _chunk(
+    "an error after the rows": SIGNATURE + _ihdr() + png_chunk(
         b"IDAT", zlib.compress(_RAW + bytes(4000))[:-4] + b"\x00\x00\x00\x00") + _IEND,
 }
 
@@ -184,7 +184,7 @@ def test_rows_held_back_by_the_output_cap_are_counted() -> None:
     w, h = 16384, 8
     raw = bytes(h * (1 + 8 * w))
     assert len(raw) == expected_bytes(w, h, 64, interlaced=False) == (1 << 20) + 8
-    data = SIGNATURE + _ihdr(w, h, 16, 6) + _chunk(
+    data = SIGNATURE + _ihdr(w, h, 16, 6) + png_chunk(
         b"IDAT", zlib.compress(raw, 9)[:-4]) + _IEND
     Image.open(io.BytesIO(data)).load()
     assert short_image_data(data) is None
@@ -196,7 +196,7 @@ def test_a_frame_larger_than_its_canvas_is_refused_without_inflating_it() -> Non
     zeros = zlib.compressobj(9)
     blob = b"".join(zeros.compress(bytes(1 << 24)) for _ in range(16)) + zeros.flush()
     data = (SIGNATURE + _ihdr(1, 1) + _actl(2) + _fctl(0, 1, 1) + _idat(b"\x00\x01\x02\x03")
-            + _fctl(1, 60_000, 60_000) + _chunk(b"fdAT", struct.pack(">I", 2) + blob) + _IEND)
+            + _fctl(1, 60_000, 60_000) + png_chunk(b"fdAT", struct.pack(">I", 2) + blob) + _IEND)
     started = time.perf_counter()
     reason = short_image_data(data)
     assert time.perf_counter() - started < 0.5
