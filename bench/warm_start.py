@@ -36,13 +36,16 @@ from bench.common import environment, write  # noqa: E402
 
 
 def sections(task: str, tag: str, cache: Path, blobs: Path, cpu: bool,
-             model_extra: dict[str, Any] | None = None) -> dict[str, Any]:
+             model_extra: dict[str, Any] | None = None,
+             engines_extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The config sections a user of ``task`` writes, as the worker's env overrides take them
     (``model_extra``: more of moderation's model section, e.g. another backend and its profiles,
-    or of the generation section, e.g. ``{"backend": "aoti"}``)."""
+    or of the generation section, e.g. ``{"backend": "aoti"}``; ``engines_extra``: more of the
+    engines section, e.g. ``{"autotune": false}`` for packages built without max-autotune)."""
     topics = {"jobs": f"jobs-{tag}", "results": f"results-{tag}", "dlq": f"dlq-{tag}"}
     common = {"kafka": {"group_id": f"warm-{tag}", "client_id": f"warm-{tag}"},
-              "engines": {"cache_dir": str(cache)}, "log": {"level": "INFO"},
+              "engines": {"cache_dir": str(cache)} | (engines_extra or {}),
+              "log": {"level": "INFO"},
               "metrics": {"port": 0}}  # several runs (and other benches) on one machine
     if task == "moderation":
         model = {} if cpu else {"backend": "torch", "preprocess": "gpu",
@@ -76,13 +79,14 @@ def job(task: str, cpu: bool) -> tuple[str, bytes]:
 
 def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
             timeout_s: float, profile: Path | None = None,
-            model_extra: dict[str, Any] | None = None) -> dict[str, Any]:
+            model_extra: dict[str, Any] | None = None,
+            engines_extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import confluent_kafka as ck
 
     from worker.devkit.local_kafka.admin import create_topics
 
     tag = uuid.uuid4().hex[:8]
-    cfg = sections(task, tag, cache, blobs, cpu, model_extra)
+    cfg = sections(task, tag, cache, blobs, cpu, model_extra, engines_extra)
     tp = cfg["generation"]["topics"] if task == "generation" else cfg["topics"]
     create_topics(bootstrap, [tp["jobs"], tp["results"], tp["dlq"]], partitions=1)
     if task == "generation":  # the moderation topics the generation worker also checks
@@ -200,6 +204,8 @@ def main() -> None:
                          '\'{"backend": "aoti", "profiles": [...]}\'')
     ap.add_argument("--generation", type=json.loads, default=None,
                     help='JSON merged into the generation section, e.g. \'{"backend": "aoti"}\'')
+    ap.add_argument("--engines", type=json.loads, default=None,
+                    help='JSON merged into the engines section, e.g. \'{"autotune": false}\'')
     ap.add_argument("--profile", action="store_true",
                     help="one more cached run per task under py-spy (speedscope JSON in --out)")
     args = ap.parse_args()
@@ -229,7 +235,7 @@ def main() -> None:
             for _ in range(args.runs + 1):
                 before = set(cache.glob("*/*/sidecar.json"))
                 r = one_run(bootstrap, task, cache, work / "blobs", args.cpu, args.timeout,
-                            model_extra=extra)
+                            model_extra=extra, engines_extra=args.engines)
                 built = set(cache.glob("*/*/sidecar.json")) - before
                 r["engine_cache"] = "built by this run" if built else "cached"
                 print(json.dumps(r), flush=True)
@@ -237,7 +243,7 @@ def main() -> None:
             if args.profile:
                 target = (args.out or Path(".")) / f"warm-start-{task}.speedscope.json"
                 r = one_run(bootstrap, task, cache, work / "blobs", args.cpu, args.timeout,
-                            profile=target, model_extra=extra)
+                            profile=target, model_extra=extra, engines_extra=args.engines)
                 r["engine_cache"], r["profile"] = "cached, under py-spy", target.name
                 print(json.dumps(r), flush=True)
                 runs.append(r)
