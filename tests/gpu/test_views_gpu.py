@@ -106,44 +106,16 @@ def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -
             assert abs(got - ref) < 3e-2, (name, got, ref)
 
 
-def _mutated_jpegs(n: int = 48, seed: int = 7) -> dict[str, bytes]:
-    """Complete baseline JPEGs (``jpeg_plain``: the GPU path hands them to nvJPEG) with bytes
-    changed in their headers or entropy-coded data; about a third of such
-    mutations are refused by the CPU decoder (14 of these 48: "broken data stream")."""
-    import random
-
-    from PIL import Image
-
-    from worker.devkit.conformance_inputs import synthetic_images
-    from worker.tasks.moderation.images.cpu import jpeg_plain
-
-    photo = Image.open(io.BytesIO(synthetic_images(5, 1, fmt="JPEG")[0])).convert("RGB")
-    buf = io.BytesIO()
-    photo.save(buf, "JPEG", quality=90)
-    base = buf.getvalue()
-    scan = base.find(b"\xff\xda")
-    rnd = random.Random(seed)
-    out: dict[str, bytes] = {}
-    while len(out) < n:
-        data = bytearray(base)
-        for _ in range(rnd.randint(1, 4)):
-            # the headers (tables, frame, scan) or the entropy-coded data, half and half
-            at = rnd.randrange(2, scan + 12) if rnd.random() < 0.5 else \
-                rnd.randrange(scan + 12, len(data) - 2)
-            data[at] = rnd.randrange(256)
-        if jpeg_plain(bytes(data)):
-            out[f"mutated-{len(out)}"] = bytes(data)
-    return out
-
-
 def test_gpu_task_accepts_and_rejects_mutated_jpegs_like_the_cpu_path() -> None:
-    # Written 2026-12-02 without a GPU to run it on (no device time was left): the parity
-    # question it asks was open. A failure here names the files nvJPEG accepts and the CPU
-    # refuses (or the reverse); the fix then is to let the CPU judge those.
+    # First run on an H200 (2026-12-02): nvJPEG decoded two files whose DC Huffman table holds
+    # a symbol over 15, which the CPU decoder refuses; jpeg_plain now sends files with tables
+    # libjpeg would refuse to the CPU decoder (images/jpeg_tables.py). A failure names the files
+    # the two paths judge differently.
+    from worker.devkit.conformance_inputs import mutated_jpegs
     from worker.exceptions import JobRejected
     from worker.tasks.moderation.images.cpu import decode_views
 
-    cases = _mutated_jpegs()
+    cases = mutated_jpegs()
     cpu_accepts: dict[str, bool] = {}
     for name, data in cases.items():
         try:

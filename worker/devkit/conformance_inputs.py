@@ -8,12 +8,13 @@ every input goes through the real preprocessing.
 from __future__ import annotations
 
 import io
+import random
 
 import numpy as np
 from PIL import Image
 
 from worker.bundled import samples_dir
-from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import decode_image, jpeg_components, preprocess_open_nsfw
 
 
 def synthetic_images(seed: int, n: int, fmt: str = "PNG") -> list[bytes]:
@@ -46,3 +47,27 @@ def conformance_batch(n_synthetic: int = 24, seed: int = 11) -> np.ndarray:
     files = sorted(p for p in samples_dir().iterdir() if p.suffix != ".md")
     real = [preprocess_open_nsfw(decode_image(p.read_bytes())) for p in files]
     return np.stack(real + _synthetic(seed, n_synthetic)).astype(np.float32)
+
+
+def mutated_jpegs(n: int = 48, seed: int = 7) -> dict[str, bytes]:
+    """Complete baseline JPEGs (a grey or YCbCr frame, ending with the end-of-image marker) of one
+    photo with 1-4 bytes changed, in the headers (tables, frame, scan) or the entropy-coded
+    data, half and half. The CPU decoder refuses about a third of them; which of those nvJPEG
+    also refuses is what the parity tests ask (2026-12-02: two with a bad DC Huffman table it
+    decoded)."""
+    photo = Image.open(io.BytesIO(synthetic_images(5, 1, fmt="JPEG")[0])).convert("RGB")
+    buf = io.BytesIO()
+    photo.save(buf, "JPEG", quality=90)
+    base = buf.getvalue()
+    scan = base.find(b"\xff\xda")
+    rnd = random.Random(seed)
+    out: dict[str, bytes] = {}
+    while len(out) < n:
+        data = bytearray(base)
+        for _ in range(rnd.randint(1, 4)):
+            at = rnd.randrange(2, scan + 12) if rnd.random() < 0.5 else \
+                rnd.randrange(scan + 12, len(data) - 2)
+            data[at] = rnd.randrange(256)
+        if data[-2:] == b"\xff\xd9" and jpeg_components(bytes(data)) in (1, 3):
+            out[f"mutated-{len(out)}"] = bytes(data)
+    return out

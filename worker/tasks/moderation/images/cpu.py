@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from worker.exceptions import ImageRejected, one_line
+from worker.tasks.moderation.images.jpeg_tables import tables_sound
 from worker.tasks.moderation.images.png_rows import short_image_data
 
 # PIL's own bomb guard warns or raises at 89M/179M pixels; ours is checked first and is
@@ -129,11 +130,21 @@ def jpeg_dimensions(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def jpeg_components(data: bytes) -> int | None:
+    """The number of components the frame header declares (1 grey, 3 YCbCr, 4 CMYK), or None
+    when the stream is not a well-formed JPEG up to that header."""
+    for marker, i, _length in _segments(data):
+        if marker in _SOF:
+            return data[i + 9] if i + 9 < len(data) else None
+    return None
+
+
 def jpeg_plain(data: bytes) -> bool:
     """True for a JPEG the GPU decoder shows as a person would see it: RGB or grey (not CMYK:
-    nvJPEG refuses it), no EXIF orientation other than 1, and ending with its end-of-image
-    marker (nvJPEG decodes a truncated file that the CPU decoder rejects). Found by walking the
-    markers up to the frame header (a few microseconds); anything else is decoded by
+    nvJPEG refuses it), no EXIF orientation other than 1, ending with its end-of-image marker
+    (nvJPEG decodes a truncated file that the CPU decoder rejects), and with tables and scan
+    headers libjpeg accepts (:func:`tables_sound`). Found by walking the markers (a few
+    microseconds, plus a search over the entropy-coded data); anything else is decoded by
     :func:`decode_views`, so both paths accept and reject the same images."""
     if data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
         return False
@@ -142,7 +153,9 @@ def jpeg_plain(data: bytes) -> bool:
                 and _exif_orientation(data[i + 10:i + 2 + length]) not in (None, 1):
             return False
         if marker in _SOF:
-            return i + 9 < len(data) and data[i + 9] in (1, 3)  # components: grey or YCbCr
+            # Components: grey or YCbCr. Then every table and scan header libjpeg would check
+            # (nvJPEG checks less: a file the CPU refuses must not count as plain).
+            return i + 9 < len(data) and data[i + 9] in (1, 3) and tables_sound(data)
     return False
 
 

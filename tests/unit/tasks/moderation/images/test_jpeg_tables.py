@@ -1,0 +1,133 @@
+"""jpeg_plain sends a JPEG to nvJPEG only when libjpeg (the CPU path) would accept its tables
+and scan headers, so the GPU and CPU paths accept and reject the same files."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+
+from worker.devkit.conformance_inputs import mutated_jpegs, synthetic_images
+from worker.exceptions import JobRejected
+from worker.tasks.moderation.images.cpu import (
+    ImageLimits,
+    check_dimensions,
+    decode_views,
+    jpeg_components,
+    jpeg_dimensions,
+    jpeg_plain,
+)
+from worker.tasks.moderation.images.jpeg_tables import tables_sound
+
+
+def _photo() -> Image.Image:
+    return Image.open(io.BytesIO(synthetic_images(5, 1, fmt="JPEG")[0])).convert("RGB")
+
+
+def _jpeg(img: Image.Image | None = None, **kw: object) -> bytes:
+    buf = io.BytesIO()
+    (img or _photo()).save(buf, "JPEG", quality=90, **kw)
+    return buf.getvalue()
+
+
+def _cpu_accepts(data: bytes) -> bool:
+    try:
+        decode_views(data)
+    except JobRejected:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("kw", [{}, {"progressive": True}, {"optimize": True},
+                                {"subsampling": 0}, {"subsampling": 1},
+                                {"progressive": True, "optimize": True}],
+                         ids=lambda kw: ",".join(kw) or "baseline")
+def test_ordinary_jpegs_stay_plain(kw: dict[str, object]) -> None:
+    data = _jpeg(**kw)
+    assert tables_sound(data) and jpeg_plain(data)
+
+
+def test_grey_and_restart_interval_jpegs_stay_plain() -> None:
+    assert jpeg_plain(_jpeg(_photo().convert("L")))
+    with_dri = _jpeg()
+    sof = with_dri.find(b"\xff\xc0")
+    with_dri = with_dri[:sof] + b"\xff\xdd\x00\x04\x00\x00" + with_dri[sof:]  # interval 0
+    assert _cpu_accepts(with_dri) and jpeg_plain(with_dri)
+
+
+def _dht(data: bytes) -> int:
+    """Position of the first DHT's first table (its class/index byte)."""
+    return data.find(b"\xff\xc4") + 4
+
+
+def test_a_dc_symbol_over_15_is_not_plain() -> None:
+    # What nvJPEG decoded on an H200 and libjpeg refuses ("Bogus Huffman table definition").
+    data = bytearray(_jpeg())
+    at = _dht(bytes(data))
+    assert data[at] == 0x00  # DC table 0
+    data[at + 17] = 108  # its first symbol
+    assert not _cpu_accepts(bytes(data))
+    assert not jpeg_plain(bytes(data))
+
+
+def test_an_overfull_huffman_code_is_not_plain() -> None:
+    data = bytearray(_jpeg())
+    at = _dht(bytes(data))
+    data[at + 1] = 2  # two codes of length 1: every 1-bit code used, which libjpeg refuses
+    assert not _cpu_accepts(bytes(data))
+    assert not tables_sound(bytes(data))
+
+
+def test_a_frame_naming_an_undefined_quantisation_table_is_not_plain() -> None:
+    data = bytearray(_jpeg())
+    sof = data.find(b"\xff\xc0")
+    data[sof + 12] = 3  # the first component's quantisation table: 3 is never defined
+    assert not _cpu_accepts(bytes(data))
+    assert not jpeg_plain(bytes(data))
+
+
+def test_an_unknown_marker_is_not_plain() -> None:
+    data = bytearray(_jpeg())
+    data[3] = 0xAB  # the APP0 marker becomes one Pillow's parser does not know
+    assert not _cpu_accepts(bytes(data))
+    assert not jpeg_plain(bytes(data))
+
+
+def test_a_scan_naming_an_unknown_component_is_not_plain() -> None:
+    data = bytearray(_jpeg())
+    sos = data.find(b"\xff\xda")
+    data[sos + 5] = 9  # the scan's first component id
+    assert not tables_sound(bytes(data))
+
+
+def test_no_file_the_cpu_decoder_refuses_counts_as_plain() -> None:
+    # Over 300 complete JPEGs with bytes changed, every one the CPU path refuses either goes
+    # to the CPU decoder on the GPU path too (not plain) or fails the size limits the GPU path
+    # checks before decoding. On the old jpeg_plain (walk to the frame header only) 79 of the
+    # 82 refused counted as plain; nvJPEG decoded two of the 14 such files in the GPU test.
+    limits = ImageLimits()
+    slipped = []
+    cases = mutated_jpegs(300, seed=7)
+    for name, data in cases.items():
+        if _cpu_accepts(data) or not jpeg_plain(data):
+            continue
+        dims = jpeg_dimensions(data)
+        assert dims is not None
+        try:
+            check_dimensions(*dims, limits)
+        except JobRejected:
+            continue
+        slipped.append(name)
+    assert not slipped
+    assert sum(not _cpu_accepts(d) for d in cases.values()) > 60  # the corpus has refusals
+
+
+def test_an_adobe_segment_is_not_plain() -> None:
+    # Pillow writes one for CMYK; in a 3-component file it can declare RGB rather than YCbCr
+    # (libjpeg then skips the colour conversion), so the CPU decoder judges such files.
+    data = _jpeg()
+    adobe = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
+    data = data[:2] + adobe + data[2:]
+    assert _cpu_accepts(data) and jpeg_components(data) == 3
+    assert not jpeg_plain(data)
