@@ -48,8 +48,25 @@ def load_package(data: bytes, cuda: bool) -> Any:
     (:func:`skip_cpu_isa_probe`)."""
     import torch
 
+    if cuda:
+        _onnxruntime_loaded()
     with skip_cpu_isa_probe() if cuda else contextlib.nullcontext():
         return torch._inductor.aoti_load_package(io.BytesIO(data), run_single_threaded=True)
+
+
+def _onnxruntime_loaded() -> None:
+    """Import onnxruntime (a dependency of the worker in every install) before the first CUDA
+    package loads. On the H200 machine (torch 2.11.0+cu130, driver 580, 2026-12-02) every
+    AOTInductor package load in a process without it died with SIGSEGV inside torch's package
+    loader (``AOTIModelPackageLoader``): 17 of 17, from a tiny two-layer MLP to the SD nets,
+    in fresh processes and right after compiling, and also through the model-container
+    runner on the unzipped library. The same package loaded in a process that had imported
+    onnxruntime first (once, the last device seconds of that session), and the GPU tests
+    (which import it for their float32 reference) compiled and served open_nsfw packages the
+    same day. Why is not known (not found in torch's or onnxruntime's issues); this is the
+    measured workaround, harmless where the crash does not happen."""
+    with contextlib.suppress(ImportError):
+        import onnxruntime  # noqa: F401
 
 
 @contextlib.contextmanager
