@@ -8,7 +8,11 @@ only that load, and the table says which property matters: size (a synthetic MLP
 attention (a toy SDPA block), the SD text encoder at the tiny and the full size, and Inductor's
 options for large weights (``force_mmap_weights``; weights kept out of the .so).
 
-    python bench/aoti_load_diag.py --out DIR [--variants a,b,...] [--timeout 420]
+    [DIAG_PRELOAD=onnxruntime] python bench/aoti_load_diag.py --out DIR [--variants a,b,...]
+
+Found with it (H200, torch 2.11.0+cu130, 2026-12-02): every load crashed, from the toy SDPA
+block and the tiny text encoder up, in the compiling process and in fresh ones; importing
+onnxruntime first was the one change after which a package loaded (bench/NOTES.md).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ sys.path.insert(0, str(HERE))
 from bench.common import environment, write  # noqa: E402
 
 DEV = os.environ.get("DIAG_DEVICE", "cuda:0")  # cpu: a dry run of the script (fp32)
+# DIAG_PRELOAD=onnxruntime: import it in every child before loading. The only import found to
+# stop the loader's crash on the H200 (2026-12-02); engines.backends.aoti.bundle now does it.
+PRELOAD = os.environ.get("DIAG_PRELOAD", "")
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "sdpa": ("sdpa", {}),
@@ -98,6 +105,8 @@ def child_build(name: str, path: Path) -> None:
 
     import torch
 
+    if PRELOAD:
+        __import__(PRELOAD)
     kind, options = VARIANTS[name]
     if ":" in kind:
         component, arch = kind.split(":")
@@ -123,6 +132,8 @@ def child_load(path: Path, how: str) -> None:
 
     import torch
 
+    if PRELOAD:
+        __import__(PRELOAD)
     t = time.monotonic()
     src: Any = path if how == "path" else io.BytesIO(path.read_bytes())
     torch._inductor.aoti_load_package(src, run_single_threaded=True)
