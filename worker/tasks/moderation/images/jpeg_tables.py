@@ -169,7 +169,8 @@ def _quant_tables(body: bytes) -> frozenset[int]:
     while k < len(body):
         precision, index = body[k] >> 4, body[k] & 15
         size = 64 * (1 + precision)
-        if precision > 1 or index > 3 or k + 1 + size > len(body):
+        # 16-bit tables (precision 1) are legal but unusual for 8-bit data: the CPU judges.
+        if precision > 0 or index > 3 or k + 1 + size > len(body):
             raise _Unsound
         k += 1 + size
         defined.add(index)
