@@ -54,6 +54,7 @@ class _Walk:
         self.components: dict[int, int] = {}  # component id -> quantisation table
         self.blocks = 0  # blocks per MCU of an interleaved scan
         self.frame = 0
+        self.scanned: set[int] = set()  # components some scan has coded
 
     def run(self) -> None:
         data = self.data
@@ -139,7 +140,10 @@ class _Walk:
         needed: list[tuple[int, int]] = []
         for c in range(n):
             cid, tables = body[1 + 2 * c:3 + 2 * c]
-            if cid not in self.components or cid in ids:
+            # A sequential frame codes each component in exactly one scan: libjpeg stops at a
+            # scan after the last one ("Didn't expect more than one scan").
+            if cid not in self.components or cid in ids or \
+                    (self.frame != 0xC2 and cid in self.scanned):
                 raise _Unsound
             ids.add(cid)
             needed.append((tables >> 4, tables & 15))
@@ -154,11 +158,13 @@ class _Walk:
                 raise _Unsound
         if self.frame != 0xC2 and (ss, se, approx) != (0, 63, 0):
             raise _Unsound
+        ah, al = approx >> 4, approx & 15  # successive approximation: libjpeg's limits
         if self.frame == 0xC2 and (ss > se or se > 63 or (ss == 0 and se != 0)
-                                   or (ss and n != 1)):
+                                   or (ss and n != 1) or (ah and al != ah - 1) or al > 13):
             raise _Unsound
         if n > 1 and self.blocks > 10:  # libjpeg's D_MAX_BLOCKS_IN_MCU
             raise _Unsound
+        self.scanned |= ids
 
 
 # Files from one encoder repeat the same table segments: each distinct one is checked once.

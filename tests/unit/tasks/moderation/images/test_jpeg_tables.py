@@ -131,3 +131,13 @@ def test_an_adobe_segment_is_not_plain() -> None:
     data = data[:2] + adobe + data[2:]
     assert _cpu_accepts(data) and jpeg_components(data) == 3
     assert not jpeg_plain(data)
+
+
+def test_a_second_scan_of_a_baseline_image_is_not_plain() -> None:
+    # libjpeg stops at a scan after a sequential image's last one (the CPU path dead-letters
+    # the file); nvJPEG may decode it. The walk to the end of the image saw it as sound.
+    data = _jpeg()
+    sos = data.find(b"\xff\xda")
+    twice = data[:-2] + data[sos:-2] + data[-2:]  # the scan, header and data, once more
+    assert not _cpu_accepts(twice)
+    assert jpeg_plain(data) and not jpeg_plain(twice)
