@@ -30,6 +30,9 @@ from functools import lru_cache
 HUFFMAN_FRAMES = frozenset({0xC0, 0xC1, 0xC2})
 MAX_SEGMENTS = 1024  # as the header walk's bound: a record of tiny segments is not plain
 _NEXT_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")  # after entropy-coded data
+# Markers a plain JPEG may have between its start and end: frames and tables (0xC0-0xCF),
+# scans, restart intervals, APPn, comments.
+_KNOWN = frozenset([*range(0xC0, 0xD0), 0xD9, 0xDA, 0xDB, 0xDD, *range(0xE0, 0xF0), 0xFE])
 
 
 class _Unsound(Exception):
@@ -69,16 +72,16 @@ class _Walk:
             if marker == 0xFF:
                 i += 1
                 continue
-            if marker == 0xD9:  # end of image
-                if not self.frame:
+            if marker == 0xD9:  # end of image: it must have one (libjpeg: "no image"), and
+                # every component of a sequential frame coded
+                if not self.scanned or (self.frame != 0xC2
+                                        and self.scanned != set(self.components)):
                     raise _Unsound
                 return
-            if 0xD0 <= marker <= 0xD7:
-                i += 2
-                continue
-            if marker < 0xC0 or 0xF0 <= marker <= 0xFD:
-                # Markers Pillow's parser does not know (it refuses the file: "not a JPEG")
-                # or JPEG extensions: nvJPEG may skip them.
+            if marker not in _KNOWN:
+                # A second start-of-image, a restart marker outside scan data, DNL,
+                # hierarchical frames, JPEG extensions, markers Pillow's parser does not
+                # know ("not a JPEG"): libjpeg refuses or treats them apart, nvJPEG may not.
                 raise _Unsound
             if i + 4 > len(data):
                 raise _Unsound
@@ -92,8 +95,6 @@ class _Walk:
                     raise _Unsound
                 i += 2 + length
                 continue
-            if marker in (0xDC, 0xDE, 0xDF):  # DNL, hierarchical frames
-                raise _Unsound
             body = data[i + 4:i + 2 + length]
             if marker == 0xDB:
                 self.quant |= _quant_tables(body)

@@ -141,3 +141,22 @@ def test_a_second_scan_of_a_baseline_image_is_not_plain() -> None:
     twice = data[:-2] + data[sos:-2] + data[-2:]  # the scan, header and data, once more
     assert not _cpu_accepts(twice)
     assert jpeg_plain(data) and not jpeg_plain(twice)
+
+
+def test_an_end_of_image_before_any_scan_is_not_plain() -> None:
+    # Found by fuzzing: a changed byte made an end-of-image marker right after the tables, so
+    # the walk stopped there and the file counted as plain; libjpeg finds no image in it.
+    data = _jpeg(progressive=True)
+    sos = data.find(b"\xff\xda")
+    early = data[:sos] + b"\xff\xd9" + data[sos:]
+    assert not _cpu_accepts(early)
+    assert not jpeg_plain(early)
+
+
+def test_a_second_start_of_image_is_not_plain() -> None:
+    # Found by fuzzing: the APP0 marker changed into a start-of-image marker was walked as a
+    # segment of unknown kind; libjpeg refuses a second one.
+    data = bytearray(_jpeg())
+    data[3] = 0xD8
+    assert not _cpu_accepts(bytes(data))
+    assert not jpeg_plain(bytes(data))
