@@ -44,7 +44,8 @@ def unpack_map(payload: bytes) -> dict[Any, Any]:
             payload,
             raw=False,
             strict_map_key=True,
-            # Refuse ext types (timestamps, custom) outright: the contract has none.
+            # Refuse ext types outright: the contract has none. (msgpack decodes its timestamp
+            # type itself, without the hook; a Timestamp then fails the field's type check.)
             ext_hook=_reject_ext,
             max_map_len=MAX_CONTAINER_LEN,
             max_array_len=MAX_CONTAINER_LEN,
