@@ -264,3 +264,13 @@ def test_a_result_that_does_not_encode_dead_letters_its_job_and_nothing_else() -
     assert bad.rejection is not None and bad.rejection.reason == "internal_error"
     assert "TypeError: can not serialize 'set' object" in str(bad.rejection)
     assert bad.value is None and bad.epoch == 5 and bad.record.value == b"ok"
+
+
+def test_a_memory_error_is_isolated_like_any_failure() -> None:
+    # One image whose decode runs out of memory must not stop the worker (it would meet the
+    # same record after every restart): its batch is retried, down to the job alone.
+    task = _task(delay_s=60.0)
+    task.admit(_batch(_record(0)))
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    task.futures[0][0].set_exception(MemoryError())
+    assert task.collect(block=True) == [] and task.held() == 1  # retried alone

@@ -7,7 +7,6 @@ then are the pixels decoded. Every failure is an :class:`ImageRejected` naming w
 
 from __future__ import annotations
 
-import gc
 import io
 import re
 import warnings
@@ -49,8 +48,8 @@ def _pillow_errors() -> Iterator[None]:
     on the plugin. Pillow raises others too: a fuzzer found TypeError (an interlaced PNG loaded
     twice), IndexError (a short iCCP chunk after the image data, an MPO index pointing nowhere)
     and struct.error (a short EXIF block). One escaping would stop the task on one record, so
-    all but MemoryError become the record's rejection (:func:`decode_views` tries a
-    MemoryError once more, then rejects the record too)."""
+    all but MemoryError become the record's rejection (a MemoryError fails the batch, which the
+    task splits until the job fails alone and is dead-lettered as ``internal_error``)."""
     try:
         yield
     except ImageRejected:
@@ -208,22 +207,6 @@ def decode_views(data: bytes, limits: ImageLimits | None = None) -> list[Image.I
       animate) counts as a frame too, never as the only one.
     """
     limits = limits or ImageLimits()
-    try:
-        return _decoded_views(data, limits)
-    except MemoryError:
-        # Other decodes' garbage, or their peak at the same moment, may be what filled memory:
-        # collect and try once more before blaming this image.
-        gc.collect()
-    try:
-        return _decoded_views(data, limits)
-    except MemoryError as exc:
-        # Raised again, this record would stop the worker at the same offset on every restart.
-        raise ImageRejected(
-            "decoding the image needs more memory than the worker has free (twice); give the "
-            "worker more memory or lower limits.max_image_pixels") from exc
-
-
-def _decoded_views(data: bytes, limits: ImageLimits) -> list[Image.Image]:
     img = open_checked(data, limits)
     # An MPO (a JPEG with more pictures appended, e.g. a stereo camera's) shows as its first
     # picture in browsers and viewers, as on the GPU path; the others are not looked at (nor
