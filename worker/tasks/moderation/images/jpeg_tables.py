@@ -13,12 +13,15 @@ does not recognise as ordinary: quantisation and Huffman tables with a wrong ind
 length, a DC table with a symbol over 11 (8-bit data never needs more), a Huffman code that
 overflows its lengths, a scan naming a component, a table or parameters the frame does not
 support, a frame that is not 8-bit Huffman (baseline, extended or progressive) with 1 or 3
-components and sampling factors 1-4, markers Pillow's parser does not know, and an Adobe
-segment (which can declare three components RGB rather than YCbCr). False only sends the
-image to the CPU decoder, which then judges it, so this check errs towards False. Written here
-rather than taken from a library: no maintained Python package validates JPEG tables without
-decoding the pixels, which is the cost this check exists to avoid (13 us for a 16 KB baseline
-JPEG, 36 us progressive, on the 2-core VM; the search over the entropy-coded data is 5 us).
+components and sampling factors 1-4, a sequential frame whose components are not each coded
+by exactly one scan (or an image with no scan at all), any marker outside the ones a plain
+JPEG has (a second start-of-image, DNL, extensions, markers Pillow's parser does not know),
+and an Adobe segment (which can declare three components RGB rather than YCbCr). False only
+sends the image to the CPU decoder, which then judges it, so this check errs towards False.
+Written here rather than taken from a library: no maintained Python package validates JPEG
+tables without decoding the pixels, which is the cost this check exists to avoid (13 us for a
+16 KB baseline JPEG, 36 us progressive, on the 2-core VM; the search over the entropy-coded
+data is 5 us of it).
 """
 
 from __future__ import annotations
