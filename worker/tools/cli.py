@@ -247,7 +247,8 @@ def main() -> None:
     # A native crash (a segfault in a GPU library, torch's package loader, librdkafka) prints
     # every thread's Python stack to stderr before the process dies, so the log says where:
     # on the H200 (2026-12-02) torch's AOTInductor loader died silently until this was on.
-    faulthandler.enable(all_threads=True)
+    with contextlib.suppress(ValueError, OSError):  # a stderr without a file descriptor
+        faulthandler.enable(all_threads=True)
     try:
         app()
     except WorkerError as exc:
