@@ -80,9 +80,9 @@ def sd_network(component: str, arch: str) -> tuple[Any, tuple[Any, ...]]:
     from engines.backends.torch.runner import graph_shapes
     from engines.models.sd.arch import ARCHES
     from engines.models.sd.build import sd_plan
-    from engines.models.sd.engines import sd_profiles
-    from engines.models.sd.specs import Resolution
+    from engines.models.sd.specs import Resolution, sd_profiles
     from engines.models.sd.weights import RandomSdWeights
+    from engines.profiles import StaticProfile
 
     w = RandomSdWeights(ARCHES[arch], 0)
     r = 512 if arch == "sd15" else 64
@@ -93,7 +93,9 @@ def sd_network(component: str, arch: str) -> tuple[Any, tuple[Any, ...]]:
                    profiles.of(component))
     native = native_net(plan.spec)
     net = in_engine_form(native.fresh(DEV)[0], native, DEV, precision)
-    key = (2 if component != "vae" else 1, plan.profiles[0].item_shape)
+    profile = plan.profiles[0]
+    assert isinstance(profile, StaticProfile)  # the SD engines' profiles are static
+    key = (2 if component != "vae" else 1, profile.item_shape)
     args = tuple(torch.from_numpy(sample_input(t.dtype, s)).to(DEV)
                  for t, s in zip(plan.spec.inputs, graph_shapes(plan.spec, key), strict=True))
     return net, args

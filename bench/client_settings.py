@@ -79,9 +79,10 @@ def latency(bootstrap: str, kafka: dict[str, Any], rate: int, seconds: float) ->
             # A short timeout: consume(n, t) returns only at n records or t, which adds to the
             # latency it measures.
             for m in reader.consume(1000, timeout=0.002):
-                if m.error() is None and m.key() in sent:
+                key = m.key()
+                if m.error() is None and key is not None and key in sent:
                     now = time.perf_counter()
-                    lat.append((sent[m.key()], now - sent[m.key()]))
+                    lat.append((sent[key], now - sent[key]))
             if stop.is_set() and time.perf_counter() - last[0] > 10:
                 return
 

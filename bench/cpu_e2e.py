@@ -64,7 +64,7 @@ def local_kafka_class() -> type:
     """``LocalKafka`` from the new layout (worker.devkit) or the old one (worker.local_kafka)."""
     for name in ("worker.devkit.local_kafka", "worker.local_kafka"):
         try:
-            return importlib.import_module(name).LocalKafka  # type: ignore[no-any-return]
+            return importlib.import_module(name).LocalKafka
         except ModuleNotFoundError as exc:
             if exc.name is None or not name.startswith(exc.name):
                 raise  # the module exists but something it imports is missing

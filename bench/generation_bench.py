@@ -201,7 +201,7 @@ def warm_start(args: argparse.Namespace, warm_up: str = "all_shapes") -> dict[st
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode or not lines:
         return {"error": (out.stderr or out.stdout)[-2000:]}
-    return json.loads(lines[-1])  # type: ignore[no-any-return]
+    return json.loads(lines[-1])
 
 
 def compiled_steps(engines: Any, cache_dir: Path, iters: int) -> dict[str, Any]:
@@ -215,7 +215,8 @@ def compiled_steps(engines: Any, cache_dir: Path, iters: int) -> dict[str, Any]:
                          compile=True, compile_cache=store, slots=1)
     t = time.monotonic()
     runner.activate()
-    rows = {"activate_s": time.monotonic() - t, "cache_preexisting": store.is_file()}
+    rows: dict[str, Any] = {"activate_s": time.monotonic() - t,
+                            "cache_preexisting": store.is_file()}
     rows["steps"] = [step_times(engines, runner, b, iters) for b in (2, 16)]
     runner._save_compile_cache()
     rows["compile_cache_bytes"] = store.stat().st_size if store.is_file() else 0
@@ -382,7 +383,7 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
         thread = threading.Thread(target=run, name="gen-worker", daemon=True)
         thread.start()
         try:
-            rounds = []
+            rounds: list[dict[str, Any]] = []
             for r in range(args.e2e_rounds + 1):  # round 0 warms up (assignment, first fetch)
                 jobs = e2e_jobs(args, f"r{r}-{tag}", args.e2e_jobs if r else 2 * per_batch)
                 with AnswerReader(cfg, g.results, g.dlq) as reader:

@@ -171,7 +171,8 @@ def main() -> None:
     }
     print(f"photos: {record['photos']}")
     print(f"pushed: {record['pushed']}")
-    for band, s in record["by_fp32_band"].items():
+    by_band: dict[str, Any] = record["by_fp32_band"]  # type: ignore[assignment]
+    for band, s in by_band.items():
         print(f"fp32 nsfw in {band}: {s}")
     print(f"verdict flips at review {REVIEW} / block {BLOCK}: {len(flips)} of {len(fp32)}")
     print("wrote", write("int8-drift", record, args.out))

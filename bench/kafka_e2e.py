@@ -93,7 +93,8 @@ def main() -> None:
     import torch
 
     from bench.common import environment, write
-    from bench.pipeline_bench import end_to_end, engine_ceiling, jpeg_photos, naive
+    from bench.corpus import jpeg_photos
+    from bench.pipeline_bench import end_to_end, engine_ceiling, naive
     from worker.logs import configure_logging  # (the same module in every checkout so far)
 
     configure_logging("WARNING")

@@ -33,7 +33,7 @@ from typing import Any
 CPU_THREADS = 2  # per decoder: header parsing and the CUDA fallback's CPU Huffman step
 # nvimgcodec.BackendKind names, preferred first: the NVJPG engines, then nvJPEG's CUDA decoder.
 # No CPU backend on CUDA: what the GPU refuses, the caller's own CPU decoder judges.
-GPU_BACKENDS = ("HW_GPU_ONLY", "HYBRID_CPU_GPU")
+GPU_BACKENDS: tuple[str, ...] = ("HW_GPU_ONLY", "HYBRID_CPU_GPU")
 _local = threading.local()  # .decoders: {device id: (Decoder, DecodeParams)}
 _lock = threading.Lock()
 _state: tuple[bool, str] | None = None  # (usable, why not), found once by available()

@@ -358,7 +358,7 @@ def main() -> None:
         *(("torchvision", args.batch, t, None) for t in threads),
         *(("nvimgcodec", args.big_batch, t, None) for t in threads if nv_ok),
         *(("nvimgcodec", args.batch, t, ("HYBRID_CPU_GPU",)) for t in (1, 4) if nv_ok)]
-    default_backends = nvimgcodec_ops.GPU_BACKENDS if nv_ok else ()
+    default_backends: tuple[str, ...] = nvimgcodec_ops.GPU_BACKENDS if nv_ok else ()
     for name, size, nthreads, backends in plan:
         label = f"{name} b{size} x{nthreads}" + (f" {'+'.join(backends)}" if backends else "")
         if time.perf_counter() - T0 > args.budget:
@@ -367,9 +367,14 @@ def main() -> None:
         with probe.step(label):
             if name == "nvimgcodec":
                 nvimgcodec_ops.GPU_BACKENDS = backends or default_backends
-            fn = nvimgcodec_ops.decode_jpegs if name == "nvimgcodec" else jpeg_ops.decode_jpegs
+            fn: Callable[..., Any] = nvimgcodec_ops.decode_jpegs if name == "nvimgcodec" \
+                else jpeg_ops.decode_jpegs
+
+            def decode(b: Any, fn: Callable[..., Any] = fn) -> Any:
+                return fn(b, cuda)
+
             calls = max(1, args.calls * args.batch // size)
-            r = measure(lambda b, fn=fn: fn(b, cuda), batches_of(size, name == "nvimgcodec"),
+            r = measure(decode, batches_of(size, name == "nvimgcodec"),
                         nthreads, args.rounds, calls)
             runs.append({"run": label, "decoder": name, "batch": size,
                          "backends": list(backends or default_backends)

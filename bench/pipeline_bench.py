@@ -109,7 +109,7 @@ def preprocess_ceilings(photos: list[bytes]) -> dict[str, float]:
 
 
 # -- (b) overlap vs serial --------------------------------------------------------------------
-def overlap_vs_serial(pixels: bool, size: int, batches: int) -> dict[str, float]:
+def overlap_vs_serial(pixels: bool, size: int, batches: int) -> dict[str, Any]:
     from engines.backends.torch.pipeline import TorchPipeline
     from engines.backends.torch.runner import TorchRunner
     from engines.models.open_nsfw import open_nsfw_spec
@@ -118,7 +118,7 @@ def overlap_vs_serial(pixels: bool, size: int, batches: int) -> dict[str, float]
     runner = TorchRunner(open_nsfw_spec(), profiles=(StaticProfile("g", ITEM, (size,)),),
                          cuda_graphs=False)
     rng = np.random.default_rng(0)
-    out: dict[str, float] = {"batch": size, "input": "uint8" if pixels else "float32"}
+    out: dict[str, Any] = {"batch": size, "input": "uint8" if pixels else "float32"}
     for overlap in (False, True):
         pipe = TorchPipeline(runner, (size,), slots=3, pixels=pixels, overlap=overlap)
         pipe.activate()
@@ -147,7 +147,7 @@ def overlap_vs_serial(pixels: bool, size: int, batches: int) -> dict[str, float]
     return out
 
 
-def stage_times(size: int, pixels: bool) -> dict[str, float]:
+def stage_times(size: int, pixels: bool) -> dict[str, Any]:
     """Per-stage milliseconds for one batch, timed with CUDA events on one stream."""
     import torch
 
@@ -245,7 +245,7 @@ def collect(bootstrap: str, topic: str, n: int, timeout: float, sink: dict[str, 
         now = time.time()
         for m in batch:
             if m.error() is None:
-                key = m.key().decode()
+                key = (m.key() or b"").decode()
                 sink[key] = now
                 kind, ms = m.timestamp()
                 if produced is not None and kind == ck.TIMESTAMP_CREATE_TIME:
@@ -299,7 +299,7 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
         time.sleep(0.02)
     worker.stop()
     th.join(60)
-    summary = worker.hops.summary()  # where each job's time went, hop by hop
+    summary: dict[str, Any] = dict(worker.hops.summary())  # each job's time, hop by hop
     vitals = getattr(worker, "vitals", None)  # (older checkouts have none)
     if vitals is not None:  # batch sizes per profile: do the batches fill?
         summary["batches"] = {p: {"n": b.count, "mean_size": round(b.sum / max(1, b.count), 1)}
@@ -458,7 +458,7 @@ def naive(bootstrap: str, photos: list[bytes], n: int) -> dict[str, float]:
             continue
         if t0 is None:
             t0 = time.perf_counter()
-        job = msgpack.unpackb(m.value(), raw=False)
+        job = msgpack.unpackb(m.value() or b"", raw=False)
         x = torch.from_numpy(preprocess_open_nsfw(decode_image(job["image"]),
                                                   jpeg_roundtrip=False))[None].cuda()
         with torch.no_grad():
@@ -466,7 +466,7 @@ def naive(bootstrap: str, photos: list[bytes], n: int) -> dict[str, float]:
         p.produce(f"naive-out-{tag}", key=job["id"].encode(),
                   value=msgpack.packb({"id": job["id"], "nsfw": float(score[1])}))
         p.poll(0)
-        c.commit(m, asynchronous=False)
+        c.commit(message=m, asynchronous=False)
         done += 1
     p.flush(30)
     c.close()

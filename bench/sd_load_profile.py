@@ -144,7 +144,7 @@ def run_child(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode or not lines:
         return {"variant": variant, "error": (out.stderr or out.stdout)[-2000:]}
-    return json.loads(lines[-1])  # type: ignore[no-any-return]
+    return json.loads(lines[-1])
 
 
 def main() -> None:

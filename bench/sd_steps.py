@@ -63,6 +63,7 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     from engines.backends.torch.runner import graph_shapes
     from engines.cache import EngineCache
     from engines.models.sd.engines import sd_plans
+    from engines.profiles import StaticProfile
 
     weights, res = weights_and_res(args)
     _, plans = sd_plans(weights, res, options(args, "aoti", batch), EngineCache(args.cache))
@@ -80,7 +81,9 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     load_s = time.monotonic() - t
     native = native_net(plan.spec)
     net = in_engine_form(native.fresh(args.device)[0], native, args.device, plan.precision)
-    key = (batch, plan.profiles[0].item_shape)
+    profile = plan.profiles[0]
+    assert isinstance(profile, StaticProfile)  # the SD engines' profiles are static
+    key = (batch, profile.item_shape)
     feeds = tuple(torch.from_numpy(sample_input(s.dtype, shape)).to(args.device)
                   for s, shape in zip(plan.spec.inputs, graph_shapes(plan.spec, key),
                                       strict=True))

@@ -181,8 +181,8 @@ def main() -> None:
         pipe = task.pipeline
         pipe.acquire = steps.wrap("acquire", pipe.acquire)
         pipe.launch = steps.wrap("launch", pipe.launch)
-        pipeline_mod.PipelineHandle.result = steps.wrap("result",
-                                                        pipeline_mod.PipelineHandle.result)
+        pipeline_mod.PipelineHandle.result = steps.wrap(  # type: ignore[method-assign]
+            "result", pipeline_mod.PipelineHandle.result)
 
     items = pendings(task, photos, args.batch * args.batches)
     record: dict[str, Any] = {"benchmark": "task_probe_open_nsfw_gpu", "env": environment(),

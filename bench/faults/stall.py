@@ -32,10 +32,12 @@ def main() -> None:
         assert kafka is not None
         for mode in modes(a.modes):
             for i in range(a.repeats):
-                f = run_broker_stall(kafka, log_dir(f"stall-{mode}-{i}"), mode=mode,
-                                     stall_s=a.stall_s, rate_per_s=a.rate,
-                                     **({"KTW_KAFKA__STATIC_MEMBERSHIP": "true"}
-                                        if a.static_membership else {}))
+                env: dict[str, str] = ({"KTW_KAFKA__STATIC_MEMBERSHIP": "true"}
+                                       if a.static_membership else {})
+                # (mypy cannot tell that **env fills only the environment variables)
+                f = run_broker_stall(
+                    kafka, log_dir(f"stall-{mode}-{i}"), mode=mode, stall_s=a.stall_s,
+                    rate_per_s=a.rate, **env)  # type: ignore[arg-type]
                 rec = f["recovery_s"]
                 f["ok"] = (f["worker_survived"] and f["exit_code"] == 0 and f["drained"]
                            and rec is not None and rec <= a.bound_s
