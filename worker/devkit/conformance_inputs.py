@@ -39,6 +39,12 @@ def synthetic_images(seed: int, n: int, fmt: str = "PNG") -> list[bytes]:
     return out
 
 
+def synthetic_photo(seed: int = 5) -> Image.Image:
+    """One of :func:`synthetic_images` as an RGB image, having been a JPEG once (its
+    artefacts), for tests that re-encode it in several ways."""
+    return Image.open(io.BytesIO(synthetic_images(seed, 1, fmt="JPEG")[0])).convert("RGB")
+
+
 def _synthetic(seed: int, n: int) -> list[np.ndarray]:
     return [preprocess_open_nsfw(decode_image(b)) for b in synthetic_images(seed, n)]
 
@@ -55,9 +61,8 @@ def mutated_jpegs(n: int = 48, seed: int = 7) -> dict[str, bytes]:
     data, half and half. The CPU decoder refuses about a third of them; which of those nvJPEG
     also refuses is what the parity tests ask (2026-12-02: two with a bad DC Huffman table it
     decoded)."""
-    photo = Image.open(io.BytesIO(synthetic_images(5, 1, fmt="JPEG")[0])).convert("RGB")
     buf = io.BytesIO()
-    photo.save(buf, "JPEG", quality=90)
+    synthetic_photo().save(buf, "JPEG", quality=90)
     base = buf.getvalue()
     scan = base.find(b"\xff\xda")
     rnd = random.Random(seed)

@@ -62,6 +62,14 @@ def static_keys(plan: EnginePlan) -> list[GraphKey]:
     return sorted(keys)
 
 
+def sample_args(plan: EnginePlan, key: GraphKey, device: str) -> tuple[Any, ...]:
+    """The inputs one static shape is exported, checked and timed on, on ``device``."""
+    import torch
+
+    return tuple(torch.from_numpy(sample_input(t.dtype, s)).to(device)
+                 for t, s in zip(plan.spec.inputs, graph_shapes(plan.spec, key), strict=True))
+
+
 def build_aoti_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> BuildNotes:
     """The registry's builder."""
     import torch
@@ -93,8 +101,7 @@ def _build_shape(plan: EnginePlan, key: GraphKey, net: Any, reference: Any, path
                  device: str) -> dict[str, Any]:
     import torch
 
-    args = tuple(torch.from_numpy(sample_input(t.dtype, s)).to(device)
-                 for t, s in zip(plan.spec.inputs, graph_shapes(plan.spec, key), strict=True))
+    args = sample_args(plan, key, device)
     name = shape_name(*key)
     log.info("aoti_compile_started: %s %s (max-autotune on CUDA takes minutes)",
              plan.spec.model_id, name)

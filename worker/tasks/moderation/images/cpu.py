@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from worker.exceptions import ImageRejected, one_line
-from worker.tasks.moderation.images.jpeg_tables import tables_sound
+from worker.tasks.moderation.images.jpeg_tables import MAX_SEGMENTS, sound_layout
 from worker.tasks.moderation.images.png_rows import short_image_data
 
 # PIL's own bomb guard warns or raises at 89M/179M pixels; ours is checked first and is
@@ -83,10 +83,6 @@ _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame marke
 
 
 _FILL = re.compile(rb"\xff+")
-# Segments before the frame header that are walked at most: real files have a few dozen (APPn,
-# DQT, DHT, ...); a record of millions of tiny segments would otherwise hold the loop's
-# thread for seconds. Past it the file is not "plain" and Pillow judges it.
-MAX_SEGMENTS = 1024
 
 
 def _segments(data: bytes) -> Iterator[tuple[int, int, int]]:
@@ -117,47 +113,42 @@ def _segments(data: bytes) -> Iterator[tuple[int, int, int]]:
         i += 2 + length
 
 
+def _frame_header(data: bytes) -> int | None:
+    """Where a JPEG's frame header (its marker) is, by walking the markers; None when the
+    stream is not a well-formed JPEG up to that header."""
+    return next((i for marker, i, _length in _segments(data) if marker in _SOF), None)
+
+
 def jpeg_dimensions(data: bytes) -> tuple[int, int] | None:
     """(width, height) from a JPEG's frame header by walking its markers, or None when the
     stream is not a well-formed JPEG up to that header. Used by the GPU path to check limits
     for a whole batch cheaply (PIL's header parse costs ~20-40 us per image)."""
-    for marker, i, _length in _segments(data):
-        if marker in _SOF:
-            if i + 9 > len(data):
-                return None
-            height = int.from_bytes(data[i + 5:i + 7], "big")
-            width = int.from_bytes(data[i + 7:i + 9], "big")
-            return width, height
-    return None
+    i = _frame_header(data)
+    if i is None or i + 9 > len(data):
+        return None
+    return int.from_bytes(data[i + 7:i + 9], "big"), int.from_bytes(data[i + 5:i + 7], "big")
 
 
 def jpeg_components(data: bytes) -> int | None:
     """The number of components the frame header declares (1 grey, 3 YCbCr, 4 CMYK), or None
     when the stream is not a well-formed JPEG up to that header."""
-    for marker, i, _length in _segments(data):
-        if marker in _SOF:
-            return data[i + 9] if i + 9 < len(data) else None
-    return None
+    i = _frame_header(data)
+    return data[i + 9] if i is not None and i + 9 < len(data) else None
 
 
 def jpeg_plain(data: bytes) -> bool:
     """True for a JPEG the GPU decoder shows as a person would see it: RGB or grey (not CMYK:
     nvJPEG refuses it), no EXIF orientation other than 1, ending with its end-of-image marker
     (nvJPEG decodes a truncated file that the CPU decoder rejects), and with tables and scan
-    headers libjpeg accepts (:func:`tables_sound`). Found by walking the markers (a few
-    microseconds, plus a search over the entropy-coded data); anything else is decoded by
-    :func:`decode_views`, so both paths accept and reject the same images."""
+    headers libjpeg accepts (nvJPEG checks less: a file the CPU refuses must not count as
+    plain). One walk over the markers (:func:`~.jpeg_tables.sound_layout`: a few microseconds
+    plus a search over the entropy-coded data) answers all but the end marker; anything else
+    is decoded by :func:`decode_views`, so both paths accept and reject the same images."""
     if data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
         return False
-    for marker, i, length in _segments(data):
-        if marker == 0xE1 and data[i + 4:i + 10] == b"Exif\x00\x00" \
-                and _exif_orientation(data[i + 10:i + 2 + length]) not in (None, 1):
-            return False
-        if marker in _SOF:
-            # Components: grey or YCbCr. Then every table and scan header libjpeg would check
-            # (nvJPEG checks less: a file the CPU refuses must not count as plain).
-            return i + 9 < len(data) and data[i + 9] in (1, 3) and tables_sound(data)
-    return False
+    layout = sound_layout(data)  # grey or YCbCr, tables and scan headers libjpeg accepts
+    return layout is not None and all(_exif_orientation(tiff) in (None, 1)
+                                      for tiff in layout.exif)
 
 
 def _exif_orientation(tiff: bytes) -> int | None:

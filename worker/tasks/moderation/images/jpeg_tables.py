@@ -27,11 +27,15 @@ data is 5 us of it).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 # Huffman-coded frames nvJPEG and libjpeg both decode: baseline, extended, progressive.
 HUFFMAN_FRAMES = frozenset({0xC0, 0xC1, 0xC2})
-MAX_SEGMENTS = 1024  # as the header walk's bound: a record of tiny segments is not plain
+# Segments (and fill bytes) walked at most: real files have a few dozen (APPn, DQT, DHT, ...);
+# a record of millions of tiny segments would otherwise hold a thread for seconds. Past it the
+# file is not "plain" and Pillow judges it. (cpu._segments' header walk has the same bound.)
+MAX_SEGMENTS = 1024
 _NEXT_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")  # after entropy-coded data
 # Markers a plain JPEG may have between its start and end: frames and tables (0xC0-0xCF),
 # scans, restart intervals, APPn, comments.
@@ -42,14 +46,28 @@ class _Unsound(Exception):
     """Internal: the walk stops; the image is not plain."""
 
 
-def tables_sound(data: bytes) -> bool:
-    """True when every table, frame and scan header from the start-of-image to the
-    end-of-image marker is one libjpeg accepts (see the module's note)."""
+@dataclass(frozen=True, slots=True)
+class SoundLayout:
+    """What the GPU path still asks of a JPEG whose structure libjpeg accepts, found on the
+    same walk."""
+
+    exif: tuple[bytes, ...]  # the TIFF blocks of the APP1 "Exif" segments before the frame
+
+
+def sound_layout(data: bytes) -> SoundLayout | None:
+    """The layout when every table, frame and scan header from the start-of-image to the
+    end-of-image marker is one libjpeg accepts (see the module's note), else None."""
+    walk = _Walk(data)
     try:
-        _Walk(data).run()
+        walk.run()
     except _Unsound:
-        return False
-    return True
+        return None
+    return SoundLayout(tuple(walk.exif))
+
+
+def tables_sound(data: bytes) -> bool:
+    """Whether libjpeg accepts every table, frame and scan header (:func:`sound_layout`)."""
+    return sound_layout(data) is not None
 
 
 class _Walk:
@@ -61,6 +79,7 @@ class _Walk:
         self.blocks = 0  # blocks per MCU of an interleaved scan
         self.frame = 0
         self.scanned: set[int] = set()  # components some scan has coded
+        self.exif: list[bytes] = []
 
     def run(self) -> None:
         data = self.data
@@ -96,6 +115,8 @@ class _Walk:
                 # skips the colour conversion, nvJPEG may not.
                 if marker == 0xEE and data[i + 4:i + 9] == b"Adobe":
                     raise _Unsound
+                if marker == 0xE1 and not self.frame and data[i + 4:i + 10] == b"Exif\x00\x00":
+                    self.exif.append(data[i + 10:i + 2 + length])
                 i += 2 + length
                 continue
             body = data[i + 4:i + 2 + length]
