@@ -9,6 +9,11 @@ attention (a toy SDPA block), the SD text encoder at the tiny and the full size,
 options for large weights (``force_mmap_weights``; weights kept out of the .so).
 
     [DIAG_PRELOAD=onnxruntime] python bench/aoti_load_diag.py --out DIR [--variants a,b,...]
+    python bench/aoti_load_diag.py --libs [PACKAGE.pt2 ...]
+
+``--libs`` prints the shared libraries that importing onnxruntime adds to a process that has
+imported torch, and ``ldd`` of the libraries inside the given packages: what the one import
+known to stop the crash changes in the process.
 
 Found with it (H200, torch 2.11.0+cu130, 2026-12-02): every load crashed, from the toy SDPA
 block and the tiny text encoder up, in the compiling process and in fresh ones; importing
@@ -135,6 +140,33 @@ def child_load(path: Path, how: str) -> None:
     print(json.dumps({"load_s": round(time.monotonic() - t, 2)}), flush=True)
 
 
+def loaded_libs(preload: str) -> list[str]:
+    """The shared objects mapped after ``import torch`` (and ``preload``), in a fresh process."""
+    code = ("import torch, sys\n"
+            f"{'import ' + preload if preload else ''}\n"
+            "seen = {l.split()[-1] for l in open('/proc/self/maps') if '.so' in l}\n"
+            "print('\\n'.join(sorted(seen)))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    return p.stdout.split()
+
+
+def libs_report(packages: list[str]) -> None:
+    import tempfile
+    import zipfile
+
+    base = set(loaded_libs(""))
+    for pre in ("onnxruntime", "onnx"):
+        added = sorted(set(loaded_libs(pre)) - base)
+        print(f"import torch; import {pre} adds {len(added)} libraries:", *added, sep="\n  ")
+    for pkg in packages:
+        with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(pkg) as z:
+            for name in z.namelist():
+                if name.endswith(".so"):
+                    so = z.extract(name, tmp)
+                    out = subprocess.run(["ldd", so], capture_output=True, text=True, check=False)
+                    print(f"ldd {Path(pkg).name}:{name}", out.stdout, sep="\n")
+
+
 def run(cmd: list[str], timeout: float) -> dict[str, Any]:
     t = time.monotonic()
     try:
@@ -157,9 +189,12 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/aoti-diag"))
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--timeout", type=float, default=420)
+    ap.add_argument("--libs", nargs="*", default=None, metavar="PACKAGE")
     ap.add_argument("--child-build", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--child-load", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.libs is not None:
+        return libs_report(args.libs)
     if args.child_build:
         return child_build(args.child_build[0], Path(args.child_build[1]))
     if args.child_load:
