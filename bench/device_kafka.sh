@@ -60,8 +60,13 @@ wheels() {  # the worker's runtime dependencies the GPU image lacks, for Python 
 
 install_wheels() {  # install_wheels DIR: its carried wheels into /tmp/site (every step's path)
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
-        "$1"/*.whl
+        "$1"/*.whl || return 1
+    # The staged commit stays for later calls that carry no .whl (SKIP_INSTALL=1).
+    [ -f "$1/COMMIT" ] && cp "$1/COMMIT" /tmp/site/COMMIT
+    return 0
 }
+
+staged_commit() { cat .whl/COMMIT 2>/dev/null || cat /tmp/site/COMMIT 2>/dev/null || echo unknown; }
 
 case "${1:-}" in
 stage)
@@ -152,7 +157,7 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps)
     export PYTHONUNBUFFERED=1 GIT_DIR=/nonexistent
     # The checkout's commit in every record (kafka_e2e reads BENCH_CODE_COMMIT, the rest
     # BENCH_COMMIT); bench-before sets its own below.
-    BENCH_CODE_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown)
+    BENCH_CODE_COMMIT=$(staged_commit)
     export BENCH_CODE_COMMIT
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
     case $what in
@@ -165,22 +170,22 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps)
         script=$(case $what in probe) echo task_probe ;; warm) echo warm_start ;;
                  kernels) echo unet_kernels ;; build) echo engines_build ;;
                  sdsteps) echo sd_steps ;; esac)
-        BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) PYTHONPATH=/tmp/site:$ROOT \
+        BENCH_COMMIT=$(staged_commit) PYTHONPATH=/tmp/site:$ROOT \
             timeout $LIMIT_S python3 "bench/$script.py" --out "$OUT" "$@" 2>&1 \
             | grep --line-buffered -v 'Warning\|warn(' | tee -a "$OUT/$what.log" | tail -60 ;;
     bench)
-        BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) \
+        BENCH_COMMIT=$(staged_commit) \
             timeout $LIMIT_S python3 bench/kafka_e2e.py --out "$OUT" "$@" 2>&1 \
             | grep --line-buffered -v '^%' | tee -a "$OUT/after.log" ;;
     profile)
-        BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) timeout $LIMIT_S \
+        BENCH_COMMIT=$(staged_commit) timeout $LIMIT_S \
             /tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope ${PYSPY_FLAGS:-} \
             -o "$OUT/profile${PYSPY_FLAGS:+-gil}.speedscope.json" -- python3 bench/kafka_e2e.py --out "$OUT" "$@" \
             2>&1 | grep --line-buffered -v '^%' | tee -a "$OUT/profile.log" ;;
     aoti)
         mkdir -p /tmp/aoti-cache
         [ -d bench/aoti-cache ] && cp -rn bench/aoti-cache/. /tmp/aoti-cache/
-        BENCH_COMMIT=$(cat .whl/COMMIT 2>/dev/null || echo unknown) PYTHONPATH=/tmp/site:$ROOT \
+        BENCH_COMMIT=$(staged_commit) PYTHONPATH=/tmp/site:$ROOT \
             timeout $LIMIT_S python3 bench/aoti_bench.py --cache /tmp/aoti-cache --out "$OUT" "$@" \
             2>&1 | grep --line-buffered -v 'Warning\|warn(' \
             | grep --line-buffered -v '^  \|AUTOTUNE\|Autotune\|autotuning' \

@@ -180,3 +180,22 @@ def test_cuda_packages_load_without_the_cpu_isa_probe(monkeypatch: pytest.Monkey
     assert "AOTI_CPU_ISA" not in info and info["AOTI_MACHINE"]
     with pytest.raises(AssertionError, match="probed"):  # outside the load, torch's own
         codecache.get_device_information("cpu")
+
+
+def test_quantised_outputs_may_differ_by_one_level_and_only_at_reduced_precision_widely() -> None:
+    """The SD VAE's uint8 pixels: fp16 against the float32 network crossed a rounding boundary
+    on more than 1% of the pixels on the H200 (never by more than one level), which failed the
+    build; float32 keeps the 1% limit, and two levels fail at any precision."""
+    ref = torch.zeros(1000, dtype=torch.int16)
+    few, many, two = ref.clone(), ref.clone(), ref.clone()
+    few[:5] = 1
+    many[:100] = 1
+    two[:1] = 2
+
+    def passes(got: Any, precision: str) -> bool:
+        error, tolerance = aoti_build.off_by(got, ref, "uint8", precision)
+        return error <= tolerance
+
+    assert passes(few, "fp32") and passes(few, "fp16")
+    assert passes(many, "fp16") and not passes(many, "fp32")
+    assert not passes(two, "fp16") and not passes(two, "fp32")
