@@ -21,7 +21,8 @@ sends the image to the CPU decoder, which then judges it, so this check errs tow
 Written here rather than taken from a library: no maintained Python package validates JPEG
 tables without decoding the pixels, which is the cost this check exists to avoid (13 us for a
 16 KB baseline JPEG, 36 us progressive, on the 2-core VM; the search over the entropy-coded
-data is 5 us of it).
+data is 5-7 us of it). A file whose bytes up to its first scan repeat an earlier file's (frames
+of one encoder) resumes the walk there: 8-9 us for the same JPEG.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ _NEXT_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")  # after entropy-coded d
 _KNOWN = frozenset([*range(0xC0, 0xD0), 0xD9, 0xDA, 0xDB, 0xDD, *range(0xE0, 0xF0), 0xFE])
 
 
+# Frames from one encoder (a video's, a camera's) repeat the same bytes up to their first scan.
+# The walk's state after that scan's header is kept per distinct prefix (its exact bytes), so
+# such a frame's walk starts at its scan data: the state at a position depends only on the
+# bytes before it. Bounded: prefixes up to 4 KB (a camera's EXIF block differs per photo
+# anyway), 256 of them, then the table starts again.
+_RESUME_AT: dict[bytes, _Resume] = {}
+_RESUME_ENTRIES, _RESUME_BYTES = 256, 4096
+
+
 class _Unsound(Exception):
     """Internal: the walk stops; the image is not plain."""
 
@@ -52,6 +62,19 @@ class SoundLayout:
     same walk."""
 
     exif: tuple[bytes, ...]  # the TIFF blocks of the APP1 "Exif" segments before the frame
+
+
+@dataclass(frozen=True, slots=True)
+class _Resume:
+    """The walk's state right after a file's first scan header."""
+
+    quant: frozenset[int]
+    huff: frozenset[tuple[int, int]]
+    components: tuple[tuple[int, int], ...]
+    blocks: int
+    frame: int
+    scanned: frozenset[int]
+    exif: tuple[bytes, ...]
 
 
 def sound_layout(data: bytes) -> SoundLayout | None:
@@ -79,13 +102,47 @@ class _Walk:
         self.blocks = 0  # blocks per MCU of an interleaved scan
         self.frame = 0
         self.scanned: set[int] = set()  # components some scan has coded
+        self.scans = 0
         self.exif: list[bytes] = []
+
+    def _resume(self) -> int:
+        """Where the walk starts: after the first scan header where a file with the same bytes
+        up to there was walked before (its state restored), else after the start-of-image."""
+        data = self.data
+        j = data.find(b"\xff\xda", 2)  # the first scan header, or bytes inside a segment
+        if j < 0 or j + 4 > len(data):
+            return 2
+        end = j + 2 + ((data[j + 2] << 8) | data[j + 3])
+        state = _RESUME_AT.get(data[:end]) if end <= _RESUME_BYTES else None
+        if state is None:
+            return 2
+        self.quant, self.huff = set(state.quant), set(state.huff)
+        self.components, self.blocks = dict(state.components), state.blocks
+        self.frame, self.scanned, self.scans = state.frame, set(state.scanned), 1
+        self.exif = list(state.exif)
+        return self._scan_end(end)
+
+    def _remember(self, prefix: bytes) -> None:
+        if len(prefix) > _RESUME_BYTES:
+            return
+        if len(_RESUME_AT) >= _RESUME_ENTRIES:
+            _RESUME_AT.clear()  # one call: safe beside other threads walking
+        _RESUME_AT[prefix] = _Resume(
+            frozenset(self.quant), frozenset(self.huff), tuple(self.components.items()),
+            self.blocks, self.frame, frozenset(self.scanned), tuple(self.exif))
+
+    def _scan_end(self, start: int) -> int:
+        """The next marker after a scan's entropy-coded data (restart markers are part of it)."""
+        nxt = _NEXT_MARKER.search(self.data, start)
+        if nxt is None:
+            raise _Unsound
+        return nxt.start()
 
     def run(self) -> None:
         data = self.data
         if data[:2] != b"\xff\xd8":
             raise _Unsound
-        i, seen = 2, 0
+        i, seen = self._resume(), 0
         while True:
             seen += 1
             if seen > MAX_SEGMENTS or i + 2 > len(data) or data[i] != 0xFF:
@@ -128,10 +185,10 @@ class _Walk:
                 self._sof(marker, body)
             elif marker == 0xDA:
                 self._sos(body)
-                nxt = _NEXT_MARKER.search(data, i + 2 + length)
-                if nxt is None:
-                    raise _Unsound
-                i = nxt.start()
+                self.scans += 1
+                if self.scans == 1:
+                    self._remember(data[:i + 2 + length])
+                i = self._scan_end(i + 2 + length)
                 continue
             elif marker == 0xDD and length != 4:  # restart interval
                 raise _Unsound

@@ -198,3 +198,20 @@ def test_fuzzed_jpegs_the_cpu_refuses_never_count_as_plain() -> None:
     slipped = [data[:400].hex() for data in fuzzed if _judged_apart(data)]
     assert not slipped
     assert sum(map(jpeg_plain, fuzzed)) > 2000  # the sample keeps files both paths decode
+
+
+def test_a_walk_resumed_after_a_known_header_judges_like_a_fresh_one() -> None:
+    # Frames from one encoder share their bytes up to the first scan; the walk resumes there
+    # from the state a file with the same prefix left (most fuzzed files keep their base's).
+    from worker.tasks.moderation.images import jpeg_tables
+
+    fuzzed = _fuzzed(3_000, seed=7)
+    fresh = []
+    for data in fuzzed:
+        jpeg_tables._RESUME_AT.clear()
+        fresh.append(tables_sound(data))
+    jpeg_tables._RESUME_AT.clear()
+    resumed = [tables_sound(data) for data in fuzzed]
+    assert jpeg_tables._RESUME_AT  # the second pass had states to resume from
+    assert resumed == fresh
+    assert 500 < sum(fresh) < len(fuzzed)
