@@ -41,7 +41,7 @@ def main() -> None:
 
     t["import_inductor"] = time.perf_counter()
     from bench.aoti_bench import plan_for
-    from engines.backends.aoti.bundle import load_package, read_bundle, shape_name
+    from engines.backends.aoti.bundle import load_from_bundle, shape_name
 
     steps = {}
     for size in (int(s) for s in args.sizes.split(",") if s):
@@ -55,8 +55,7 @@ def main() -> None:
         entry = plan.cache.lookup(plan.recipe())
         assert entry is not None, f"no cached engine for batch {size} in {args.cache}"
         started = time.perf_counter()
-        data = read_bundle(entry.artifact)[shape_name(size, ITEM)]
-        model = load_package(data, cuda=True)
+        model = load_from_bundle(entry.artifact, shape_name(size, ITEM), cuda=True)
         loaded = time.perf_counter()
         x = torch.zeros((size, *ITEM), device="cuda")
         model(x)

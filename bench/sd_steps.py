@@ -57,7 +57,7 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     import torch
 
     from engines.backends.aoti.build import sample_args, static_keys, time_variants
-    from engines.backends.aoti.bundle import load_package, read_bundle
+    from engines.backends.aoti.bundle import bundle_names, load_from_bundle
     from engines.backends.torch.artifact import in_engine_form, native_net
     from engines.cache import EngineCache
     from engines.models.sd.engines import sd_plans
@@ -71,10 +71,9 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
         raise SystemExit(f"no cached aoti UNet for batch {batch} under {args.cache} "
                          f"(key {loader.recipe.key}); build it first (bench/engines_build.py)")
     t = time.monotonic()
-    packages = read_bundle(entry.artifact)
     cuda = args.device.startswith("cuda")
-    (name, data), = packages.items()
-    model = load_package(data, cuda)
+    (name,) = bundle_names(entry.artifact)
+    model = load_from_bundle(entry.artifact, name, cuda)
     load_s = time.monotonic() - t
     native = native_net(plan.spec)
     net = in_engine_form(native.fresh(args.device)[0], native, args.device, plan.precision)

@@ -116,7 +116,7 @@ def _build_shape(plan: EnginePlan, key: GraphKey, net: Any, reference: Any, path
         raise EngineError(f"{plan.spec.model_id} {name}: AOTInductor compile failed: "
                           f"{type(exc).__name__}: {exc}") from exc
     compile_s = time.monotonic() - started
-    model = load_package(path.read_bytes(), device.startswith("cuda"))
+    model = load_package(path, device.startswith("cuda"))
     with torch.no_grad():
         got, ref = model(*args).double(), reference(*args).double()
     error, tolerance = off_by(got, ref, plan.spec.outputs[0].dtype, plan.params.precision)

@@ -2,13 +2,18 @@
 
 One file, so the engine cache's SHA-256 covers every package. Stored uncompressed (a package
 is itself a zip of compiled code and weights; compressing again gains nothing and costs load
-time). Members are named by :func:`shape_name`; each is loaded from memory.
+time). Members are named by :func:`shape_name`. Each is loaded from a file
+(:func:`load_from_bundle`): torch's loader takes a path, and given bytes it writes them to a
+file itself, after the caller has held the whole package in memory. For a 1 GB package on the
+2-core VM that took 11.6-13.9 s against 5.4-6.2 s streamed to a file (2026-12-02).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import shutil
+import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -31,27 +36,41 @@ def write_bundle(out: Path, packages: Mapping[str, Path]) -> None:
             z.write(path, name + SUFFIX)
 
 
-def read_bundle(path: Path) -> dict[str, bytes]:
-    """Every package in the bundle by shape name; a damaged bundle is an EngineError (the cache
-    verified its hash, so this means a builder wrote a bad one)."""
+def bundle_names(path: Path) -> set[str]:
+    """The shape names the bundle holds a package for, without reading the packages."""
     try:
         with zipfile.ZipFile(path) as z:
-            return {n.removesuffix(SUFFIX): z.read(n) for n in z.namelist()
+            return {n.removesuffix(SUFFIX) for n in z.namelist()
                     if n.endswith(SUFFIX) and "/" not in n}
     except (zipfile.BadZipFile, OSError) as exc:
         raise EngineError(f"AOTInductor bundle {path} does not read: {exc}") from exc
 
 
-def load_package(data: bytes, cuda: bool) -> Any:
-    """A package from memory, ready to call (and to capture in a CUDA graph: single-threaded;
-    the runner's lock keeps it so). CUDA packages load without the CPU-ISA probe
-    (:func:`skip_cpu_isa_probe`)."""
+def load_from_bundle(path: Path, name: str, cuda: bool) -> Any:
+    """One shape's package, streamed from the bundle to a temporary file and loaded from
+    there (see the module's note)."""
+    with tempfile.NamedTemporaryFile(suffix=SUFFIX) as f:
+        try:
+            with zipfile.ZipFile(path) as z, z.open(name + SUFFIX) as member:
+                shutil.copyfileobj(member, f, 1 << 24)  # the member's CRC is checked at its end
+            f.flush()
+        except (zipfile.BadZipFile, KeyError, OSError) as exc:
+            raise EngineError(f"AOTInductor bundle {path}: package {name} does not read: "
+                              f"{exc}") from exc
+        return load_package(Path(f.name), cuda)
+
+
+def load_package(source: Path | bytes, cuda: bool) -> Any:
+    """A package from a file (or memory), ready to call (and to capture in a CUDA graph:
+    single-threaded; the runner's lock keeps it so). CUDA packages load without the CPU-ISA
+    probe (:func:`skip_cpu_isa_probe`)."""
     import torch
 
     if cuda:
         _onnxruntime_loaded()
+    src: Any = str(source) if isinstance(source, Path) else io.BytesIO(source)
     with skip_cpu_isa_probe() if cuda else contextlib.nullcontext():
-        return torch._inductor.aoti_load_package(io.BytesIO(data), run_single_threaded=True)
+        return torch._inductor.aoti_load_package(src, run_single_threaded=True)
 
 
 def _onnxruntime_loaded() -> None:

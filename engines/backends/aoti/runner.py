@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engines.backends.aoti.build import static_keys
-from engines.backends.aoti.bundle import load_package, read_bundle, shape_name
+from engines.backends.aoti.bundle import bundle_names, load_from_bundle, shape_name
 from engines.backends.base import InferHandle, Outputs
 from engines.backends.torch.artifact import in_engine_form, native_net
 from engines.backends.torch.runner import GraphKey, TorchRunner
@@ -81,7 +81,7 @@ class AotiRunner(TorchRunner):
         assert self._engine is not None
         entry = self._engine()
         serve = dict(entry.sidecar.get("build", {}).get("serve", {}))
-        packages = read_bundle(entry.artifact)
+        packages = bundle_names(entry.artifact)
         nets: dict[GraphKey, Any] = {}
         for key in self._keys:
             name = shape_name(*key)
@@ -89,7 +89,7 @@ class AotiRunner(TorchRunner):
                 raise EngineError(f"engine {entry.key}: no package for {name}; rebuild it")
             self.serving[name] = serve[name]
             nets[key] = (self._eager_net() if serve[name].startswith("eager") else
-                         load_package(packages[name], self.cuda))
+                         load_from_bundle(entry.artifact, name, self.cuda))
         self._net = self._fn = ShapeDispatch(nets)
         self._hash = f"aoti-{entry.key[:12]}"
         # Graphs only where the build measured one faster; other shapes run "eagerly" (one

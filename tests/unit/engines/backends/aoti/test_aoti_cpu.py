@@ -17,7 +17,7 @@ import pytest
 
 from engines.assembly import EngineParams, EnginePlan
 from engines.backends.aoti import build as aoti_build
-from engines.backends.aoti.bundle import read_bundle, shape_name
+from engines.backends.aoti.bundle import bundle_names, load_from_bundle, shape_name
 from engines.backends.registry import backend
 from engines.exceptions import BackendUnavailable, EngineError, InferenceFailed
 from engines.loaders import OnnxModel
@@ -79,7 +79,7 @@ def test_the_build_records_per_shape_choice_timings_error_and_compile_time(
         assert set(shape["ms"]) == {"aoti", "eager"} and all(v > 0 for v in shape["ms"].values())
         assert shape["serve"] == min(shape["ms"], key=shape["ms"].get)
         assert shape["compile_seconds"] > 0 and shape["max_error"] <= 1e-3
-    assert set(read_bundle(entry.artifact)) == {"b1_8x8x3", "b4_8x8x3"}
+    assert bundle_names(entry.artifact) == {"b1_8x8x3", "b4_8x8x3"}
     assert entry.sidecar["flags"] == {"inductor": {}}  # the CPU build: Inductor's defaults
 
 
@@ -157,11 +157,17 @@ def test_bundle_names_and_a_damaged_bundle(tmp_path: Path) -> None:
     bad = tmp_path / "engine.aoti.zip"
     bad.write_bytes(b"not a zip")
     with pytest.raises(EngineError, match="does not read"):
-        read_bundle(bad)
+        bundle_names(bad)
     with zipfile.ZipFile(bad, "w") as z:  # members outside the naming scheme are ignored
         z.writestr("../escape.pt2", b"x")
-        z.writestr("b1_8.pt2", b"y")
-    assert read_bundle(bad) == {"b1_8": b"y"}
+        z.writestr("b1_8.pt2", b"y" * 64)
+    assert bundle_names(bad) == {"b1_8"}
+    with pytest.raises(EngineError, match="b2_8 does not read"):
+        load_from_bundle(bad, "b2_8", cuda=False)
+    damaged = bad.read_bytes().replace(b"y" * 64, b"y" * 63 + b"z")  # its CRC no longer holds
+    bad.write_bytes(damaged)
+    with pytest.raises(EngineError, match="b1_8 does not read"):
+        load_from_bundle(bad, "b1_8", cuda=False)
 
 
 def test_cuda_packages_load_without_the_cpu_isa_probe(monkeypatch: pytest.MonkeyPatch) -> None:
