@@ -11,7 +11,6 @@ file itself, after the caller has held the whole package in memory. For a 1 GB p
 from __future__ import annotations
 
 import contextlib
-import io
 import shutil
 import tempfile
 import zipfile
@@ -60,17 +59,16 @@ def load_from_bundle(path: Path, name: str, cuda: bool) -> Any:
         return load_package(Path(f.name), cuda)
 
 
-def load_package(source: Path | bytes, cuda: bool) -> Any:
-    """A package from a file (or memory), ready to call (and to capture in a CUDA graph:
-    single-threaded; the runner's lock keeps it so). CUDA packages load without the CPU-ISA
-    probe (:func:`skip_cpu_isa_probe`)."""
+def load_package(path: Path, cuda: bool) -> Any:
+    """A package file, loaded ready to call (and to capture in a CUDA graph: single-threaded;
+    the runner's lock keeps it so). CUDA packages load without the CPU-ISA probe
+    (:func:`skip_cpu_isa_probe`)."""
     import torch
 
     if cuda:
         _onnxruntime_loaded()
-    src: Any = str(source) if isinstance(source, Path) else io.BytesIO(source)
     with skip_cpu_isa_probe() if cuda else contextlib.nullcontext():
-        return torch._inductor.aoti_load_package(src, run_single_threaded=True)
+        return torch._inductor.aoti_load_package(str(path), run_single_threaded=True)
 
 
 def _onnxruntime_loaded() -> None:
