@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 # Huffman-coded frames nvJPEG and libjpeg both decode: baseline, extended, progressive.
 HUFFMAN_FRAMES = frozenset({0xC0, 0xC1, 0xC2})
@@ -48,7 +49,7 @@ _KNOWN = frozenset([*range(0xC0, 0xD0), 0xD9, 0xDA, 0xDB, 0xDD, *range(0xE0, 0xF
 # such a frame's walk starts at its scan data: the state at a position depends only on the
 # bytes before it. Bounded: prefixes up to 4 KB (a camera's EXIF block differs per photo
 # anyway), 256 of them, then the table starts again.
-_RESUME_AT: dict[bytes, _Resume] = {}
+_RESUME_AT: dict[bytes, dict[str, Any]] = {}
 _RESUME_ENTRIES, _RESUME_BYTES = 256, 4096
 
 
@@ -62,19 +63,6 @@ class SoundLayout:
     same walk."""
 
     exif: tuple[bytes, ...]  # the TIFF blocks of the APP1 "Exif" segments before the frame
-
-
-@dataclass(frozen=True, slots=True)
-class _Resume:
-    """The walk's state right after a file's first scan header."""
-
-    quant: frozenset[int]
-    huff: frozenset[tuple[int, int]]
-    components: tuple[tuple[int, int], ...]
-    blocks: int
-    frame: int
-    scanned: frozenset[int]
-    exif: tuple[bytes, ...]
 
 
 def sound_layout(data: bytes) -> SoundLayout | None:
@@ -96,13 +84,14 @@ def tables_sound(data: bytes) -> bool:
 class _Walk:
     def __init__(self, data: bytes) -> None:
         self.data = data
-        self.quant: set[int] = set()
-        self.huff: set[tuple[int, int]] = set()  # (class 0 DC / 1 AC, index)
+        # Frozen sets (``|=`` makes a new one), so a remembered state is never changed by a
+        # later walk that resumed from it.
+        self.quant: frozenset[int] = frozenset()
+        self.huff: frozenset[tuple[int, int]] = frozenset()  # (class 0 DC / 1 AC, index)
         self.components: dict[int, int] = {}  # component id -> quantisation table
         self.blocks = 0  # blocks per MCU of an interleaved scan
         self.frame = 0
-        self.scanned: set[int] = set()  # components some scan has coded
-        self.scans = 0
+        self.scanned: frozenset[int] = frozenset()  # components some scan has coded
         self.exif: list[bytes] = []
 
     def _resume(self) -> int:
@@ -116,20 +105,18 @@ class _Walk:
         state = _RESUME_AT.get(data[:end]) if end <= _RESUME_BYTES else None
         if state is None:
             return 2
-        self.quant, self.huff = set(state.quant), set(state.huff)
-        self.components, self.blocks = dict(state.components), state.blocks
-        self.frame, self.scanned, self.scans = state.frame, set(state.scanned), 1
-        self.exif = list(state.exif)
+        vars(self).update(state)
         return self._scan_end(end)
 
     def _remember(self, prefix: bytes) -> None:
+        """Keep the state after the first scan header. Shared, not copied: the sets are frozen,
+        and the components and EXIF blocks are complete once a frame exists (a second frame is
+        refused before it changes them; EXIF is only read before the frame)."""
         if len(prefix) > _RESUME_BYTES:
             return
         if len(_RESUME_AT) >= _RESUME_ENTRIES:
             _RESUME_AT.clear()  # one call: safe beside other threads walking
-        _RESUME_AT[prefix] = _Resume(
-            frozenset(self.quant), frozenset(self.huff), tuple(self.components.items()),
-            self.blocks, self.frame, frozenset(self.scanned), tuple(self.exif))
+        _RESUME_AT[prefix] = {k: v for k, v in vars(self).items() if k != "data"}
 
     def _scan_end(self, start: int) -> int:
         """The next marker after a scan's entropy-coded data (restart markers are part of it)."""
@@ -154,7 +141,7 @@ class _Walk:
             if marker == 0xD9:  # end of image: it must have one (libjpeg: "no image"), and
                 # every component of a sequential frame coded
                 if not self.scanned or (self.frame != 0xC2
-                                        and self.scanned != set(self.components)):
+                                        and self.scanned != self.components.keys()):
                     raise _Unsound
                 return
             if marker not in _KNOWN:
@@ -184,9 +171,9 @@ class _Walk:
             elif 0xC0 <= marker <= 0xCF:  # a frame (0xC4 DHT, handled above), DAC, JPG
                 self._sof(marker, body)
             elif marker == 0xDA:
+                first = not self.scanned
                 self._sos(body)
-                self.scans += 1
-                if self.scans == 1:
+                if first:
                     self._remember(data[:i + 2 + length])
                 i = self._scan_end(i + 2 + length)
                 continue
