@@ -29,12 +29,35 @@ from worker.devkit.workers import (
 )
 
 
-def _committed_to_end(bootstrap: str, topics: Any, partitions: int) -> bool:
-    """Whether the group's committed offsets reached the end of every jobs partition (after a
-    moment for the last commit)."""
-    time.sleep(0.5)
-    return (committed(bootstrap, topics.group, topics.jobs, partitions)
-            == end_offsets(bootstrap, topics.jobs, partitions))
+def _offsets_behind(bootstrap: str, topics: Any, partitions: int) -> dict[int, int]:
+    """Per jobs partition, how far the group's committed offset is behind its end (only the
+    partitions that are behind)."""
+    done = committed(bootstrap, topics.group, topics.jobs, partitions)
+    ends = end_offsets(bootstrap, topics.jobs, partitions)
+    return {p: end - max(done.get(p, 0), 0) for p, end in ends.items()
+            if done.get(p) != end}
+
+
+def _commit_figures(bootstrap: str, topics: Any, partitions: int) -> dict[str, Any]:
+    time.sleep(0.5)  # a moment for the last commit
+    behind = _offsets_behind(bootstrap, topics, partitions)
+    return {"offsets_committed_to_end": not behind,
+            "offsets_behind": {str(p): n for p, n in sorted(behind.items())}}
+
+
+def wait_committed_to_end(bootstrap: str, topics: Any, partitions: int, timeout: float,
+                          alive: Callable[[], bool]) -> dict[int, int]:
+    """Until the group committed every jobs partition to its end (while the workers live);
+    returns what is still behind. Every output being there does not mean this: the outputs
+    of a worker killed before its commit are there, and its restarted self re-reads that
+    tail (repeating those outputs) before it commits past it. A SIGTERM before then would
+    leave the tail to the next owner, which is correct but would end the scenario behind."""
+    deadline = time.monotonic() + timeout
+    behind = _offsets_behind(bootstrap, topics, partitions)
+    while behind and time.monotonic() < deadline and alive():
+        time.sleep(0.5)
+        behind = _offsets_behind(bootstrap, topics, partitions)
+    return behind
 
 
 def _audit_outputs(bootstrap: str, topics: Any, good: set[str], bad: set[str],
@@ -55,7 +78,7 @@ def _audit_outputs(bootstrap: str, topics: Any, good: set[str], bad: set[str],
         "missing_sample": sorted(res_audit.missing | dlq_audit.missing)[:10],
         "duplicate_sample": sorted(k for k, n in (res_audit.counts + dlq_audit.counts).items()
                                    if n > 1)[:10],
-        "offsets_committed_to_end": _committed_to_end(bootstrap, topics, partitions),
+        **_commit_figures(bootstrap, topics, partitions),
     }
 
 
@@ -104,6 +127,12 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
         drained = outputs.wait_for(good, bad, drain_timeout_s, fleet.all_alive)
         drain_s = time.monotonic() - started - kill_phase_s
         outputs.stop()
+        t_catch_up = time.monotonic()
+        at_drain = _offsets_behind(bootstrap, topics, partitions)
+        behind = wait_committed_to_end(bootstrap, topics, partitions,
+                                       max(30.0, started + kill_phase_s + drain_timeout_s
+                                           - t_catch_up), fleet.all_alive)
+        catch_up_s = time.monotonic() - t_catch_up
         codes = [fleet.terminate(name) for name in names]
     figures: dict[str, Any] = {
         "mode": mode, "kills": kills, "instances": instances, "partitions": partitions,
@@ -113,6 +142,9 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
         "kill_delay_s": {"min": round(min(delays), 2), "max": round(max(delays), 2)},
         "kill_phase_s": round(kill_phase_s, 1), "drain_s": round(drain_s, 1),
         "drained": drained, "final_exit_codes": codes,
+        "commit_catch_up_s": round(catch_up_s, 1),
+        "behind_at_drain": {str(p): n for p, n in sorted(at_drain.items())},
+        "behind_before_stop": {str(p): n for p, n in sorted(behind.items())},
     }
     figures.update(_audit_outputs(bootstrap, topics, good, bad, partitions))
     return figures
@@ -246,6 +278,8 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
         drained = outputs.wait_for(good, bad, 120, fleet.all_alive)
         marks["drained"] = time.monotonic() - t0
         outputs.stop()
+        behind = wait_committed_to_end(bootstrap, topics, partitions, 60, fleet.all_alive)
+        marks["committed"] = time.monotonic() - t0
         codes["a0"] = fleet.terminate("a0")
         per_worker = {name: stopped_totals(p.log_text()) for name, p in fleet.procs.items()}
         revokes = {name: log_events(p.log_text())["partitions_revoked"]
@@ -258,6 +292,7 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
         "results_per_worker": {n: t.get("results", 0) for n, t in per_worker.items()},
         "aborts_per_worker": {n: t.get("txn_aborts", 0) for n, t in per_worker.items()},
         "revokes_per_worker": revokes,
+        "behind_before_stop": {str(p): n for p, n in sorted(behind.items())},
     }
     figures.update(_audit_outputs(bootstrap, topics, good, bad, partitions))
     return figures
@@ -324,5 +359,5 @@ def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
         "dlq_wrong_reason": dict(wrong_reason), "dlq_altered": altered,
         "results_not_ok": not_ok,
     }
-    figures["offsets_committed_to_end"] = _committed_to_end(bootstrap, topics, partitions)
+    figures.update(_commit_figures(bootstrap, topics, partitions))
     return figures
