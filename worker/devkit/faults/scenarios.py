@@ -127,8 +127,13 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
         drained = outputs.wait_for(good, bad, drain_timeout_s, fleet.all_alive)
         drain_s = time.monotonic() - started - kill_phase_s
         outputs.stop()
-        t_catch_up = time.monotonic()
         at_drain = _offsets_behind(bootstrap, topics, partitions)
+        # The last one restarted may still be starting: a SIGTERM before it installed its
+        # handler ends it by the signal (exit -15), and before it consumed, it leaves its
+        # predecessor's uncommitted tail behind.
+        for name in names:
+            assert fleet.wait_assigned(name, 90), f"{name} never got partitions back"
+        t_catch_up = time.monotonic()
         behind = wait_committed_to_end(bootstrap, topics, partitions,
                                        max(30.0, started + kill_phase_s + drain_timeout_s
                                            - t_catch_up), fleet.all_alive)
