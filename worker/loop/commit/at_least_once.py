@@ -10,6 +10,12 @@ positions must be stored before the partitions move on. Shutdown commits with a 
 (:data:`SHUTDOWN_COMMIT_WAIT_S`): a sync commit against a coordinator the client lost after a
 broker stall can block past the process's shutdown timeout, and a commit that does not land
 only means the next owner repeats those records.
+
+Delivery reports are aggregated per :meth:`AtLeastOnce.emit` (:class:`_Sent`): every record of
+one call reports to the same callable, and the batch's offsets finish together once its last
+report is in. A callable per record (a ``functools.partial`` naming its output) and the work
+done in each report cost 2-3 us per record on the 2-core VM, a tenth of the whole per-record
+host cost (bench/NOTES.md, "Aggregated delivery reports").
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Iterable
-from functools import partial
 
 import confluent_kafka as ck
 import structlog
@@ -48,6 +53,55 @@ REFUSED_AS_IS = frozenset({ck.KafkaError.MSG_SIZE_TOO_LARGE, ck.KafkaError.INVAL
 RETRY_MAX_S = 60.0
 
 
+class _Sent:
+    """The records of one emit() in flight. librdkafka reports each record to this object;
+    the last report hands it to ``settled``. A report names the record, not the output, so the
+    outputs of failed reports are found by topic, key and value (:meth:`failures`)."""
+
+    __slots__ = ("failed", "left", "outs", "owner", "produced_at", "settled")
+
+    def __init__(self, owner: AtLeastOnce, outs: list[Output], produced_at: float) -> None:
+        self.owner, self.outs, self.produced_at = owner, outs, produced_at
+        self.settled = owner._settled.append
+        self.left = len(outs)
+        self.failed: list[tuple[ck.KafkaError, ck.Message]] = []
+
+    def __call__(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
+        if err is None:
+            self.owner.acked = True  # readiness: the broker is taking records
+        else:
+            self.failed.append((err, msg))
+        self.left -= 1
+        if not self.left:
+            self.settled(self)
+
+    def not_sent(self, n: int) -> None:
+        """The batch's last ``n`` records were never produced (emit() raised): they will not
+        report, and their offsets must stay open."""
+        del self.outs[len(self.outs) - n:]
+        self.left -= n
+        if not self.left:
+            self.settled(self)
+
+    def failures(self) -> tuple[list[tuple[Output, ck.KafkaError]], list[ck.Message]]:
+        """The output of each failed report, and the reports that match none. Two outputs of
+        one batch with the same topic, key and value are the same record to a reader, so
+        either may stand for the failed one."""
+        taken: set[int] = set()
+        found: list[tuple[Output, ck.KafkaError]] = []
+        unmatched: list[ck.Message] = []
+        for err, msg in self.failed:
+            topic, key, value = msg.topic(), msg.key(), msg.value()
+            for i, o in enumerate(self.outs):
+                if i not in taken and o.topic == topic and o.key == key and o.value == value:
+                    taken.add(i)
+                    found.append((o, err))
+                    break
+            else:
+                unmatched.append(msg)
+        return found, unmatched
+
+
 class AtLeastOnce:
     def __init__(self, cfg: WorkerConfig, consumer: Consumer, hops: HopTimes | None = None,
                  outputs: OutputBuilder | None = None) -> None:
@@ -64,6 +118,8 @@ class AtLeastOnce:
         self._unanswered = 0  # async commits sent and not yet reported
         self._closing = False  # drained: the rebalance in close() need not commit again
         self._in_flight = 0  # produced, delivery not reported yet
+        self._settled: list[_Sent] = []  # emit() batches whose every record has reported
+        self.acked = False  # a record was acknowledged since the last tick
         self._progress_at = time.monotonic()  # last delivery report, or first produce after idle
         self._again: list[Output] = []  # DLQ records refused as too large, by reference
         self._retries: list[tuple[float, int, Output]] = []  # (due, sequence, output): a heap
@@ -77,20 +133,33 @@ class AtLeastOnce:
         self._tracker.begin(topic, partition, offset, size)
 
     def emit(self, outs: list[Output]) -> None:
-        produce, delivered, now = self._producer.produce, self._delivered, time.monotonic()
+        if not outs:
+            return
+        now = time.monotonic()
         if not self._in_flight:
             self._progress_at = now
         self._in_flight += len(outs)
-        for out in outs:
+        sent = _Sent(self, list(outs), now)
+        raw, produce = self._producer.client.produce, self._producer.produce
+        for i, out in enumerate(sent.outs):
+            try:  # librdkafka's own call: the wrapper's frame costs per record
+                raw(out.topic, value=out.value, key=out.key, headers=out.headers,
+                    on_delivery=sent)
+                continue
+            except (BufferError, ck.KafkaException):
+                pass  # the wrapper waits for room, or raises the error wrapped
             try:
                 produce(out.topic, key=out.key, value=out.value, headers=out.headers,
-                        on_delivery=partial(delivered, out, now))
+                        on_delivery=sent)
             except KafkaIOError as exc:  # refused before sending: over the producer's limit
                 small = self._smaller(out, exc.code, str(exc))
                 if small is None:
+                    self._in_flight -= len(sent.outs) - i
+                    sent.not_sent(len(sent.outs) - i)
                     raise
+                sent.outs[i] = small
                 produce(small.topic, key=small.key, value=small.value, headers=small.headers,
-                        on_delivery=partial(delivered, small, now))
+                        on_delivery=sent)
 
     def _smaller(self, out: Output, code: int | None, why: str) -> Output | None:
         """The stand-in for an output its topic refused as it is (loop/output.stand_in); a
@@ -100,16 +169,41 @@ class AtLeastOnce:
             return None
         return stand_in(out, self.cfg.kafka.client_id, self._outputs, why)
 
-    def _delivered(self, out: Output, produced_at: float, err: ck.KafkaError | None,
-                   _msg: ck.Message) -> None:
+    def _settle(self) -> None:
+        """Finish the offsets of every batch whose records all reported; failed records are
+        sent again (smaller, or after a backoff) and keep their offsets open."""
         now = time.monotonic()
-        self._in_flight -= 1
-        ref = out.ref
-        if err is None:
+        if self.acked:
+            self.acked = False
             self._progress_at = now
-            self._hops.add("delivery", now - produced_at)
-            self._tracker.finish(ref.topic, ref.partition, ref.offset)
+        if not self._settled:
             return
+        batches = self._settled[:]
+        self._settled.clear()
+        finish = self._tracker.finish
+        for sent in batches:
+            self._in_flight -= len(sent.outs)
+            failures, unmatched = sent.failures() if sent.failed else ([], [])
+            if unmatched:  # which output failed is unknown: finish none of the batch
+                self.fatal = DeliveryFailed(
+                    f"{len(unmatched)} failed deliveries match no output of their batch "
+                    f"(first: {unmatched[0].topic()} key={unmatched[0].key()!r})")
+                continue
+            failed = {id(o) for o, _ in failures}
+            done = 0
+            for out in sent.outs:
+                if failed and id(out) in failed:
+                    continue
+                ref = out.ref
+                finish(ref.topic, ref.partition, ref.offset)
+                done += 1
+            if done:
+                self._hops.add_many("delivery", [now - sent.produced_at] * done)
+            for out, err in failures:
+                self._failed(out, err, now)
+
+    def _failed(self, out: Output, err: ck.KafkaError, now: float) -> None:
+        ref = out.ref
         smaller = self._smaller(out, err.code(), err.str())
         if smaller is not None:
             # The topic takes smaller records than the jobs topic: send what fits instead (at
@@ -140,6 +234,7 @@ class AtLeastOnce:
 
     def tick(self, *, force: bool = False) -> None:
         self._producer.poll(0)
+        self._settle()
         if self._again:
             again, self._again = self._again, []
             self.emit(again)
@@ -218,10 +313,12 @@ class AtLeastOnce:
 
     def _flush(self) -> int:
         undelivered = self._producer.flush(self.cfg.commit.drain_timeout_s)
+        self._settle()
         if self._again:  # refused as too large during the flush: send them by reference
             again, self._again = self._again, []
             self.emit(again)
             undelivered = self._producer.flush(self.cfg.commit.drain_timeout_s)
+            self._settle()
         return undelivered
 
     def drain(self, *, failed: bool) -> None:

@@ -1,0 +1,145 @@
+"""At-least-once delivery reports, aggregated per emit(): a batch's offsets finish once every
+record of it reported, and a failed record keeps exactly its own offset open."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import confluent_kafka as ck
+import pytest
+
+from worker.config import load_config
+from worker.exceptions import KafkaIOError
+from worker.loop.commit.at_least_once import AtLeastOnce
+from worker.loop.output import Output
+from worker.wire.records import SourceRef
+
+
+class _Msg:
+    def __init__(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        self._t, self._k, self._v = topic, key, value
+
+    def topic(self) -> str:
+        return self._t
+
+    def key(self) -> bytes | None:
+        return self._k
+
+    def value(self) -> bytes | None:
+        return self._v
+
+
+class _Client:
+    """librdkafka's producer as the committer uses it: records queue until report() serves
+    their delivery reports (failing the keys named in ``fail``); keys in ``refuse`` are
+    refused at produce()."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[str, bytes | None, bytes | None, Any]] = []
+        self.refuse: set[bytes] = set()
+
+    def produce(self, topic: str, *, value: bytes | None, key: bytes | None,
+                headers: Any = None, on_delivery: Any = None) -> None:
+        if key in self.refuse:
+            raise ck.KafkaException(ck.KafkaError(ck.KafkaError._INVALID_ARG))
+        self.queued.append((topic, key, value, on_delivery))
+
+    def report(self, n: int | None = None, fail: frozenset[bytes] = frozenset()) -> None:
+        n = len(self.queued) if n is None else n
+        served, self.queued = self.queued[:n], self.queued[n:]
+        for topic, key, value, cb in served:
+            err = ck.KafkaError(ck.KafkaError._MSG_TIMED_OUT) if key in fail else None
+            cb(err, _Msg(topic, key, value))
+
+
+class _Producer:
+    def __init__(self) -> None:
+        self.client = _Client()
+
+    def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
+                headers: Any = None, on_delivery: Any = None) -> None:
+        try:
+            self.client.produce(topic, value=value, key=key, headers=headers,
+                                on_delivery=on_delivery)
+        except ck.KafkaException as exc:
+            raise KafkaIOError("produce failed", code=exc.args[0].code()) from exc
+
+    def poll(self, timeout: float = 0.0) -> int:
+        return 0
+
+    def flush(self, timeout: float) -> int:
+        self.client.report()
+        return 0
+
+
+def _committer() -> tuple[AtLeastOnce, _Client]:
+    cfg = load_config(None, kafka={"bootstrap_servers": "127.0.0.1:9"})
+    committer = AtLeastOnce(cfg, consumer=None)  # type: ignore[arg-type]
+    fake = _Producer()
+    committer._producer = fake  # type: ignore[assignment]
+    for offset in range(10, 14):
+        committer.begin("jobs", 0, offset)
+    return committer, fake.client
+
+
+def _out(offset: int, key: bytes, value: bytes = b"r") -> Output:
+    return Output(SourceRef("jobs", 0, offset), "results", key, value, None, "result")
+
+
+def test_a_batch_finishes_its_offsets_once_its_last_record_reported() -> None:
+    committer, client = _committer()
+    committer.emit([_out(10, b"a"), _out(11, b"b")])
+    committer.emit([_out(12, b"c"), _out(13, b"d")])
+    client.report(3)  # the first batch whole, one record of the second
+    committer._settle()
+    assert committer._tracker.committable() == {("jobs", 0): 12}
+    assert committer.pending() == 2
+    client.report()
+    committer._settle()
+    assert committer._tracker.committable() == {("jobs", 0): 14}
+    assert committer.pending() == 0 and committer._in_flight == 0
+    assert committer.unacked_for_s() is None
+
+
+def test_a_failed_record_keeps_its_own_offset_open_and_is_sent_again() -> None:
+    committer, client = _committer()
+    committer.emit([_out(10, b"a"), _out(11, b"b"), _out(12, b"c")])
+    client.report(fail=frozenset({b"b"}))
+    committer._settle()
+    assert committer._tracker.committable() == {("jobs", 0): 11}
+    assert [r[2].ref.offset for r in committer._retries] == [11]
+    assert committer._in_flight == 1  # the retry still waits for the broker
+    assert committer.fatal is None
+
+
+def test_of_two_identical_records_one_failing_exactly_one_offset_stays_open() -> None:
+    committer, client = _committer()
+    committer.emit([_out(10, b"same"), _out(11, b"same")])
+    first, second = client.queued  # one report fails, the other succeeds
+    client.queued = []
+    first[3](ck.KafkaError(ck.KafkaError._MSG_TIMED_OUT), _Msg(*first[:3]))
+    second[3](None, _Msg(*second[:3]))
+    committer._settle()
+    assert [committer._tracker.is_open(("jobs", 0), o) for o in (10, 11)].count(True) == 1
+    assert len(committer._retries) == 1
+
+
+def test_a_failed_report_that_matches_no_output_stops_without_finishing_its_batch() -> None:
+    committer, client = _committer()
+    committer.emit([_out(10, b"a")])
+    (_topic, _key, _value, cb), = client.queued
+    client.queued = []
+    cb(ck.KafkaError(ck.KafkaError._MSG_TIMED_OUT), _Msg("results", b"other", b"r"))
+    committer._settle()
+    assert committer.fatal is not None and "match no output" in str(committer.fatal)
+    assert committer._tracker.is_open(("jobs", 0), 10)
+
+
+def test_records_never_produced_do_not_hold_their_batch_open() -> None:
+    committer, client = _committer()
+    client.refuse = {b"c"}
+    with pytest.raises(KafkaIOError):
+        committer.emit([_out(10, b"a"), _out(11, b"b"), _out(12, b"c"), _out(13, b"d")])
+    client.report()
+    committer._settle()
+    assert committer._tracker.committable() == {("jobs", 0): 12}  # a and b delivered
