@@ -8,7 +8,8 @@ Hops (seconds, one sample per job unless said otherwise):
 - ``engine``: batch formed -> engine done (preprocessing, the engine, and the wait for a free
   slot; as the loop sees it when it collects the batch);
 - ``output``: engine done -> result produced (encoding waited for, the loop's turn);
-- ``delivery``: result produced -> delivery acknowledged (at-least-once), or -> its
+- ``delivery``: result produced -> delivery acknowledged (at-least-once: the last record of
+  the same emit() acknowledged, as reports are taken per batch), or -> its
   transaction committed (exactly-once: outputs become visible to read_committed readers then,
   so the hop includes the wait for the commit interval).
 
