@@ -180,7 +180,7 @@ class AtLeastOnce:
             return
         batches = self._settled[:]
         self._settled.clear()
-        finish = self._tracker.finish
+        finish_many = self._tracker.finish_many
         for sent in batches:
             self._in_flight -= len(sent.outs)
             failures, unmatched = sent.failures() if sent.failed else ([], [])
@@ -189,16 +189,14 @@ class AtLeastOnce:
                     f"{len(unmatched)} failed deliveries match no output of their batch "
                     f"(first: {unmatched[0].topic()} key={unmatched[0].key()!r})")
                 continue
-            failed = {id(o) for o, _ in failures}
-            done = 0
-            for out in sent.outs:
-                if failed and id(out) in failed:
-                    continue
-                ref = out.ref
-                finish(ref.topic, ref.partition, ref.offset)
-                done += 1
-            if done:
-                self._hops.add_many("delivery", [now - sent.produced_at] * done)
+            if failures:
+                failed = {id(o) for o, _ in failures}
+                refs = [o.ref for o in sent.outs if id(o) not in failed]
+            else:
+                refs = [o.ref for o in sent.outs]
+            finish_many(refs)
+            if refs:
+                self._hops.add_many("delivery", [now - sent.produced_at] * len(refs))
             for out, err in failures:
                 self._failed(out, err, now)
 

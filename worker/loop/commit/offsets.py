@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from worker.wire.records import TopicPartitionKey
+from worker.wire.records import SourceRef, TopicPartitionKey
 
 
 class _PartitionOffsets:
@@ -59,9 +59,14 @@ class _PartitionOffsets:
         if size is None:
             return False
         self.bytes -= size
-        while self.order and self.order[0] not in self.open:
-            self.next_offset = self.order.popleft() + 1
+        self.advance()
         return True
+
+    def advance(self) -> None:
+        """Past the finished head of the order (after one or more finishes)."""
+        order, open_ = self.order, self.open
+        while order and order[0] not in open_:
+            self.next_offset = order.popleft() + 1
 
     def position(self) -> int | None:
         """Offset a commit should carry now: the lowest unfinished, else one past the last."""
@@ -106,6 +111,26 @@ class OffsetTracker:
         """Mark one record finished; False if its partition is no longer tracked (revoked)."""
         part = self._parts.get((topic, partition))
         return part is not None and part.finish(offset)
+
+    def finish_many(self, refs: Iterable[SourceRef]) -> None:
+        """:meth:`finish` for many records at once (a batch of delivery reports): two calls
+        less per record, and each partition's head advanced once."""
+        parts = self._parts
+        key: TopicPartitionKey | None = None
+        part: _PartitionOffsets | None = None
+        touched: list[_PartitionOffsets] = []
+        for ref in refs:
+            if (ref.topic, ref.partition) != key:
+                key = (ref.topic, ref.partition)
+                part = parts.get(key)
+                if part is not None and part not in touched:
+                    touched.append(part)
+            if part is not None:
+                size = part.open.pop(ref.offset, None)
+                if size is not None:
+                    part.bytes -= size
+        for part in touched:
+            part.advance()
 
     def held_bytes(self) -> int:
         """Bytes of the records begun and not finished, over every partition."""

@@ -263,3 +263,27 @@ def test_held_bytes_follow_begin_finish_rewind_and_drop() -> None:
     assert t.held_bytes() == 700
     t.drop([("jobs", 1)])
     assert t.held_bytes() == 0
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_finish_many_leaves_the_tracker_as_one_finish_per_record_does(seed: int) -> None:
+    """Batches of delivery reports: several partitions interleaved, repeats, records of a
+    dropped partition and offsets never begun."""
+    from worker.wire.records import SourceRef
+
+    rng = random.Random(seed)
+    one, many = OffsetTracker(), OffsetTracker()
+    keys = [("jobs", p) for p in range(3)]
+    begun = {k: [o for o in range(40) if rng.random() < 0.8] for k in keys}
+    for t in (one, many):
+        for k, offsets in begun.items():
+            for o in offsets:
+                t.begin(*k, o, o + 10)
+        t.drop([keys[2]])
+    for _ in range(6):
+        batch = [SourceRef(*rng.choice(keys), rng.randrange(45)) for _ in range(rng.randrange(30))]
+        for ref in batch:
+            one.finish(ref.topic, ref.partition, ref.offset)
+        many.finish_many(batch)
+        assert many.committable() == one.committable()
+        assert many.pending() == one.pending() and many.held_bytes() == one.held_bytes()
