@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import partial
 
 import confluent_kafka as ck
 import structlog
@@ -40,6 +39,28 @@ COMMITTED_TIMEOUT_S = 30.0  # for the coordinator's committed positions at a rew
 # again, instead of redoing the same batch as fast as it fails.
 HOLD_FIRST_S = 1.0
 HOLD_MAX_S = 60.0
+
+
+class _Reports:
+    """The delivery reports of one emit()'s records, all in one transaction. A success needs
+    nothing (the transaction's commit is what makes the record count), so one callable serves
+    them all instead of a partial per record; a failure is matched to its output by topic,
+    key and value."""
+
+    __slots__ = ("outs", "owner", "sequence")
+
+    def __init__(self, owner: ExactlyOnce, sequence: int) -> None:
+        self.owner, self.sequence = owner, sequence
+        self.outs: list[Output] = []
+
+    def __call__(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
+        if err is not None:
+            self.owner._delivery_failed(self, err, msg)
+
+    def output_of(self, msg: ck.Message) -> Output | None:
+        topic, key, value = msg.topic(), msg.key(), msg.value()
+        return next((o for o in self.outs
+                     if o.topic == topic and o.key == key and o.value == value), None)
 
 
 class ExactlyOnce:
@@ -85,6 +106,7 @@ class ExactlyOnce:
 
     def emit(self, outs: list[Output]) -> None:
         now = time.monotonic()
+        reports = _Reports(self, self._txn.sequence)
         for out in outs:
             if out.ref in self._too_large:
                 out = self._smaller(out)
@@ -92,7 +114,8 @@ class ExactlyOnce:
                 if self._txn.failed is not None:
                     break  # doomed: the rewind that follows redoes these records
                 try:
-                    self._txn.produce(ready, partial(self._delivered, self._txn.sequence, ready))
+                    reports.outs.append(ready)
+                    self._txn.produce(ready, reports)
                     self._produced_at.append(now)
                 except TransactionError as exc:
                     if exc.fatal:
@@ -123,14 +146,17 @@ class ExactlyOnce:
                         partition=out.ref.partition, offset=out.ref.offset,
                         bytes=len(out.value or b""), code=code)
 
-    def _delivered(self, sequence: int, out: Output, err: ck.KafkaError | None,
-                   _msg: ck.Message) -> None:
+    def _delivery_failed(self, reports: _Reports, err: ck.KafkaError, msg: ck.Message
+                         ) -> None:
         txn = self._txn
-        if err is None or sequence != txn.sequence or err.code() in _PURGED:
-            return  # fine, or a purged record of a transaction being (or already) aborted
-        self._note_too_large(out, err.code())
-        log.warning("transactional_delivery_failed", error=err.str(), topic=out.topic,
-                    partition=out.ref.partition, offset=out.ref.offset, kind=out.kind,
+        if reports.sequence != txn.sequence or err.code() in _PURGED:
+            return  # a purged record of a transaction being (or already) aborted
+        out = reports.output_of(msg)
+        if out is not None:
+            self._note_too_large(out, err.code())
+        log.warning("transactional_delivery_failed", error=err.str(), topic=msg.topic(),
+                    partition=out.ref.partition if out else None,
+                    offset=out.ref.offset if out else None, kind=out.kind if out else None,
                     code=err.code())
         txn.fail(f"delivery failed: {err.str()}",
                  timed_out=err.code() == ck.KafkaError._MSG_TIMED_OUT)

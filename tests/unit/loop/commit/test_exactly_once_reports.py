@@ -1,0 +1,73 @@
+"""Exactly-once delivery reports: one callable per emit(); a failed report fails its own
+transaction (and names the right output), a report of an earlier transaction is ignored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import confluent_kafka as ck
+
+from worker.config import load_config
+from worker.loop.assignment import Assignment
+from worker.loop.commit.exactly_once import ExactlyOnce
+from worker.loop.output import Output
+from worker.wire.records import SourceRecord, SourceRef
+
+
+class _Txn:
+    def __init__(self) -> None:
+        self.open, self.failed, self.records, self.sequence = False, None, 0, 0
+        self.sent: list[tuple[Output, Any]] = []
+        self.timed_out = False
+
+    def produce(self, out: Output, on_delivery: Any) -> None:
+        self.open, self.records = True, self.records + 1
+        self.sent.append((out, on_delivery))
+
+    def fail(self, reason: str, *, timed_out: bool = False) -> None:
+        self.failed = self.failed or reason
+        self.timed_out = self.timed_out or timed_out
+
+
+def _committer() -> tuple[ExactlyOnce, _Txn]:
+    cfg = load_config(None, kafka={"bootstrap_servers": "127.0.0.1:9", "instance_id": "t"},
+                      processing={"guarantee": "exactly-once"})
+    eo = ExactlyOnce(cfg, None, Assignment(), lambda keys: None)  # type: ignore[arg-type]
+    txn = _Txn()
+    eo._txn = txn  # type: ignore[assignment]
+    for off in range(3):
+        eo.begin("jobs", 0, off)
+    return eo, txn
+
+
+def _dlq(offset: int) -> Output:
+    src = SourceRecord("jobs", 0, offset, b"k%d" % offset, b"v", None, None)
+    return Output(SourceRef("jobs", 0, offset), "dlq", b"k%d" % offset, b"dead", None, "dlq",
+                  rejected=(src, None))  # type: ignore[arg-type]
+
+
+def _report(txn: _Txn, index: int, code: int) -> None:
+    out, cb = txn.sent[index]
+    cb(ck.KafkaError(code), ck.Message(topic=out.topic, key=out.key, value=out.value))
+
+
+def test_a_failed_report_fails_the_transaction_and_names_its_own_output() -> None:
+    eo, txn = _committer()
+    eo.emit([_dlq(0), _dlq(1), _dlq(2)])
+    assert len({id(cb) for _, cb in txn.sent}) == 1  # one callable for the batch
+    for i in (0, 2):
+        txn.sent[i][1](None, None)  # successes: nothing to do
+    assert txn.failed is None
+    _report(txn, 1, ck.KafkaError.MSG_SIZE_TOO_LARGE)
+    assert txn.failed is not None and txn.timed_out
+    assert eo._too_large == {SourceRef("jobs", 0, 1)}  # redone by reference after the rewind
+
+
+def test_reports_of_an_earlier_transaction_or_purged_records_are_ignored() -> None:
+    eo, txn = _committer()
+    eo.emit([_dlq(0), _dlq(1)])
+    _report(txn, 1, ck.KafkaError._PURGE_QUEUE)
+    assert txn.failed is None
+    txn.sequence += 1  # that transaction aborted and a new one began
+    _report(txn, 0, ck.KafkaError._MSG_TIMED_OUT)
+    assert txn.failed is None and eo._too_large == set()
