@@ -86,17 +86,17 @@ class _Sent:
     def failures(self) -> tuple[list[tuple[Output, ck.KafkaError]], list[ck.Message]]:
         """The output of each failed report, and the reports that match none. Two outputs of
         one batch with the same topic, key and value are the same record to a reader, so
-        either may stand for the failed one."""
-        taken: set[int] = set()
+        either may stand for the failed one. (Indexed: a topic that went away fails every
+        record of every batch.)"""
+        by_record: dict[tuple[str, bytes | None, bytes | None], list[Output]] = {}
+        for o in reversed(self.outs):  # popped from the end: the first one first
+            by_record.setdefault((o.topic, o.key, o.value), []).append(o)
         found: list[tuple[Output, ck.KafkaError]] = []
         unmatched: list[ck.Message] = []
         for err, msg in self.failed:
-            topic, key, value = msg.topic(), msg.key(), msg.value()
-            for i, o in enumerate(self.outs):
-                if i not in taken and o.topic == topic and o.key == key and o.value == value:
-                    taken.add(i)
-                    found.append((o, err))
-                    break
+            same = by_record.get((msg.topic() or "", msg.key(), msg.value()))
+            if same:
+                found.append((same.pop(), err))
             else:
                 unmatched.append(msg)
         return found, unmatched
