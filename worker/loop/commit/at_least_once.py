@@ -15,7 +15,7 @@ Delivery reports are aggregated per :meth:`AtLeastOnce.emit` (:class:`_Sent`): e
 one call reports to the same callable, and the batch's offsets finish together once its last
 report is in. A callable per record (a ``functools.partial`` naming its output) and the work
 done in each report cost 2-3 us per record on the 2-core VM, a tenth of the whole per-record
-host cost (bench/NOTES.md, "Aggregated delivery reports").
+host cost (bench/NOTES.md, "fourteenth session").
 """
 
 from __future__ import annotations
