@@ -15,13 +15,17 @@ Delivery reports are aggregated per :meth:`AtLeastOnce.emit` (:class:`_Sent`): e
 one call reports to the same callable, and the batch's offsets finish together once its last
 report is in. A callable per record (a ``functools.partial`` naming its output) and the work
 done in each report cost 2-3 us per record on the 2-core VM, a tenth of the whole per-record
-host cost (bench/NOTES.md, "fourteenth session").
+host cost (bench/NOTES.md, "fourteenth session"). The price: a batch's offsets wait for its
+slowest record, so a record held up to ``message.timeout.ms`` (a partition leader away) holds
+the acknowledged records of its batch too, and if their partitions move on meanwhile the next
+owner repeats them (never loses them).
 """
 
 from __future__ import annotations
 
 import heapq
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 
 import confluent_kafka as ck
@@ -68,7 +72,7 @@ class _Sent:
 
     def __call__(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
         if err is None:
-            self.owner.acked = True  # readiness: the broker is taking records
+            self.owner._acked = True  # readiness: the broker is taking records
         else:
             self.failed.append((err, msg))
         self.left -= 1
@@ -84,22 +88,25 @@ class _Sent:
             self.settled(self)
 
     def failures(self) -> tuple[list[tuple[Output, ck.KafkaError]], list[ck.Message]]:
-        """The output of each failed report, and the reports that match none. Two outputs of
-        one batch with the same topic, key and value are the same record to a reader, so
-        either may stand for the failed one. (Indexed: a topic that went away fails every
-        record of every batch.)"""
+        """The output of each failed report, and the reports that match none. A report
+        carries no headers, and outputs with the same topic, key and value can differ in
+        theirs (a DLQ record names its source offset, a result its ``ce_id``): when a failed
+        report matches several outputs, all of them count as failed and are sent again (a
+        repeat is allowed, a loss is not). Indexed: a topic that went away fails every record
+        of every batch."""
         by_record: dict[tuple[str, bytes | None, bytes | None], list[Output]] = {}
-        for o in reversed(self.outs):  # popped from the end: the first one first
+        for o in self.outs:
             by_record.setdefault((o.topic, o.key, o.value), []).append(o)
-        found: list[tuple[Output, ck.KafkaError]] = []
+        found: dict[int, tuple[Output, ck.KafkaError]] = {}
         unmatched: list[ck.Message] = []
         for err, msg in self.failed:
             same = by_record.get((msg.topic() or "", msg.key(), msg.value()))
-            if same:
-                found.append((same.pop(), err))
-            else:
+            if not same:
                 unmatched.append(msg)
-        return found, unmatched
+                continue
+            for o in same:
+                found.setdefault(id(o), (o, err))
+        return list(found.values()), unmatched
 
 
 class AtLeastOnce:
@@ -118,8 +125,8 @@ class AtLeastOnce:
         self._unanswered = 0  # async commits sent and not yet reported
         self._closing = False  # drained: the rebalance in close() need not commit again
         self._in_flight = 0  # produced, delivery not reported yet
-        self._settled: list[_Sent] = []  # emit() batches whose every record has reported
-        self.acked = False  # a record was acknowledged since the last tick
+        self._settled: deque[_Sent] = deque()  # emit() batches whose every record reported
+        self._acked = False  # a record was acknowledged since the last tick
         self._progress_at = time.monotonic()  # last delivery report, or first produce after idle
         self._again: list[Output] = []  # DLQ records refused as too large, by reference
         self._retries: list[tuple[float, int, Output]] = []  # (due, sequence, output): a heap
@@ -140,26 +147,38 @@ class AtLeastOnce:
             self._progress_at = now
         self._in_flight += len(outs)
         sent = _Sent(self, list(outs), now)
-        raw, produce = self._producer.client.produce, self._producer.produce
+        raw = self._producer.client.produce
         for i, out in enumerate(sent.outs):
             try:  # librdkafka's own call: the wrapper's frame costs per record
                 raw(out.topic, value=out.value, key=out.key, headers=out.headers,
                     on_delivery=sent)
                 continue
             except (BufferError, ck.KafkaException):
-                pass  # the wrapper waits for room, or raises the error wrapped
+                pass  # the slow path waits for room, or meets the same error wrapped
             try:
-                produce(out.topic, key=out.key, value=out.value, headers=out.headers,
-                        on_delivery=sent)
-            except KafkaIOError as exc:  # refused before sending: over the producer's limit
-                small = self._smaller(out, exc.code, str(exc))
-                if small is None:
-                    self._in_flight -= len(sent.outs) - i
-                    sent.not_sent(len(sent.outs) - i)
-                    raise
-                sent.outs[i] = small
-                produce(small.topic, key=small.key, value=small.value, headers=small.headers,
-                        on_delivery=sent)
+                self._produce_slow(sent, i, out)
+            except BaseException:
+                # This record and the ones after it were never produced: they will not
+                # report, and their offsets stay open.
+                self._in_flight -= len(sent.outs) - i
+                sent.not_sent(len(sent.outs) - i)
+                raise
+
+    def _produce_slow(self, sent: _Sent, i: int, out: Output) -> None:
+        """Through the wrapper (waits for room in the queue, wraps errors); a record refused
+        before sending (over the producer's limit) is replaced by its stand-in."""
+        produce = self._producer.produce
+        try:
+            produce(out.topic, key=out.key, value=out.value, headers=out.headers,
+                    on_delivery=sent)
+            return
+        except KafkaIOError as exc:
+            small = self._smaller(out, exc.code, str(exc))
+            if small is None:
+                raise
+        produce(small.topic, key=small.key, value=small.value, headers=small.headers,
+                on_delivery=sent)
+        sent.outs[i] = small
 
     def _smaller(self, out: Output, code: int | None, why: str) -> Output | None:
         """The stand-in for an output its topic refused as it is (loop/output.stand_in); a
@@ -173,15 +192,12 @@ class AtLeastOnce:
         """Finish the offsets of every batch whose records all reported; failed records are
         sent again (smaller, or after a backoff) and keep their offsets open."""
         now = time.monotonic()
-        if self.acked:
-            self.acked = False
+        if self._acked:
+            self._acked = False
             self._progress_at = now
-        if not self._settled:
-            return
-        batches = self._settled[:]
-        self._settled.clear()
         finish_many = self._tracker.finish_many
-        for sent in batches:
+        while self._settled:  # one at a time: a raise below leaves the rest queued
+            sent = self._settled.popleft()
             self._in_flight -= len(sent.outs)
             failures, unmatched = sent.failures() if sent.failed else ([], [])
             if unmatched:  # which output failed is unknown: finish none of the batch

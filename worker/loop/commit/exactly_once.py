@@ -151,7 +151,9 @@ class ExactlyOnce:
         txn = self._txn
         if reports.sequence != txn.sequence or err.code() in _PURGED:
             return  # a purged record of a transaction being (or already) aborted
-        out = reports.output_of(msg)
+        # Only a record refused as too large needs its output (to go smaller after the
+        # rewind); any other failure just fails the transaction.
+        out = reports.output_of(msg) if err.code() in REFUSED_AS_IS else None
         if out is not None:
             self._note_too_large(out, err.code())
         log.warning("transactional_delivery_failed", error=err.str(), topic=msg.topic(),

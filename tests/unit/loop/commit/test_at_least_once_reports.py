@@ -112,16 +112,22 @@ def test_a_failed_record_keeps_its_own_offset_open_and_is_sent_again() -> None:
     assert committer.fatal is None
 
 
-def test_of_two_identical_records_one_failing_exactly_one_offset_stays_open() -> None:
+def test_a_failed_report_matching_several_outputs_sends_them_all_again() -> None:
+    """Two dead letters of identical jobs: same topic, key and value, different headers (each
+    names its source offset), and a report carries no headers: both count as failed."""
     committer, client = _committer()
-    committer.emit([_out(10, b"same"), _out(11, b"same")])
-    first, second = client.queued  # one report fails, the other succeeds
+    first, second = _out(10, b"same"), _out(11, b"same")
+    first.headers, second.headers = [("src", b"10")], [("src", b"11")]
+    committer.emit([first, second])
+    (t1, k1, v1, cb1), (t2, k2, v2, cb2) = client.queued
     client.queued = []
-    first[3](ck.KafkaError(ck.KafkaError._MSG_TIMED_OUT), _Msg(*first[:3]))
-    second[3](None, _Msg(*second[:3]))
+    cb1(None, _Msg(t1, k1, v1))
+    cb2(ck.KafkaError(ck.KafkaError._MSG_TIMED_OUT), _Msg(t2, k2, v2))
     committer._settle()
-    assert [committer._tracker.is_open(("jobs", 0), o) for o in (10, 11)].count(True) == 1
-    assert len(committer._retries) == 1
+    assert committer._tracker.is_open(("jobs", 0), 10)
+    assert committer._tracker.is_open(("jobs", 0), 11)
+    assert sorted(r[2].ref.offset for r in committer._retries) == [10, 11]
+    assert committer._in_flight == 2
 
 
 def test_a_failed_report_that_matches_no_output_stops_without_finishing_its_batch() -> None:
@@ -143,3 +149,15 @@ def test_records_never_produced_do_not_hold_their_batch_open() -> None:
     client.report()
     committer._settle()
     assert committer._tracker.committable() == {("jobs", 0): 12}  # a and b delivered
+
+
+def test_a_stand_in_refused_too_leaves_the_records_before_it_to_settle() -> None:
+    committer, client = _committer()
+    client.refuse = {b"big", b"small"}
+    committer._smaller = lambda out, code, why: _out(out.ref.offset, b"small")  # type: ignore
+    with pytest.raises(KafkaIOError):
+        committer.emit([_out(10, b"a"), _out(11, b"big"), _out(12, b"c")])
+    client.report()
+    committer._settle()
+    assert committer._tracker.committable() == {("jobs", 0): 11}
+    assert committer._in_flight == 0
