@@ -7,7 +7,9 @@ An :class:`Output` is produced by the committer of the process's delivery guaran
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -17,6 +19,9 @@ from worker.tasks.protocol import Answer, TaskTopics
 from worker.wire.dlq import dead_letter, dead_letter_by_reference
 from worker.wire.records import Headers, SourceRecord, SourceRef
 from worker.wire.trace import trace_headers
+
+if TYPE_CHECKING:
+    import confluent_kafka as ck
 
 log = structlog.get_logger("worker")
 
@@ -39,6 +44,25 @@ class Output:
     # job dead-lettered instead (reason result_too_large).
     source: SourceRecord | None = None
     attempt: int = 0  # deliveries that failed so far (at-least-once retries with backoff)
+
+
+RecordKey = tuple[str, bytes | None, bytes | None]
+
+
+def by_record(outs: Iterable[Output]) -> dict[RecordKey, list[Output]]:
+    """Outputs by what a delivery report tells of its record: topic, key and value. A report
+    carries no headers, and outputs equal in these three can differ in theirs (a DLQ record
+    names its source offset, a result its ``ce_id``), so a report stands for every output of
+    its group. Both committers match failed reports through this."""
+    index: dict[RecordKey, list[Output]] = {}
+    for o in outs:
+        index.setdefault((o.topic, o.key, o.value), []).append(o)
+    return index
+
+
+def reported(msg: ck.Message) -> RecordKey:
+    """A delivery report's record, as :func:`by_record` indexes outputs."""
+    return (msg.topic() or "", msg.key(), msg.value())
 
 
 def by_reference(out: Output, worker_id: str) -> Output:

@@ -36,7 +36,7 @@ from worker.exceptions import DeliveryFailed, KafkaIOError
 from worker.kafka import Consumer, Producer, producer_settings
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.hops import HopTimes
-from worker.loop.output import Output, OutputBuilder, stand_in
+from worker.loop.output import Output, OutputBuilder, by_record, reported, stand_in
 from worker.wire.records import TopicPartitionKey
 
 log = structlog.get_logger("worker")
@@ -59,14 +59,14 @@ RETRY_MAX_S = 60.0
 
 class _Sent:
     """The records of one emit() in flight. librdkafka reports each record to this object;
-    the last report hands it to ``settled``. A report names the record, not the output, so the
-    outputs of failed reports are found by topic, key and value (:meth:`failures`)."""
+    the last report queues it for :meth:`AtLeastOnce._settle`. A report names the record, not
+    the output, so the outputs of failed reports are found through
+    :func:`worker.loop.output.by_record` (:meth:`failures`)."""
 
-    __slots__ = ("failed", "left", "outs", "owner", "produced_at", "settled")
+    __slots__ = ("failed", "left", "outs", "owner", "produced_at")
 
     def __init__(self, owner: AtLeastOnce, outs: list[Output], produced_at: float) -> None:
         self.owner, self.outs, self.produced_at = owner, outs, produced_at
-        self.settled = owner._settled.append
         self.left = len(outs)
         self.failed: list[tuple[ck.KafkaError, ck.Message]] = []
 
@@ -77,7 +77,7 @@ class _Sent:
             self.failed.append((err, msg))
         self.left -= 1
         if not self.left:
-            self.settled(self)
+            self.owner._settled.append(self)
 
     def not_sent(self, n: int) -> None:
         """The batch's last ``n`` records were never produced (emit() raised): they will not
@@ -85,22 +85,17 @@ class _Sent:
         del self.outs[len(self.outs) - n:]
         self.left -= n
         if not self.left:
-            self.settled(self)
+            self.owner._settled.append(self)
 
     def failures(self) -> tuple[list[tuple[Output, ck.KafkaError]], list[ck.Message]]:
-        """The output of each failed report, and the reports that match none. A report
-        carries no headers, and outputs with the same topic, key and value can differ in
-        theirs (a DLQ record names its source offset, a result its ``ce_id``): when a failed
-        report matches several outputs, all of them count as failed and are sent again (a
-        repeat is allowed, a loss is not). Indexed: a topic that went away fails every record
-        of every batch."""
-        by_record: dict[tuple[str, bytes | None, bytes | None], list[Output]] = {}
-        for o in self.outs:
-            by_record.setdefault((o.topic, o.key, o.value), []).append(o)
+        """The outputs of the failed reports (every output a report may stand for: sent
+        again, a repeat is allowed, a loss is not), and the reports that match none. Indexed:
+        a topic that went away fails every record of every batch."""
+        index = by_record(self.outs)
         found: dict[int, tuple[Output, ck.KafkaError]] = {}
         unmatched: list[ck.Message] = []
         for err, msg in self.failed:
-            same = by_record.get((msg.topic() or "", msg.key(), msg.value()))
+            same = index.get(reported(msg))
             if not same:
                 unmatched.append(msg)
                 continue
@@ -152,33 +147,31 @@ class AtLeastOnce:
             try:  # librdkafka's own call: the wrapper's frame costs per record
                 raw(out.topic, value=out.value, key=out.key, headers=out.headers,
                     on_delivery=sent)
-                continue
             except (BufferError, ck.KafkaException):
-                pass  # the slow path waits for room, or meets the same error wrapped
-            try:
                 self._produce_slow(sent, i, out)
-            except BaseException:
-                # This record and the ones after it were never produced: they will not
-                # report, and their offsets stay open.
-                self._in_flight -= len(sent.outs) - i
-                sent.not_sent(len(sent.outs) - i)
-                raise
 
     def _produce_slow(self, sent: _Sent, i: int, out: Output) -> None:
-        """Through the wrapper (waits for room in the queue, wraps errors); a record refused
-        before sending (over the producer's limit) is replaced by its stand-in."""
+        """Record ``i`` of the batch through the wrapper (waits for room in the queue, wraps
+        errors); one refused before sending (over the producer's limit) is replaced by its
+        stand-in. If it cannot be produced, neither are the ones after it: they leave the
+        batch, and their offsets stay open."""
         produce = self._producer.produce
         try:
-            produce(out.topic, key=out.key, value=out.value, headers=out.headers,
+            try:
+                produce(out.topic, key=out.key, value=out.value, headers=out.headers,
+                        on_delivery=sent)
+                return
+            except KafkaIOError as exc:
+                small = self._smaller(out, exc.code, str(exc))
+                if small is None:
+                    raise
+            produce(small.topic, key=small.key, value=small.value, headers=small.headers,
                     on_delivery=sent)
-            return
-        except KafkaIOError as exc:
-            small = self._smaller(out, exc.code, str(exc))
-            if small is None:
-                raise
-        produce(small.topic, key=small.key, value=small.value, headers=small.headers,
-                on_delivery=sent)
-        sent.outs[i] = small
+            sent.outs[i] = small
+        except BaseException:
+            self._in_flight -= len(sent.outs) - i
+            sent.not_sent(len(sent.outs) - i)
+            raise
 
     def _smaller(self, out: Output, code: int | None, why: str) -> Output | None:
         """The stand-in for an output its topic refused as it is (loop/output.stand_in); a

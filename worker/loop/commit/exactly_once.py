@@ -27,7 +27,7 @@ from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.commit.ordered import OrderedRelease
 from worker.loop.commit.transactions import Transactions
 from worker.loop.hops import HopTimes
-from worker.loop.output import Output, OutputBuilder, stand_in
+from worker.loop.output import Output, OutputBuilder, by_record, reported, stand_in
 from worker.wire.records import SourceRef, TopicPartitionKey
 
 log = structlog.get_logger("worker")
@@ -44,7 +44,7 @@ HOLD_MAX_S = 60.0
 class _Reports:
     """The delivery reports of one emit()'s records, all in one transaction. A success needs
     nothing (the transaction's commit is what makes the record count), so one callable serves
-    them all instead of a partial per record; a failure is matched to its output by topic,
+    them all instead of a partial per record; a failure is matched to its outputs by topic,
     key and value."""
 
     __slots__ = ("outs", "owner", "sequence")
@@ -57,10 +57,9 @@ class _Reports:
         if err is not None:
             self.owner._delivery_failed(self, err, msg)
 
-    def output_of(self, msg: ck.Message) -> Output | None:
-        topic, key, value = msg.topic(), msg.key(), msg.value()
-        return next((o for o in self.outs
-                     if o.topic == topic and o.key == key and o.value == value), None)
+    def outputs_of(self, msg: ck.Message) -> list[Output]:
+        """Every output the report may stand for (:func:`worker.loop.output.by_record`)."""
+        return by_record(self.outs).get(reported(msg), [])
 
 
 class ExactlyOnce:
@@ -153,7 +152,8 @@ class ExactlyOnce:
             return  # a purged record of a transaction being (or already) aborted
         # Only a record refused as too large needs its output (to go smaller after the
         # rewind); any other failure just fails the transaction.
-        out = reports.output_of(msg) if err.code() in REFUSED_AS_IS else None
+        outs = reports.outputs_of(msg) if err.code() in REFUSED_AS_IS else []
+        out = outs[0] if outs else None
         if out is not None:
             self._note_too_large(out, err.code())
         log.warning("transactional_delivery_failed", error=err.str(), topic=msg.topic(),
