@@ -41,7 +41,7 @@ def main() -> None:
 
     t["import_inductor"] = time.perf_counter()
     from bench.aoti_bench import plan_for
-    from engines.backends.aoti.bundle import load_from_bundle, shape_name
+    from engines.backends.aoti.bundle import bundle_weights, load_from_bundle, shape_name
 
     steps = {}
     for size in (int(s) for s in args.sizes.split(",") if s):
@@ -55,7 +55,8 @@ def main() -> None:
         entry = plan.cache.lookup(plan.recipe())
         assert entry is not None, f"no cached engine for batch {size} in {args.cache}"
         started = time.perf_counter()
-        model = load_from_bundle(entry.artifact, shape_name(size, ITEM), cuda=True)
+        weights = bundle_weights(entry.artifact, "cuda:0")
+        model = load_from_bundle(entry.artifact, shape_name(size, ITEM), True, weights)
         loaded = time.perf_counter()
         x = torch.zeros((size, *ITEM), device="cuda")
         model(x)

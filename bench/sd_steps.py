@@ -57,7 +57,7 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     import torch
 
     from engines.backends.aoti.build import sample_args, static_keys, time_variants
-    from engines.backends.aoti.bundle import bundle_names, load_from_bundle
+    from engines.backends.aoti.bundle import bundle_names, bundle_weights, load_from_bundle
     from engines.backends.torch.artifact import in_engine_form, native_net
     from engines.cache import EngineCache
     from engines.models.sd.engines import sd_plans
@@ -73,7 +73,9 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     t = time.monotonic()
     cuda = args.device.startswith("cuda")
     (name,) = bundle_names(entry.artifact)
-    model = load_from_bundle(entry.artifact, name, cuda)
+    constants = bundle_weights(entry.artifact, args.device)
+    weights_s = time.monotonic() - t
+    model = load_from_bundle(entry.artifact, name, cuda, constants)
     load_s = time.monotonic() - t
     native = native_net(plan.spec)
     net = in_engine_form(native.fresh(args.device)[0], native, args.device, plan.precision)
@@ -84,9 +86,10 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     ms = time_variants(model, net, feeds, cuda)
     build = entry.sidecar.get("build", {}).get("shapes", {}).get(name, {})
     row = {"batch": batch, "shape": name, "key": entry.key, "load_s": round(load_s, 2),
+           "weights_load_s": round(weights_s, 2) if constants is not None else None,
            "bundle_bytes": entry.sidecar["artifact"]["bytes"], "ms": ms,
            "package_vs_eager_max_abs_diff": diff, "build": build}
-    del model, net
+    del model, net, constants
     if cuda:
         torch.cuda.empty_cache()
     return row

@@ -5,8 +5,10 @@ Per static shape of the plan's profiles:
 1. ``torch.export`` the network (engine precision, channels-last where the model says so) on
    sample inputs of that shape, and compile it with ``aoti_compile_and_package`` (max-autotune
    on CUDA: minutes per shape, which is why it happens once, here, and never at start-up);
-2. load the package and check it against the float32 network (IEEE fp32: TF32 off) on the
-   same inputs; a package outside the tolerance fails the build (nothing is cached);
+2. write the bundle (the packages hold no weights; the bundle stores them once,
+   :mod:`.weights`), load each package from it as the runner will, and check it against the
+   float32 network (IEEE fp32: TF32 off) on the same inputs; a package outside the tolerance
+   fails the build (nothing is cached);
 3. time what could serve the shape: the package called directly, a CUDA graph over it, and
    today's eager network under a CUDA graph (on the CPU: the package vs the eager network),
    and choose the fastest.
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engines.backends.aoti.bundle import load_package, shape_name, write_bundle
+from engines.backends.aoti.bundle import bundle_weights, load_from_bundle, shape_name, write_bundle
 from engines.backends.aoti.options import inductor_options
 from engines.backends.torch.artifact import in_engine_form, native_net
 from engines.backends.torch.graphs import capture, sample_input
@@ -85,23 +87,34 @@ def build_aoti_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> Build
     module, _ = native.fresh(device if native.build_on_target else "cpu")
     reference = module.to(device=device, dtype=torch.float32).eval()
     net = in_engine_form(copy.deepcopy(reference), native, device, p.precision)
+    keys = static_keys(plan)
     shapes: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="aoti-", dir=out.parent) as tmp, _ieee_fp32(cuda):
-        packages = {}
-        for key in static_keys(plan):
-            name = shape_name(*key)
-            packages[name] = Path(tmp) / f"{name}.pt2"
-            shapes[name] = _build_shape(plan, key, net, reference, packages[name], device)
-        write_bundle(out, packages)
+    with _ieee_fp32(cuda):
+        with tempfile.TemporaryDirectory(prefix="aoti-", dir=out.parent) as tmp:
+            packages: dict[str, Path] = {}
+            constants: dict[str, Any] = {}
+            for key in keys:
+                name = shape_name(*key)
+                packages[name] = Path(tmp) / f"{name}.pt2"
+                shapes[name] = {"compile_seconds": _compile_shape(plan, key, net,
+                                                                  packages[name], constants)}
+            write_bundle(out, packages, constants)
+            del constants  # what is checked and timed below is what the runner will load
+        weights = bundle_weights(out, device)
+        for key in keys:
+            shapes[shape_name(*key)].update(_check_shape(plan, key, net, reference, out,
+                                                         weights))
     return {"serve": {n: s["serve"] for n, s in shapes.items()}, "shapes": shapes,
             "inductor": inductor_options(device, p.autotune), "torch": str(torch.__version__)}
 
 
-def _build_shape(plan: EnginePlan, key: GraphKey, net: Any, reference: Any, path: Path,
-                 device: str) -> dict[str, Any]:
+def _compile_shape(plan: EnginePlan, key: GraphKey, net: Any, path: Path,
+                   constants: dict[str, Any]) -> float:
+    """Export and compile one shape's package to ``path`` (weights left out of it, added to
+    ``constants``: every shape exports the same ones); its compile seconds."""
     import torch
 
-    args = sample_args(plan, key, device)
+    args = sample_args(plan, key, plan.params.device)
     name = shape_name(*key)
     log.info("aoti_compile_started: %s %s (max-autotune on CUDA takes minutes)",
              plan.spec.model_id, name)
@@ -109,27 +122,40 @@ def _build_shape(plan: EnginePlan, key: GraphKey, net: Any, reference: Any, path
     try:
         with torch.no_grad():
             exported = torch.export.export(net, args)
-        options = inductor_options(device, plan.params.autotune)
+        options = inductor_options(plan.params.device, plan.params.autotune)
         torch._inductor.aoti_compile_and_package(exported, package_path=str(path),
                                                  inductor_configs=options)
     except Exception as exc:  # export and Inductor raise many types; each fails the build
         raise EngineError(f"{plan.spec.model_id} {name}: AOTInductor compile failed: "
                           f"{type(exc).__name__}: {exc}") from exc
-    compile_s = time.monotonic() - started
-    model = load_package(path, device.startswith("cuda"))
+    constants.update((k, v) for k, v in {**exported.state_dict, **exported.constants}.items()
+                     if isinstance(v, torch.Tensor))
+    return round(time.monotonic() - started, 1)
+
+
+def _check_shape(plan: EnginePlan, key: GraphKey, net: Any, reference: Any, bundle: Path,
+                 weights: dict[str, Any] | None) -> dict[str, Any]:
+    """Load one shape's package from the written bundle as the runner does, check it against
+    the float32 network and time the ways to serve it."""
+    import torch
+
+    device = plan.params.device
+    cuda = device.startswith("cuda")
+    args = sample_args(plan, key, device)
+    name = shape_name(*key)
+    model = load_from_bundle(bundle, name, cuda, weights)
     with torch.no_grad():
         got, ref = model(*args).double(), reference(*args).double()
     error, tolerance = off_by(got, ref, plan.spec.outputs[0].dtype, plan.params.precision)
     if not error <= tolerance:  # NaN fails too
         raise EngineError(f"{plan.spec.model_id} {name}: the compiled package is off from the "
                           f"float32 network by {error:.2e} (tolerance {tolerance:.0e})")
-    timings = time_variants(model, net, args, device.startswith("cuda"))
+    timings = time_variants(model, net, args, cuda)
     measured = {v: ms for v, ms in timings.items() if ms is not None}  # "aoti" always is
     serve = min(measured, key=measured.__getitem__)
-    log.info("aoti_compiled: %s %s in %.0f s, error %.1e, serving %s (%s)", plan.spec.model_id,
-             name, compile_s, error, serve, timings)
-    return {"serve": serve, "compile_seconds": round(compile_s, 1), "max_error": error,
-            "ms": timings}
+    log.info("aoti_compiled: %s %s, error %.1e, serving %s (%s)", plan.spec.model_id, name,
+             error, serve, timings)
+    return {"serve": serve, "max_error": error, "ms": timings}
 
 
 def off_by(got: Any, ref: Any, dtype: str, precision: str) -> tuple[float, float]:

@@ -1,8 +1,9 @@
-"""The AOTInductor artifact: one ``.pt2`` package per static shape, stored in one zip.
+"""The AOTInductor artifact: one ``.pt2`` package per static shape and the weights they share
+(:mod:`.weights`), stored in one zip.
 
-One file, so the engine cache's SHA-256 covers every package. Stored uncompressed (a package
-is itself a zip of compiled code and weights; compressing again gains nothing and costs load
-time). Members are named by :func:`shape_name`. Each is loaded from a file
+One file, so the engine cache's SHA-256 covers every package and the weights. Stored
+uncompressed (a package is itself a zip of compiled code; compressing again gains nothing and
+costs load time). Members are named by :func:`shape_name`. Each is loaded from a file
 (:func:`load_from_bundle`): torch's loader takes a path, and given bytes it writes them to a
 file itself, after the caller has held the whole package in memory. For a 1 GB package on the
 2-core VM that took 11.6-13.9 s against 5.4-6.2 s streamed to a file (2026-12-02).
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from engines.backends.aoti.weights import bind, has_weights, read_weights, write_weights
 from engines.exceptions import EngineError
 
 SUFFIX = ".pt2"
@@ -29,10 +31,21 @@ def shape_name(batch: int, item: tuple[int, ...]) -> str:
     return f"b{batch}_{'x'.join(str(d) for d in item) or 'scalar'}"
 
 
-def write_bundle(out: Path, packages: Mapping[str, Path]) -> None:
+def write_bundle(out: Path, packages: Mapping[str, Path], weights: Mapping[str, Any]) -> None:
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED) as z:
         for name, path in sorted(packages.items()):
             z.write(path, name + SUFFIX)
+        write_weights(z, weights)
+
+
+def bundle_weights(path: Path, device: str) -> dict[str, Any] | None:
+    """The weights the bundle's packages share, on ``device``; None for a bundle whose packages
+    hold their own (built before the weights moved out of the libraries)."""
+    try:
+        stored = has_weights(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise EngineError(f"AOTInductor bundle {path} does not read: {exc}") from exc
+    return read_weights(path, device) if stored else None
 
 
 def bundle_names(path: Path) -> set[str]:
@@ -45,9 +58,11 @@ def bundle_names(path: Path) -> set[str]:
         raise EngineError(f"AOTInductor bundle {path} does not read: {exc}") from exc
 
 
-def load_from_bundle(path: Path, name: str, cuda: bool) -> Any:
+def load_from_bundle(path: Path, name: str, cuda: bool, weights: Mapping[str, Any] | None
+                     ) -> Any:
     """One shape's package, streamed from the bundle to a temporary file and loaded from
-    there (see the module's note)."""
+    there (see the module's note), bound to ``weights`` (:func:`bundle_weights`; the caller
+    keeps them alive as long as the package)."""
     with tempfile.NamedTemporaryFile(suffix=SUFFIX) as f:
         try:
             with zipfile.ZipFile(path) as z, z.open(name + SUFFIX) as member:
@@ -56,7 +71,10 @@ def load_from_bundle(path: Path, name: str, cuda: bool) -> Any:
         except (zipfile.BadZipFile, KeyError, OSError) as exc:
             raise EngineError(f"AOTInductor bundle {path}: package {name} does not read: "
                               f"{exc}") from exc
-        return load_package(Path(f.name), cuda)
+        package = load_package(Path(f.name), cuda)
+    if weights is not None:
+        bind(package, weights, f"AOTInductor bundle {path}: package {name}")
+    return package
 
 
 def load_package(path: Path, cuda: bool) -> Any:

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engines.backends.aoti.build import static_keys
-from engines.backends.aoti.bundle import bundle_names, load_from_bundle, shape_name
+from engines.backends.aoti.bundle import (
+    bundle_names,
+    bundle_weights,
+    load_from_bundle,
+    shape_name,
+)
 from engines.backends.base import InferHandle, Outputs
 from engines.backends.torch.artifact import in_engine_form, native_net
 from engines.backends.torch.runner import GraphKey, TorchRunner
@@ -75,6 +80,7 @@ class AotiRunner(TorchRunner):
         self._keys = static_keys(plan)
         self.serving: dict[str, str] = {}  # shape name -> what serves it (from the sidecar)
         self._eager_module: Any = None
+        self._weights: dict[str, Any] | None = None  # the packages point into these
 
     def _activate(self) -> None:
         self._torch_for_device()
@@ -88,8 +94,12 @@ class AotiRunner(TorchRunner):
             if name not in packages or name not in serve:
                 raise EngineError(f"engine {entry.key}: no package for {name}; rebuild it")
             self.serving[name] = serve[name]
-            nets[key] = (self._eager_net() if serve[name].startswith("eager") else
-                         load_from_bundle(entry.artifact, name, self.cuda))
+            if serve[name].startswith("eager"):
+                nets[key] = self._eager_net()
+                continue
+            if self._weights is None:  # read once, shared by every package (by reference)
+                self._weights = bundle_weights(entry.artifact, self.device)
+            nets[key] = load_from_bundle(entry.artifact, name, self.cuda, self._weights)
         self._net = self._fn = ShapeDispatch(nets)
         self._hash = f"aoti-{entry.key[:12]}"
         # Graphs only where the build measured one faster; other shapes run "eagerly" (one
@@ -123,4 +133,4 @@ class AotiRunner(TorchRunner):
 
     def _deactivate(self) -> None:
         super()._deactivate()
-        self._eager_module = None
+        self._eager_module = self._weights = None

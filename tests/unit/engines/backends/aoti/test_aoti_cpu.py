@@ -80,7 +80,10 @@ def test_the_build_records_per_shape_choice_timings_error_and_compile_time(
         assert shape["serve"] == min(shape["ms"], key=shape["ms"].get)
         assert shape["compile_seconds"] > 0 and shape["max_error"] <= 1e-3
     assert bundle_names(entry.artifact) == {"b1_8x8x3", "b4_8x8x3"}
-    assert entry.sidecar["flags"] == {"inductor": {}}  # the CPU build: Inductor's defaults
+    # the CPU build: Inductor's defaults but for the weights, which the bundle stores once
+    assert entry.sidecar["flags"] == {"inductor": {"aot_inductor.package_constants_in_so": False}}
+    with zipfile.ZipFile(entry.artifact) as z:
+        assert {"weights.json", "weights.bin"} <= set(z.namelist())
 
 
 @pytest.mark.slow  # compiles
@@ -103,6 +106,28 @@ def test_a_cached_engine_loads_without_compiling_and_serves_padded_batches(
             runner.infer({"x": _x(5)})
         with pytest.raises(InferenceFailed, match="missing input"):
             runner.infer({"y": _x(1)})
+
+
+@pytest.mark.slow  # compiles
+def test_the_packages_run_on_the_bundles_weights_by_reference(built: EnginePlan) -> None:
+    """The packages hold no weights: both shapes run on the one copy read from the bundle, so
+    changing it changes what both answer (and the build's check passed on that copy)."""
+    from engines.backends.aoti.bundle import bundle_weights
+
+    entry = built.cache.lookup(built.recipe())
+    assert entry is not None
+    weights = bundle_weights(entry.artifact, "cpu")
+    assert weights is not None and set(weights) == set(_Tiny().state_dict())
+    small, large = (load_from_bundle(entry.artifact, n, False, weights)
+                    for n in ("b1_8x8x3", "b4_8x8x3"))
+    x = torch.from_numpy(_x(4))
+    want = _Tiny()(x).detach()
+    torch.testing.assert_close(large(x), want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(small(x[:1]), want[:1], atol=1e-5, rtol=0)
+    weights["fc.weight"].zero_()  # every image now scores softmax(fc.bias)
+    constant = torch.softmax(_Tiny().fc.bias.detach(), dim=0)
+    for got in (large(x), small(x[:1])):
+        torch.testing.assert_close(got, constant.expand_as(got), atol=1e-6, rtol=0)
 
 
 @pytest.mark.slow  # compiles
@@ -163,11 +188,11 @@ def test_bundle_names_and_a_damaged_bundle(tmp_path: Path) -> None:
         z.writestr("b1_8.pt2", b"y" * 64)
     assert bundle_names(bad) == {"b1_8"}
     with pytest.raises(EngineError, match="b2_8 does not read"):
-        load_from_bundle(bad, "b2_8", cuda=False)
+        load_from_bundle(bad, "b2_8", cuda=False, weights=None)
     damaged = bad.read_bytes().replace(b"y" * 64, b"y" * 63 + b"z")  # its CRC no longer holds
     bad.write_bytes(damaged)
     with pytest.raises(EngineError, match="b1_8 does not read"):
-        load_from_bundle(bad, "b1_8", cuda=False)
+        load_from_bundle(bad, "b1_8", cuda=False, weights=None)
 
 
 def test_cuda_packages_load_without_the_cpu_isa_probe(monkeypatch: pytest.MonkeyPatch) -> None:
