@@ -3,6 +3,8 @@ CUDA context, ``torch._inductor`` import, each package's load and first call, an
 runner activation through the engine cache.
 
 python bench/aoti_load_probe.py --cache DIR --sizes 512,1 [--runner]
+python bench/aoti_load_probe.py --bundles 'DIR/*/*/engine.aoti.zip'   # any cached bundles:
+    their weights and every package, loaded in turn (no calls)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/aoti-cache"))
     ap.add_argument("--sizes", default="512,1")
     ap.add_argument("--runner", action="store_true", help="time plan.runner().activate() only")
+    ap.add_argument("--bundles", default="", help="a glob of engine.aoti.zip files to load")
     ap.add_argument("--stacks-every", type=float, default=0.0,
                     help="print every thread's stack every N seconds (where a slow step waits)")
     args = ap.parse_args()
@@ -37,9 +40,18 @@ def main() -> None:
     t["import_torch"] = time.perf_counter()
     torch.zeros(1, device="cuda").sum().item()
     t["cuda_context"] = time.perf_counter()
+    import onnxruntime  # noqa: F401  (the loader's workaround imports it first)
+
+    t["import_onnxruntime"] = time.perf_counter()
     import torch._inductor  # timed on purpose: its import is part of start-up
 
     t["import_inductor"] = time.perf_counter()
+    import torch._inductor.codecache  # the CPU-ISA patch imports it
+    import torch._inductor.package
+
+    t["import_inductor_package"] = time.perf_counter()
+    if args.bundles:
+        t.update(load_bundles(args.bundles))
     from bench.aoti_bench import plan_for
     from engines.backends.aoti.bundle import bundle_weights, load_from_bundle, shape_name
 
@@ -67,6 +79,25 @@ def main() -> None:
     out = {n: round(t[n] - t[p], 3) for p, n in itertools.pairwise(names)}
     out.update({k: round(v, 3) for k, v in steps.items()})
     print("aoti_load_probe", json.dumps(out), flush=True)
+
+
+def load_bundles(pattern: str) -> dict[str, float]:
+    """Each bundle's weights, then each of its packages: the time each step ended."""
+    import glob
+
+    from engines.backends.aoti.bundle import bundle_names, bundle_weights, load_from_bundle
+
+    ends: dict[str, float] = {}
+    kept = []  # the packages point into the weights: both stay alive to the end
+    for path in map(Path, sorted(glob.glob(pattern))):
+        tag = f"{path.parent.parent.name}/{path.parent.name[:6]}"
+        weights = bundle_weights(path, "cuda:0")
+        ends[f"{tag} weights"] = time.perf_counter()
+        for name in sorted(bundle_names(path)):
+            kept.append(load_from_bundle(path, name, True, weights))
+            ends[f"{tag} {name}"] = time.perf_counter()
+        kept.append(weights)
+    return ends
 
 
 if __name__ == "__main__":

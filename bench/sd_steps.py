@@ -142,7 +142,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--arch", choices=sorted(RES), default="sd15")
     ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="let cuDNN time its algorithms per shape (the packages' convolutions "
+                         "are cuDNN calls)")
+    ap.add_argument("--skip-images", action="store_true")
     args = ap.parse_args()
+    if args.cudnn_benchmark:
+        import torch
+
+        torch.backends.cudnn.benchmark = True
     rec: dict[str, Any] = {"bench": "sd_steps", "weights": "random", "env": environment(),
                            "params": {k: str(v) for k, v in vars(args).items()}}
     if not args.device.startswith("cuda"):
@@ -155,7 +163,7 @@ def main() -> None:
               f"in {row['build'].get('compile_seconds')} s, load {row['load_s']} s)", flush=True)
     rec["image"] = []
     with tempfile.TemporaryDirectory() as blobs:
-        for backend in ("aoti", "torch"):
+        for backend in () if args.skip_images else ("aoti", "torch"):
             rec["image"].append(image_latency(args, backend, Path(blobs)))
             row = rec["image"][-1]
             print(f"{args.steps}-step image b1 on {backend}: {row['image_s'] * 1e3:.0f} ms, "
