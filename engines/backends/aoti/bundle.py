@@ -15,10 +15,9 @@ import contextlib
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from engines.backends.aoti.weights import bind, has_weights, read_weights, write_weights
 from engines.exceptions import EngineError
@@ -79,14 +78,46 @@ def load_from_bundle(path: Path, name: str, cuda: bool, weights: Mapping[str, An
 
 def load_package(path: Path, cuda: bool) -> Any:
     """A package file, loaded ready to call (and to capture in a CUDA graph: single-threaded;
-    the runner's lock keeps it so). CUDA packages load without the CPU-ISA probe
-    (:func:`skip_cpu_isa_probe`)."""
+    the runner's lock keeps it so) by torch's C++ loader (:class:`Package`)."""
     import torch
 
     if cuda:
         _onnxruntime_loaded()
-    with skip_cpu_isa_probe() if cuda else contextlib.nullcontext():
-        return torch._inductor.aoti_load_package(str(path), run_single_threaded=True)
+    try:
+        return Package(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True))
+    except RuntimeError as exc:
+        raise EngineError(f"AOTInductor package {path} does not load: {exc}") from exc
+
+
+class Package:
+    """A loaded package, called like the network it was compiled from.
+
+    torch's C++ loader used directly, without ``torch._inductor.aoti_load_package``: that one
+    imports ``torch._inductor`` (1.5 s of every start on the H200 machine with bytecode
+    compiled, 2026-12-02, against 0.01-0.06 s for the package loads themselves) only to read
+    the package's metadata and compare its CPU ISA with this machine's (which compiled and ran
+    test libraries in subprocesses: 36 s on the first load there). The engine cache key already
+    pins the device, the torch version and the build options. Four fresh processes on the H200
+    that imported only torch, CUDA and onnxruntime loaded the SD packages this way
+    (``bench/aoti_cxx_probe.py``, 2026-12-02)."""
+
+    def __init__(self, loader: Any) -> None:
+        from torch.utils import _pytree
+
+        self._loader = loader
+        self._pytree = _pytree
+        self._out_spec = _pytree.treespec_loads(loader.get_call_spec()[1])
+
+    def __call__(self, *inputs: Any) -> Any:
+        return self._pytree.tree_unflatten(self._loader.boxed_run(list(inputs)), self._out_spec)
+
+    def get_constant_fqns(self) -> list[str]:
+        return list(self._loader.get_constant_fqns())
+
+    def load_constants(self, constants: dict[str, Any], *, check_full_update: bool,
+                       user_managed: bool) -> None:
+        # (constants, use_inactive: into the buffer in use, check_full_update, user_managed)
+        self._loader.load_constants(constants, False, check_full_update, user_managed)
 
 
 def _onnxruntime_loaded() -> None:
@@ -102,33 +133,3 @@ def _onnxruntime_loaded() -> None:
     measured workaround, harmless where the crash does not happen."""
     with contextlib.suppress(ImportError):
         import onnxruntime  # noqa: F401
-
-
-@contextlib.contextmanager
-def skip_cpu_isa_probe() -> Iterator[None]:
-    """``aoti_load_package`` compares the package's device metadata with this machine's, and
-    finding this machine's CPU ISA compiles and test-loads a library per ISA in subprocesses:
-    36 s on the first load in a process on the H200 machine (torch 2.11; Inductor's
-    ``cpp.vec_isa_ok`` does not skip the AMX probe). For a CUDA package the CPU ISA only feeds a
-    warning (its kernels are GPU kernels, and the engine cache key already pins the GPU), so
-    while loading, the metadata leaves the ISA out and the comparison skips it. torch has no
-    option for this; the patch is scoped to the load and falls back to the probe if torch's
-    internals move."""
-    try:
-        from torch._inductor import codecache, cpu_vec_isa
-    except ImportError:
-        yield
-        return
-    original = getattr(codecache, "get_device_information", None)
-    if original is None:
-        yield
-        return
-
-    def without_cpu_isa(device_type: str) -> dict[str, str]:
-        with mock.patch.object(cpu_vec_isa, "pick_vec_isa", lambda: cpu_vec_isa.invalid_vec_isa):
-            info = dict(original(device_type))
-        info.pop("AOTI_CPU_ISA", None)
-        return info
-
-    with mock.patch.object(codecache, "get_device_information", without_cpu_isa):
-        yield
