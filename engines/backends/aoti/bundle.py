@@ -84,7 +84,8 @@ def load_package(path: Path, cuda: bool) -> Any:
     if cuda:
         _onnxruntime_loaded()
     try:
-        return Package(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True))
+        # (path, model name, run single-threaded, runners, device index: -1 = the current)
+        return Package(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, -1))
     except RuntimeError as exc:
         raise EngineError(f"AOTInductor package {path} does not load: {exc}") from exc
 
