@@ -46,7 +46,6 @@ def main() -> None:
         except TypeError:
             loader = cls(f.name, "model", True, 1, -1, False)
     fqns = loader.get_constant_fqns()
-    assert weights is not None
     constants = {k: weights[k] for k in fqns}
     try:  # (map, use_inductor_format, check_full_update, user_managed[, allow_h2d_copy])
         loader.load_constants(constants, False, True, True)

@@ -86,7 +86,7 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     ms = time_variants(model, net, feeds, cuda)
     build = entry.sidecar.get("build", {}).get("shapes", {}).get(name, {})
     row = {"batch": batch, "shape": name, "key": entry.key, "load_s": round(load_s, 2),
-           "weights_load_s": round(weights_s, 2) if constants is not None else None,
+           "weights_load_s": round(weights_s, 2),
            "bundle_bytes": entry.sidecar["artifact"]["bytes"], "ms": ms,
            "package_vs_eager_max_abs_diff": diff, "build": build}
     del model, net, constants

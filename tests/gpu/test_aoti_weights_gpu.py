@@ -22,6 +22,9 @@ def test_weights_read_onto_the_gpu_in_chunks_equal_the_stored_ones(
     path = tmp_path / "engine.aoti.zip"
     with zipfile.ZipFile(path, "w") as z:
         w.write_weights(z, tensors)
+    # The stream is held up first, so every copy is still queued when the loop comes back to
+    # its buffer: without the wait for that buffer's last copy, the data would be overwritten.
+    torch.cuda._sleep(200_000_000)
     got = w.read_weights(path, "cuda:0")
     for name, t in tensors.items():
         assert got[name].is_cuda and got[name].stride() == t.stride(), name

@@ -134,7 +134,7 @@ def _compile_shape(plan: EnginePlan, key: GraphKey, net: Any, path: Path,
 
 
 def _check_shape(plan: EnginePlan, key: GraphKey, net: Any, reference: Any, bundle: Path,
-                 weights: dict[str, Any] | None) -> dict[str, Any]:
+                 weights: dict[str, Any]) -> dict[str, Any]:
     """Load one shape's package from the written bundle as the runner does, check it against
     the float32 network and time the ways to serve it."""
     import torch

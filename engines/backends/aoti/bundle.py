@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from engines.backends.aoti.weights import bind, has_weights, read_weights, write_weights
+from engines.backends.aoti.weights import bind, read_weights, write_weights
 from engines.exceptions import EngineError
 
 SUFFIX = ".pt2"
@@ -37,14 +37,9 @@ def write_bundle(out: Path, packages: Mapping[str, Path], weights: Mapping[str, 
         write_weights(z, weights)
 
 
-def bundle_weights(path: Path, device: str) -> dict[str, Any] | None:
-    """The weights the bundle's packages share, on ``device``; None for a bundle whose packages
-    hold their own (built before the weights moved out of the libraries)."""
-    try:
-        stored = has_weights(path)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise EngineError(f"AOTInductor bundle {path} does not read: {exc}") from exc
-    return read_weights(path, device) if stored else None
+def bundle_weights(path: Path, device: str) -> dict[str, Any]:
+    """The weights the bundle's packages share, on ``device``."""
+    return read_weights(path, device)
 
 
 def bundle_names(path: Path) -> set[str]:
@@ -57,8 +52,7 @@ def bundle_names(path: Path) -> set[str]:
         raise EngineError(f"AOTInductor bundle {path} does not read: {exc}") from exc
 
 
-def load_from_bundle(path: Path, name: str, cuda: bool, weights: Mapping[str, Any] | None
-                     ) -> Any:
+def load_from_bundle(path: Path, name: str, cuda: bool, weights: Mapping[str, Any]) -> Any:
     """One shape's package, streamed from the bundle to a temporary file and loaded from
     there (see the module's note), bound to ``weights`` (:func:`bundle_weights`; the caller
     keeps them alive as long as the package)."""
@@ -71,8 +65,7 @@ def load_from_bundle(path: Path, name: str, cuda: bool, weights: Mapping[str, An
             raise EngineError(f"AOTInductor bundle {path}: package {name} does not read: "
                               f"{exc}") from exc
         package = load_package(Path(f.name), cuda)
-    if weights is not None:
-        bind(package, weights, f"AOTInductor bundle {path}: package {name}")
+    bind(package, weights, f"AOTInductor bundle {path}: package {name}")
     return package
 
 
@@ -86,7 +79,7 @@ def load_package(path: Path, cuda: bool) -> Any:
     try:
         # (path, model name, run single-threaded, runners, device index: -1 = the current)
         return Package(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, -1))
-    except RuntimeError as exc:
+    except (RuntimeError, TypeError) as exc:  # TypeError: a binding whose arguments changed
         raise EngineError(f"AOTInductor package {path} does not load: {exc}") from exc
 
 

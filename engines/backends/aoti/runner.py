@@ -83,6 +83,13 @@ class AotiRunner(TorchRunner):
         self._weights: dict[str, Any] | None = None  # the packages point into these
 
     def _activate(self) -> None:
+        try:
+            self._load()
+        except BaseException:
+            self._deactivate()  # no half-loaded engine keeps its weights for a later retry
+            raise
+
+    def _load(self) -> None:
         self._torch_for_device()
         assert self._engine is not None
         entry = self._engine()
@@ -132,5 +139,5 @@ class AotiRunner(TorchRunner):
         return _Rows(super()._infer(padded, stream), n)
 
     def _deactivate(self) -> None:
-        super()._deactivate()
+        super()._deactivate()  # the packages go first: they point into the weights
         self._eager_module = self._weights = None

@@ -65,43 +65,46 @@ def write_weights(z: zipfile.ZipFile, tensors: Mapping[str, Any]) -> None:
     z.writestr(INDEX, json.dumps({"align": ALIGN, "tensors": index}))
 
 
-def has_weights(path: Path) -> bool:
-    with zipfile.ZipFile(path) as z:
-        return INDEX in z.namelist()
-
-
 def read_weights(path: Path, device: str) -> dict[str, Any]:
     """The bundle's weights on ``device``: views of one buffer holding the whole blob."""
+    try:
+        return _read_weights(path, device)
+    except EngineError as exc:
+        raise EngineError(f"AOTInductor bundle {path}: {exc}") from exc
+    except (zipfile.BadZipFile, KeyError, OSError, ValueError, TypeError, AttributeError,
+            RuntimeError) as exc:  # a damaged index, a short file, no device memory
+        raise EngineError(f"AOTInductor bundle {path}: the weights do not read: "
+                          f"{type(exc).__name__}: {exc}") from exc
+
+
+def _read_weights(path: Path, device: str) -> dict[str, Any]:
     import torch
 
-    try:
-        with zipfile.ZipFile(path) as z:
-            index = json.loads(z.read(INDEX))["tensors"]
-            info = z.getinfo(BLOB)
-        if info.compress_type != zipfile.ZIP_STORED:
-            raise EngineError(f"{BLOB} is compressed")
-        with open(path, "rb", buffering=0) as f:
-            start = _data_offset(f, info)
-            blob = torch.empty(info.file_size, dtype=torch.uint8, device=device)
-            if blob.is_cuda:
+    with zipfile.ZipFile(path) as z:
+        if INDEX not in z.namelist():
+            raise EngineError("no weights: built before the packages left them out; rebuild "
+                              "the engine")
+        index = json.loads(z.read(INDEX))["tensors"]
+        info = z.getinfo(BLOB)
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise EngineError(f"{BLOB} is compressed")
+    with open(path, "rb", buffering=0) as f:
+        start = _data_offset(f, info)
+        blob = torch.empty(info.file_size, dtype=torch.uint8, device=device)
+        if blob.is_cuda:
+            with torch.cuda.device(blob.device):  # its streams and events, not the current's
                 _read_to_cuda(f, start, blob)
-            else:
-                f.seek(start)
-                _read_into(f, _bytes_of(blob))
-    except (zipfile.BadZipFile, KeyError, OSError, ValueError) as exc:
-        raise EngineError(f"AOTInductor bundle {path}: the weights do not read: {exc}") from exc
+        else:
+            f.seek(start)
+            _read_into(f, _bytes_of(blob))
     out = {}
     for name, t in index.items():
         dtype = getattr(torch, t["dtype"])
         size = torch.empty((), dtype=dtype).element_size()
         if t["offset"] % size or t["offset"] + t["nbytes"] > blob.numel():
-            raise EngineError(f"AOTInductor bundle {path}: weight {name!r} lies outside the "
-                              f"blob ({blob.numel()} bytes); rebuild the engine")
-        try:
-            out[name] = blob.view(dtype).as_strided(t["shape"], t["stride"],
-                                                    t["offset"] // size)
-        except RuntimeError as exc:  # a shape and strides that do not fit the blob
-            raise EngineError(f"AOTInductor bundle {path}: weight {name!r}: {exc}") from exc
+            raise EngineError(f"weight {name!r} lies outside the blob ({blob.numel()} bytes); "
+                              "rebuild the engine")
+        out[name] = blob.view(dtype).as_strided(t["shape"], t["stride"], t["offset"] // size)
     return out
 
 
@@ -156,10 +159,15 @@ def bind(package: Any, weights: Mapping[str, Any], where: str) -> None:
     wanted = package.get_constant_fqns()
     missing = sorted(set(wanted) - set(weights))
     if missing:
-        raise EngineError(f"{where}: the bundle's weights lack {len(missing)} the package needs, "
-                          f"e.g. {missing[:3]}")
+        # Parameters and buffers keep their names through export and compile; a tensor
+        # literal in ``forward`` larger than Inductor inlines (``torch.tensor([...])`` of more
+        # than 8 values) becomes a constant named by Inductor (``_tensor_constant0``) that
+        # the exported program calls something else, so it cannot be stored by name.
+        raise EngineError(f"{where}: the package needs {len(missing)} constants that are not "
+                          f"the network's parameters or buffers, e.g. {missing[:3]} (a tensor "
+                          "literal in forward? register it as a buffer)")
     try:
         package.load_constants({k: weights[k] for k in wanted}, check_full_update=True,
                                user_managed=True)
-    except RuntimeError as exc:
+    except (RuntimeError, TypeError) as exc:
         raise EngineError(f"{where}: binding the weights failed: {exc}") from exc

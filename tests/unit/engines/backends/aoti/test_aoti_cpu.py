@@ -117,7 +117,7 @@ def test_the_packages_run_on_the_bundles_weights_by_reference(built: EnginePlan)
     entry = built.cache.lookup(built.recipe())
     assert entry is not None
     weights = bundle_weights(entry.artifact, "cpu")
-    assert weights is not None and set(weights) == set(_Tiny().state_dict())
+    assert set(weights) == set(_Tiny().state_dict())
     small, large = (load_from_bundle(entry.artifact, n, False, weights)
                     for n in ("b1_8x8x3", "b4_8x8x3"))
     x = torch.from_numpy(_x(4))
@@ -162,6 +162,29 @@ def test_a_package_off_the_float32_network_fails_the_build_and_caches_nothing(
     assert not list(tmp_path.glob("tiny/*/engine.aoti.zip"))
 
 
+class _Literal(_Tiny):
+    """A tensor literal in forward, larger than Inductor inlines: a constant that is neither a
+    parameter nor a buffer."""
+
+    def forward(self, x: Any) -> Any:
+        shift = torch.tensor([float(i) for i in range(16)]).reshape(1, 16)[:, :2]
+        return super().forward(x) + shift
+
+
+@pytest.mark.slow  # compiles
+def test_a_tensor_literal_in_forward_fails_the_build_with_what_to_do(tmp_path: Path) -> None:
+    spec = EngineSpec("literal", lambda: OnnxModel(b"", "0" * 64, "no onnx"),
+                      (TensorSpec("x", (-1, *ITEM)),), (TensorSpec("p", (-1, 2)),),
+                      native=NativeNet(lambda device: (_Literal().to(device), "b" * 64)))
+    plan = EnginePlan(spec, (StaticProfile("p", ITEM, (1,)),),
+                      EngineParams(backend="aoti", precision="fp32", device="cpu",
+                                   cache_dir=tmp_path))
+    with pytest.raises(EngineError, match=r"not the network's parameters or buffers.*"
+                                          r"register it as a buffer"):
+        plan.loader()()
+    assert plan.cache.lookup(plan.recipe()) is None
+
+
 def test_refusals(tmp_path: Path) -> None:
     ranged = EnginePlan(_spec(), (RangeProfile("r", ITEM, ITEM, ITEM, 1, 2, 4),),
                         EngineParams(backend="aoti", precision="fp32", device="cpu",
@@ -188,11 +211,11 @@ def test_bundle_names_and_a_damaged_bundle(tmp_path: Path) -> None:
         z.writestr("b1_8.pt2", b"y" * 64)
     assert bundle_names(bad) == {"b1_8"}
     with pytest.raises(EngineError, match="b2_8 does not read"):
-        load_from_bundle(bad, "b2_8", cuda=False, weights=None)
+        load_from_bundle(bad, "b2_8", cuda=False, weights={})
     damaged = bad.read_bytes().replace(b"y" * 64, b"y" * 63 + b"z")  # its CRC no longer holds
     bad.write_bytes(damaged)
     with pytest.raises(EngineError, match="b1_8 does not read"):
-        load_from_bundle(bad, "b1_8", cuda=False, weights=None)
+        load_from_bundle(bad, "b1_8", cuda=False, weights={})
 
 
 @pytest.mark.slow  # compiles

@@ -60,24 +60,30 @@ def test_strided_weights_that_are_not_dense_are_refused(tmp_path: Path) -> None:
         _bundle(tmp_path, {"rows": sparse_rows})
 
 
-def test_a_bundle_without_weights_says_so_and_damaged_weights_fail_clearly(
-        tmp_path: Path) -> None:
+def test_a_bundle_without_weights_and_damaged_weights_fail_clearly(tmp_path: Path) -> None:
     old = tmp_path / "old.zip"
-    with zipfile.ZipFile(old, "w") as z:
+    with zipfile.ZipFile(old, "w") as z:  # packages that held their own weights
         z.writestr("b1_8.pt2", b"x")
-    assert not w.has_weights(old)
+    with pytest.raises(EngineError, match=r"old.zip: no weights: .* rebuild the engine"):
+        w.read_weights(old, "cpu")
     path = _bundle(tmp_path, _tensors())
-    assert w.has_weights(path)
     with zipfile.ZipFile(path) as z:
         index = json.loads(z.read(w.INDEX))
     truncated = tmp_path / "truncated.zip"
     with zipfile.ZipFile(truncated, "w") as z:
         z.writestr(w.INDEX, json.dumps(index))
         z.writestr(w.BLOB, b"\0" * 16)
-    with pytest.raises(EngineError, match="lies outside the blob"):
+    with pytest.raises(EngineError, match=r"truncated.zip: weight .* lies outside the blob"):
         w.read_weights(truncated, "cpu")
+    for broken in ({"tensors": {"x": {"dtype": "no_such_dtype", "shape": [1], "stride": [1],
+                                      "offset": 0, "nbytes": 4}}}, {"no": "tensors"}):
+        with zipfile.ZipFile(truncated, "w") as z:
+            z.writestr(w.INDEX, json.dumps(broken))
+            z.writestr(w.BLOB, b"\0" * 16)
+        with pytest.raises(EngineError, match="the weights do not read"):
+            w.read_weights(truncated, "cpu")
     with zipfile.ZipFile(truncated, "w") as z:
-        z.writestr(w.BLOB, b"\0" * 16)  # no index
+        z.writestr(w.INDEX, json.dumps(index))  # no blob
     with pytest.raises(EngineError, match="the weights do not read"):
         w.read_weights(truncated, "cpu")
     deflated = _bundle(tmp_path, _tensors(), compression=zipfile.ZIP_DEFLATED)
@@ -106,5 +112,6 @@ def test_bind_passes_exactly_the_named_constants_by_reference_and_names_a_missin
     w.bind(package, tensors, "b1")
     assert package.loaded is not None and set(package.loaded) == {"fc.weight", "scale"}
     assert package.loaded["fc.weight"] is tensors["fc.weight"]
-    with pytest.raises(EngineError, match=r"b1: the bundle's weights lack 1 .*'absent'"):
+    with pytest.raises(EngineError, match=r"b1: the package needs 1 constants .*'absent'.* "
+                                          r"register it as a buffer"):
         w.bind(_Package(["fc.weight", "absent"]), tensors, "b1")
