@@ -48,8 +48,10 @@ def test_compiled_backends_add_build_flags_and_need_their_artifact() -> None:
     params = EngineParams(workspace_mb=512)
     assert {n: dict(b.key_flags(params)) for n, b in BACKENDS.items()} == {
         "onnxruntime": {}, "torch": {}, "tensorrt": {"workspace_mb": 512},
-        "aoti": {"inductor": {"max_autotune": True}}}
-    assert dict(backend("aoti").key_flags(EngineParams(device="cpu"))) == {"inductor": {}}
+        "aoti": {"inductor": {"aot_inductor.package_constants_in_so": False,
+                              "max_autotune": True}}}
+    assert dict(backend("aoti").key_flags(EngineParams(device="cpu"))) == {
+        "inductor": {"aot_inductor.package_constants_in_so": False}}
     assert [n for n, b in BACKENDS.items() if b.needs_artifact] == ["tensorrt", "aoti"]
 
 
