@@ -131,6 +131,24 @@ def test_the_packages_run_on_the_bundles_weights_by_reference(built: EnginePlan)
 
 
 @pytest.mark.slow  # compiles
+def test_a_failed_activation_keeps_neither_packages_nor_weights(built: EnginePlan) -> None:
+    """The batch-1 package loads (and the weights with it) before batch 4 turns out to be
+    missing from the sidecar: the failure leaves nothing loaded for a retry to reuse."""
+    entry = built.cache.lookup(built.recipe())
+    assert entry is not None
+    sidecar = json.loads((entry.path / "sidecar.json").read_text())
+    del sidecar["build"]["serve"]["b4_8x8x3"]
+    (entry.path / "sidecar.json").write_text(json.dumps(sidecar))
+    runner: Any = built.runner()
+    try:
+        with pytest.raises(EngineError, match="no package for b4_8x8x3; rebuild it"):
+            runner.activate()
+        assert runner._weights is None and runner._net is None
+    finally:
+        (entry.path / "sidecar.json").write_text(json.dumps(entry.sidecar))
+
+
+@pytest.mark.slow  # compiles
 def test_the_runner_serves_what_the_sidecar_chose(built: EnginePlan, tmp_path: Path) -> None:
     """Edit the choice (as if the eager network had measured faster for batch 4): the runner
     then runs that shape uncompiled and still answers the same."""
