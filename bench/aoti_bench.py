@@ -92,13 +92,14 @@ def measure(size: int, cache: Path, autotune: bool) -> dict[str, Any]:
     import torch
 
     from engines.backends.aoti.build import time_variants
-    from engines.backends.aoti.bundle import bundle_weights, load_from_bundle, shape_name
+    from engines.backends.aoti.bundle import load_from_bundle, shape_name
+    from engines.backends.aoti.weights import read_weights
 
     plan = plan_for(size, cache, autotune)
     entry = plan.cache.lookup(plan.recipe())
     assert entry is not None, "built above"
     started = time.perf_counter()
-    weights = bundle_weights(entry.artifact, "cuda:0")
+    weights = read_weights(entry.artifact, "cuda:0")
     model = load_from_bundle(entry.artifact, shape_name(size, ITEM), True, weights)
     load_s = time.perf_counter() - started
     torch.cuda.synchronize()

@@ -31,10 +31,11 @@ def main() -> None:
     import onnxruntime  # noqa: F401
 
     t["torch_cuda_onnxruntime"] = time.perf_counter()
-    from engines.backends.aoti.bundle import SUFFIX, bundle_names, bundle_weights
+    from engines.backends.aoti.bundle import SUFFIX, bundle_names
+    from engines.backends.aoti.weights import read_weights
 
     name = args.shape or sorted(bundle_names(args.bundle))[0]
-    weights = bundle_weights(args.bundle, "cuda:0")
+    weights = read_weights(args.bundle, "cuda:0")
     t["weights"] = time.perf_counter()
     with tempfile.NamedTemporaryFile(suffix=SUFFIX) as f:
         with zipfile.ZipFile(args.bundle) as z:

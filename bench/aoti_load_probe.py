@@ -46,14 +46,14 @@ def main() -> None:
     import torch._inductor  # timed on purpose: its import is part of start-up
 
     t["import_inductor"] = time.perf_counter()
-    import torch._inductor.codecache  # the CPU-ISA patch imports it
-    import torch._inductor.package
+    import torch._inductor.package  # what aoti_load_package imports (the runner no longer)
 
     t["import_inductor_package"] = time.perf_counter()
     if args.bundles:
         t.update(load_bundles(args.bundles))
     from bench.aoti_bench import plan_for
-    from engines.backends.aoti.bundle import bundle_weights, load_from_bundle, shape_name
+    from engines.backends.aoti.bundle import load_from_bundle, shape_name
+    from engines.backends.aoti.weights import read_weights
 
     steps = {}
     for size in (int(s) for s in args.sizes.split(",") if s):
@@ -67,7 +67,7 @@ def main() -> None:
         entry = plan.cache.lookup(plan.recipe())
         assert entry is not None, f"no cached engine for batch {size} in {args.cache}"
         started = time.perf_counter()
-        weights = bundle_weights(entry.artifact, "cuda:0")
+        weights = read_weights(entry.artifact, "cuda:0")
         model = load_from_bundle(entry.artifact, shape_name(size, ITEM), True, weights)
         loaded = time.perf_counter()
         x = torch.zeros((size, *ITEM), device="cuda")
@@ -85,13 +85,14 @@ def load_bundles(pattern: str) -> dict[str, float]:
     """Each bundle's weights, then each of its packages: the time each step ended."""
     import glob
 
-    from engines.backends.aoti.bundle import bundle_names, bundle_weights, load_from_bundle
+    from engines.backends.aoti.bundle import bundle_names, load_from_bundle
+    from engines.backends.aoti.weights import read_weights
 
     ends: dict[str, float] = {}
     kept = []  # the packages point into the weights: both stay alive to the end
     for path in map(Path, sorted(glob.glob(pattern))):
         tag = f"{path.parent.parent.name}/{path.parent.name[:6]}"
-        weights = bundle_weights(path, "cuda:0")
+        weights = read_weights(path, "cuda:0")
         ends[f"{tag} weights"] = time.perf_counter()
         for name in sorted(bundle_names(path)):
             kept.append(load_from_bundle(path, name, True, weights))

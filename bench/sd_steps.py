@@ -57,7 +57,8 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     import torch
 
     from engines.backends.aoti.build import sample_args, static_keys, time_variants
-    from engines.backends.aoti.bundle import bundle_names, bundle_weights, load_from_bundle
+    from engines.backends.aoti.bundle import bundle_names, load_from_bundle
+    from engines.backends.aoti.weights import read_weights
     from engines.backends.torch.artifact import in_engine_form, native_net
     from engines.cache import EngineCache
     from engines.models.sd.engines import sd_plans
@@ -73,7 +74,7 @@ def unet_step(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     t = time.monotonic()
     cuda = args.device.startswith("cuda")
     (name,) = bundle_names(entry.artifact)
-    constants = bundle_weights(entry.artifact, args.device)
+    constants = read_weights(entry.artifact, args.device)
     weights_s = time.monotonic() - t
     model = load_from_bundle(entry.artifact, name, cuda, constants)
     load_s = time.monotonic() - t

@@ -98,8 +98,21 @@ class Runner(abc.ABC):
 
     def activate(self) -> None:
         if not self._active:
-            self._activate()
+            try:
+                self._activate()
+            except BaseException as exc:
+                self._undo_activate(exc)
+                raise
             self._active = True
+
+    def _undo_activate(self, cause: BaseException) -> None:
+        """Release what a failed activation got before it failed (a loaded engine, device
+        memory, streams), so that nothing is kept for a retry to reuse. Every ``_deactivate``
+        takes a partial state; one that fails here notes it on ``cause``, which goes on."""
+        try:
+            self._deactivate()
+        except Exception as exc:  # noqa: BLE001 - the activation's own error is the one raised
+            cause.add_note(f"releasing the failed activation also failed: {exc!r}")
 
     def deactivate(self) -> None:
         if self._active:

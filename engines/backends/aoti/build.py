@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engines.backends.aoti.bundle import bundle_weights, load_from_bundle, shape_name, write_bundle
+from engines.backends.aoti.bundle import load_from_bundle, shape_name, write_bundle
 from engines.backends.aoti.options import inductor_options
+from engines.backends.aoti.weights import read_weights
 from engines.backends.torch.artifact import in_engine_form, native_net
 from engines.backends.torch.graphs import capture, sample_input
 from engines.backends.torch.runner import GraphKey, graph_shapes
@@ -100,7 +101,7 @@ def build_aoti_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> Build
                                                                   packages[name], constants)}
             write_bundle(out, packages, constants)
             del constants  # what is checked and timed below is what the runner will load
-        weights = bundle_weights(out, device)
+        weights = read_weights(out, device)
         for key in keys:
             shapes[shape_name(*key)].update(_check_shape(plan, key, net, reference, out,
                                                          weights))

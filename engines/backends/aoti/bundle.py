@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from engines.backends.aoti.weights import bind, read_weights, write_weights
+from engines.backends.aoti.weights import bind, write_weights
 from engines.exceptions import EngineError
 
 SUFFIX = ".pt2"
@@ -37,11 +37,6 @@ def write_bundle(out: Path, packages: Mapping[str, Path], weights: Mapping[str, 
         write_weights(z, weights)
 
 
-def bundle_weights(path: Path, device: str) -> dict[str, Any]:
-    """The weights the bundle's packages share, on ``device``."""
-    return read_weights(path, device)
-
-
 def bundle_names(path: Path) -> set[str]:
     """The shape names the bundle holds a package for, without reading the packages."""
     try:
@@ -54,7 +49,7 @@ def bundle_names(path: Path) -> set[str]:
 
 def load_from_bundle(path: Path, name: str, cuda: bool, weights: Mapping[str, Any]) -> Any:
     """One shape's package, streamed from the bundle to a temporary file and loaded from
-    there (see the module's note), bound to ``weights`` (:func:`bundle_weights`; the caller
+    there (see the module's note), bound to ``weights`` (:func:`~.weights.read_weights`; the caller
     keeps them alive as long as the package)."""
     with tempfile.NamedTemporaryFile(suffix=SUFFIX) as f:
         try:

@@ -16,12 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engines.backends.aoti.build import static_keys
-from engines.backends.aoti.bundle import (
-    bundle_names,
-    bundle_weights,
-    load_from_bundle,
-    shape_name,
-)
+from engines.backends.aoti.bundle import bundle_names, load_from_bundle, shape_name
+from engines.backends.aoti.weights import read_weights
 from engines.backends.base import InferHandle, Outputs
 from engines.backends.torch.artifact import in_engine_form, native_net
 from engines.backends.torch.runner import GraphKey, TorchRunner
@@ -83,13 +79,6 @@ class AotiRunner(TorchRunner):
         self._weights: dict[str, Any] | None = None  # the packages point into these
 
     def _activate(self) -> None:
-        try:
-            self._load()
-        except BaseException:
-            self._deactivate()  # no half-loaded engine keeps its weights for a later retry
-            raise
-
-    def _load(self) -> None:
         self._torch_for_device()
         assert self._engine is not None
         entry = self._engine()
@@ -105,7 +94,7 @@ class AotiRunner(TorchRunner):
                 nets[key] = self._eager_net()
                 continue
             if self._weights is None:  # read once, shared by every package (by reference)
-                self._weights = bundle_weights(entry.artifact, self.device)
+                self._weights = read_weights(entry.artifact, self.device)
             nets[key] = load_from_bundle(entry.artifact, name, self.cuda, self._weights)
         self._net = self._fn = ShapeDispatch(nets)
         self._hash = f"aoti-{entry.key[:12]}"

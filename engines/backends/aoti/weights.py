@@ -100,7 +100,7 @@ def _read_weights(path: Path, device: str) -> dict[str, Any]:
     out = {}
     for name, t in index.items():
         dtype = getattr(torch, t["dtype"])
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype.itemsize
         if t["offset"] % size or t["offset"] + t["nbytes"] > blob.numel():
             raise EngineError(f"weight {name!r} lies outside the blob ({blob.numel()} bytes); "
                               "rebuild the engine")

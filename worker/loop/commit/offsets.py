@@ -55,11 +55,17 @@ class _PartitionOffsets:
         return target
 
     def finish(self, offset: int) -> bool:
+        if not self.drop(offset):
+            return False
+        self.advance()
+        return True
+
+    def drop(self, offset: int) -> bool:
+        """Take a record out of the open ones (the head is advanced by :meth:`advance`)."""
         size = self.open.pop(offset, None)
         if size is None:
             return False
         self.bytes -= size
-        self.advance()
         return True
 
     def advance(self) -> None:
@@ -126,9 +132,7 @@ class OffsetTracker:
                 if part is not None and part not in touched:
                     touched.append(part)
             if part is not None:
-                size = part.open.pop(ref.offset, None)
-                if size is not None:
-                    part.bytes -= size
+                part.drop(ref.offset)
         for part in touched:
             part.advance()
 

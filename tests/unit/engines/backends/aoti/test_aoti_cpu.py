@@ -112,11 +112,11 @@ def test_a_cached_engine_loads_without_compiling_and_serves_padded_batches(
 def test_the_packages_run_on_the_bundles_weights_by_reference(built: EnginePlan) -> None:
     """The packages hold no weights: both shapes run on the one copy read from the bundle, so
     changing it changes what both answer (and the build's check passed on that copy)."""
-    from engines.backends.aoti.bundle import bundle_weights
+    from engines.backends.aoti.weights import read_weights
 
     entry = built.cache.lookup(built.recipe())
     assert entry is not None
-    weights = bundle_weights(entry.artifact, "cpu")
+    weights = read_weights(entry.artifact, "cpu")
     assert set(weights) == set(_Tiny().state_dict())
     small, large = (load_from_bundle(entry.artifact, n, False, weights)
                     for n in ("b1_8x8x3", "b4_8x8x3"))
@@ -247,9 +247,10 @@ def test_packages_load_without_importing_inductor(built: EnginePlan) -> None:
     assert entry is not None
     code = f"""
 import sys, torch
-from engines.backends.aoti.bundle import bundle_weights, load_from_bundle
+from engines.backends.aoti.bundle import load_from_bundle
+from engines.backends.aoti.weights import read_weights
 path = {str(entry.artifact)!r}
-weights = bundle_weights(path, "cpu")
+weights = read_weights(path, "cpu")
 out = load_from_bundle(path, "b1_8x8x3", False, weights)(torch.ones(1, 8, 8, 3))
 print(tuple(out.shape), "torch._inductor" in sys.modules)
 """
