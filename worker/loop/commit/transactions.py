@@ -115,6 +115,14 @@ class Transactions:
             self._producer.produce(out.topic, key=out.key, value=out.value, headers=out.headers,
                                    on_delivery=on_delivery)
         except TransactionError as exc:
+            if exc.code == ck.KafkaError._STATE:
+                # librdkafka refused the record because its transaction state went wrong
+                # under us: a purge report from the transaction just aborted came in late
+                # and failed the next one (seen once in the abort drill under load,
+                # 2026-12-02). Nothing of this transaction can commit, but a new client with
+                # the same transactional.id starts clean, so the abort replaces the client.
+                self.fail(str(exc), timed_out=True)
+                raise TransactionError(str(exc), code=exc.code, abortable=True) from exc
             if exc.fatal:
                 raise _as_fatal(exc, "produce") from exc
             self.fail(str(exc))
@@ -123,8 +131,8 @@ class Transactions:
 
     def fail(self, reason: str, *, timed_out: bool = False) -> None:
         """The open transaction can no longer commit (e.g. a delivery failed): abort it.
-        ``timed_out``: the failure was a timeout (or left the client's sequence numbers broken),
-        so the abort resets the client."""
+        ``timed_out``: the failure was a timeout (or left the client's sequence numbers or
+        transaction state broken), so the abort resets the client."""
         if self.failed is None:
             self.failed = reason
         self._suspect = self._suspect or timed_out

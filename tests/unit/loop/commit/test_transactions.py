@@ -235,6 +235,20 @@ def test_an_unclassified_error_is_fatal() -> None:
     assert info.value.fatal
 
 
+def test_a_produce_refused_for_the_clients_transaction_state_aborts_by_a_reset() -> None:
+    """The abort drill under load once got ``_STATE`` from produce after an abort (a late
+    purge report failed the next transaction): that transaction is lost, not the worker."""
+    p = ScriptedProducer(produce=[None, UNCLASSIFIED])
+    t = _txn(p)
+    t.produce(OUT, _noop)
+    with pytest.raises(TransactionError) as info:
+        t.produce(OUT, _noop)
+    assert info.value.abortable and not info.value.fatal and t.failed is not None
+    assert t.abort()
+    assert p.calls[-3:] == ["abandon", "open", "init"] and "abort" not in p.calls
+    assert t.resets == 1 and t.failed is None and not t.open
+
+
 def test_an_abortable_error_during_abort_is_fatal() -> None:
     p = ScriptedProducer(abort=[ABORTABLE])
     t = _txn(p)
