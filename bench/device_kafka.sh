@@ -22,6 +22,8 @@
 #            (no broker; give it --cache /tmp/ecache and later steps on the warm machine find it)
 #   device:  bash bench/device_kafka.sh sdsteps [ARGS]       # carry .whl: bench/sd_steps.py
 #            (the cached SD engines: UNet step per batch size, a 20-step image, aoti vs torch)
+#   device:  bash bench/device_kafka.sh variants compile|measure [ARGS]  # bench/unet_variants.py
+#            (no broker; other Inductor settings for the UNet, compiled apart, timed alone)
 #   device:  bash bench/device_kafka.sh detach NAME STEP [ARGS]   # a step that outlives the call
 #   device:  bash bench/device_kafka.sh wait-detached MAX_S       # until they end; logs to $OUT
 #            (a build of minutes runs on while the next calls bring the jars and the JDK;
@@ -133,7 +135,7 @@ wait-detached)  # wait-detached MAX_S: until every detached step has ended, or M
         grep -v 'Warning\|warn(' "$f" | tail -8
     done
     ;;
-bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps)
+bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants)
     what=$1
     shift
     mkdir -p "$OUT"
@@ -166,10 +168,10 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps)
         PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -v -p no:cacheprovider \
             --durations=15 tests/gpu "$@" > "$OUT/gpu_tests.txt" 2>&1
         tail -25 "$OUT/gpu_tests.txt" ;;
-    probe|warm|kernels|build|sdsteps)
+    probe|warm|kernels|build|sdsteps|variants)
         script=$(case $what in probe) echo task_probe ;; warm) echo warm_start ;;
                  kernels) echo unet_kernels ;; build) echo engines_build ;;
-                 sdsteps) echo sd_steps ;; esac)
+                 sdsteps) echo sd_steps ;; variants) echo unet_variants ;; esac)
         BENCH_COMMIT=$(staged_commit) PYTHONPATH=/tmp/site:$ROOT \
             timeout $LIMIT_S python3 "bench/$script.py" --out "$OUT" "$@" 2>&1 \
             | grep --line-buffered -v 'Warning\|warn(' | tee -a "$OUT/$what.log" | tail -60 ;;
