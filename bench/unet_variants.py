@@ -123,10 +123,14 @@ def compile_one(args: argparse.Namespace) -> None:
     print(line, flush=True)
 
 
-KINDS = (("attention", ("fmha", "flash", "attention", "sdpa", "cudnn_generated_fort_native")),
-         ("convolution", ("conv", "implicit", "dgrad", "wgrad", "fprop", "xmma_fprop")),
-         ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas", "triton_tem")),
-         ("inductor_triton", ("triton_",)))
+# By name, first match wins. Inductor names its kernels after the ops they fuse, so its own
+# kernels go first: "triton_poi_fused_convolution_silu" is a pointwise epilogue, and
+# "triton_tem_*" a Triton template (a GEMM, or a convolution under max-autotune).
+KINDS = (("attention", ("fmha", "flash", "attention", "sdpa")),
+         ("triton_template", ("triton_tem",)),
+         ("inductor_triton", ("triton_",)),
+         ("convolution", ("conv", "implicit_gemm", "fprop", "dgrad", "wgrad")),
+         ("gemm", ("gemm", "nvjet", "cutlass", "cublas")))
 
 
 def kind_of(kernel: str) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from engines.backends.aoti.build import static_keys
 from engines.backends.aoti.bundle import bundle_names, load_from_bundle, shape_name
-from engines.backends.aoti.weights import read_weights
+from engines.backends.aoti.weights import shared_weights
 from engines.backends.base import InferHandle, Outputs
 from engines.backends.torch.artifact import in_engine_form, native_net
 from engines.backends.torch.runner import GraphKey, TorchRunner
@@ -94,7 +94,7 @@ class AotiRunner(TorchRunner):
                 nets[key] = self._eager_net()
                 continue
             if self._weights is None:  # read once, shared by every package (by reference)
-                self._weights = read_weights(entry.artifact, self.device)
+                self._weights = shared_weights(entry.artifact, self.device)
             nets[key] = load_from_bundle(entry.artifact, name, self.cuda, self._weights)
         self._net = self._fn = ShapeDispatch(nets)
         self._hash = f"aoti-{entry.key[:12]}"

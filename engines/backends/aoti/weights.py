@@ -21,12 +21,22 @@ SHA-256 covers the packages and their weights). The blob is read from its offset
 in chunks through two pinned host buffers, each chunk's copy to the device overlapping the next
 read. Its CRC is not checked on this path: the engine cache has verified the artifact's SHA-256
 (``trt-worker engines verify`` hashes it again).
+
+torch releases before pytorch/pytorch#194480 (2026-08; torch 2.11 on the H200 among them) never
+let go of a tensor bound by reference: their AOTInductor runtime, compiled into every package,
+makes a handle for each such constant and never deletes it, so the weights' storage outlives
+the package. On those, :func:`shared_weights` reads a bundle's weights once per process and
+binds every later load to the same copy; otherwise each activation of a runner would add a copy
+(measured on the H200, 2026-12-02: one weights' worth of device memory per activate/deactivate
+cycle).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
+import threading
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +48,11 @@ INDEX, BLOB = "weights.json", "weights.bin"
 ALIGN = 256  # bytes; above what the compiled kernels assume for a tensor's start (16)
 CHUNK = 64 << 20  # bytes per read into a pinned buffer
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # a zip member's local file header (30 bytes)
+# The runtime header whose class held user-managed constants without owning the handle it made.
+_RUNTIME_HEADER = "include/torch/csrc/inductor/aoti_runtime/utils.h"
+_LEAKY_RUNTIME = "class MaybeOwningAtenTensorHandle"
+_kept: dict[tuple[str, int, int, int, str], dict[str, Any]] = {}
+_kept_lock = threading.Lock()
 
 
 def write_weights(z: zipfile.ZipFile, tensors: Mapping[str, Any]) -> None:
@@ -75,6 +90,40 @@ def read_weights(path: Path, device: str) -> dict[str, Any]:
             RuntimeError) as exc:  # a damaged index, a short file, no device memory
         raise EngineError(f"AOTInductor bundle {path}: the weights do not read: "
                           f"{type(exc).__name__}: {exc}") from exc
+
+
+def shared_weights(path: Path, device: str) -> dict[str, Any]:
+    """The bundle's weights on ``device`` for binding by reference: read afresh where the
+    packages release what they are bound to, else one copy per process per bundle file (see
+    the module notes), which a runner's later activations reuse."""
+    if not runtime_keeps_bindings():
+        return read_weights(path, device)
+    st = path.stat()
+    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, device)
+    with _kept_lock:
+        kept = _kept.get(key)
+    if kept is None:  # read outside the lock: other engines' loads go on meanwhile
+        fresh = read_weights(path, device)
+        with _kept_lock:
+            kept = _kept.setdefault(key, fresh)  # a concurrent read of the same file: one wins
+    return kept
+
+
+@functools.cache
+def runtime_keeps_bindings() -> bool:
+    """Whether the installed torch's AOTInductor runtime (what its packages are compiled with:
+    the engine cache keys on the torch version) keeps tensors bound by reference forever."""
+    import torch
+
+    return keeps_bindings(Path(torch.__file__).parent / _RUNTIME_HEADER)
+
+
+def keeps_bindings(header: Path) -> bool:
+    """From the runtime's header; without it, assume so (the cost is memory, not results)."""
+    try:
+        return _LEAKY_RUNTIME in header.read_text(errors="replace")
+    except OSError:
+        return True
 
 
 def _read_weights(path: Path, device: str) -> dict[str, Any]:

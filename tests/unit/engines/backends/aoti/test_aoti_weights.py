@@ -115,3 +115,34 @@ def test_bind_passes_exactly_the_named_constants_by_reference_and_names_a_missin
     with pytest.raises(EngineError, match=r"b1: the package needs 1 constants .*'absent'.* "
                                           r"register it as a buffer"):
         w.bind(_Package(["fc.weight", "absent"]), tensors, "b1")
+
+
+def test_where_the_runtime_keeps_bindings_one_copy_per_bundle_file_is_shared(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(w, "_kept", {})
+    monkeypatch.setattr(w, "runtime_keeps_bindings", lambda: True)
+    path = _bundle(tmp_path, _tensors())
+    first = w.shared_weights(path, "cpu")
+    assert w.shared_weights(path, "cpu") is first  # a reactivation binds the same copy
+    path.unlink()  # a rebuilt artifact under the same name is another file: read again
+    path = _bundle(tmp_path, {"fc.weight": torch.ones(2, 2)})
+    again = w.shared_weights(path, "cpu")
+    assert again is not first and set(again) == {"fc.weight"}
+
+
+def test_where_the_runtime_releases_bindings_every_load_reads_its_own_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(w, "_kept", {})
+    monkeypatch.setattr(w, "runtime_keeps_bindings", lambda: False)
+    path = _bundle(tmp_path, _tensors())
+    first = w.shared_weights(path, "cpu")
+    assert w.shared_weights(path, "cpu") is not first and not w._kept
+
+
+def test_the_runtime_header_tells_whether_bound_tensors_are_kept(tmp_path: Path) -> None:
+    header = tmp_path / "utils.h"
+    header.write_text("class RAIIAtenTensorHandle {\n};\nclass MaybeOwningAtenTensorHandle {\n")
+    assert w.keeps_bindings(header)
+    header.write_text("class RAIIAtenTensorHandle {\n};\n")  # after pytorch#194480
+    assert not w.keeps_bindings(header)
+    assert w.keeps_bindings(tmp_path / "missing.h")  # unknown: assume the old runtime
