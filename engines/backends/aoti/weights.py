@@ -98,7 +98,10 @@ def shared_weights(path: Path, device: str) -> dict[str, Any]:
     the module notes), which a runner's later activations reuse."""
     if not runtime_keeps_bindings():
         return read_weights(path, device)
-    st = path.stat()
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise EngineError(f"AOTInductor bundle {path}: {exc}") from exc
     key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, device)
     with _kept_lock:
         kept = _kept.get(key)

@@ -146,3 +146,10 @@ def test_the_runtime_header_tells_whether_bound_tensors_are_kept(tmp_path: Path)
     header.write_text("class RAIIAtenTensorHandle {\n};\n")  # after pytorch#194480
     assert not w.keeps_bindings(header)
     assert w.keeps_bindings(tmp_path / "missing.h")  # unknown: assume the old runtime
+
+
+def test_a_missing_bundle_fails_as_an_engine_error_when_weights_are_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(w, "runtime_keeps_bindings", lambda: True)
+    with pytest.raises(EngineError, match=r"engine\.aoti\.zip"):
+        w.shared_weights(tmp_path / "engine.aoti.zip", "cpu")
