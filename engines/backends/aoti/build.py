@@ -33,7 +33,7 @@ import numpy as np
 
 from engines.backends.aoti.bundle import load_from_bundle, shape_name, write_bundle
 from engines.backends.aoti.options import inductor_options
-from engines.backends.aoti.weights import read_weights
+from engines.backends.aoti.weights import shared_weights
 from engines.backends.torch.artifact import in_engine_form, native_net
 from engines.backends.torch.graphs import capture, sample_input
 from engines.backends.torch.runner import GraphKey, graph_shapes
@@ -101,7 +101,7 @@ def build_aoti_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> Build
                                                                   packages[name], constants)}
             write_bundle(out, packages, constants)
             del constants  # what is checked and timed below is what the runner will load
-        weights = read_weights(out, device)
+        weights = shared_weights(out, device)  # what the runner will bind, where kept
         for key in keys:
             shapes[shape_name(*key)].update(_check_shape(plan, key, net, reference, out,
                                                          weights))

@@ -25,16 +25,17 @@ read. Its CRC is not checked on this path: the engine cache has verified the art
 torch releases before pytorch/pytorch#194480 (2026-08; torch 2.11 on the H200 among them) never
 let go of a tensor bound by reference: their AOTInductor runtime, compiled into every package,
 makes a handle for each such constant and never deletes it, so the weights' storage outlives
-the package. On those, :func:`shared_weights` reads a bundle's weights once per process and
-binds every later load to the same copy; otherwise each activation of a runner would add a copy
-(measured on the H200, 2026-12-02: one weights' worth of device memory per activate/deactivate
-cycle).
+the package. On those, :func:`shared_weights` reads a bundle's weights once per process per
+artifact file and device, and every later load (the build's check, then each activation of a
+runner) binds the same copy; otherwise each activation of a runner would add a copy (measured
+on the H200, 2026-12-02: one weights' worth of device memory per activate/deactivate cycle).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import struct
 import threading
 import zipfile
@@ -51,8 +52,12 @@ _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # a zip member's local file heade
 # The runtime header whose class held user-managed constants without owning the handle it made.
 _RUNTIME_HEADER = "include/torch/csrc/inductor/aoti_runtime/utils.h"
 _LEAKY_RUNTIME = "class MaybeOwningAtenTensorHandle"
-_kept: dict[tuple[str, int, int, int, str], dict[str, Any]] = {}
+# Weights kept for the life of the process on such a runtime, by artifact file and device. Never
+# evicted: the runtime holds their storage anyway. Shared by every runner of that artifact,
+# which is sound because nothing writes to weights after the build.
+_kept: dict[tuple[int, int, int, int, str], dict[str, Any]] = {}
 _kept_lock = threading.Lock()
+log = logging.getLogger("engines")
 
 
 def write_weights(z: zipfile.ZipFile, tensors: Mapping[str, Any]) -> None:
@@ -102,7 +107,10 @@ def shared_weights(path: Path, device: str) -> dict[str, Any]:
         st = path.stat()
     except OSError as exc:
         raise EngineError(f"AOTInductor bundle {path}: {exc}") from exc
-    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, device)
+    # The file, not its path: the engine cache moves a built artifact into place by renaming
+    # its folder, which keeps device, inode, size and mtime (not ctime), so a worker that built
+    # its engine binds the copy the build checked.
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, _device_name(device))
     with _kept_lock:
         kept = _kept.get(key)
     if kept is None:  # read outside the lock: other engines' loads go on meanwhile
@@ -112,13 +120,31 @@ def shared_weights(path: Path, device: str) -> dict[str, Any]:
     return kept
 
 
+def _device_name(device: str) -> str:
+    """One name per device: "cuda" is the current CUDA device at the time of the read."""
+    import torch
+
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return str(d)
+
+
 @functools.cache
 def runtime_keeps_bindings() -> bool:
     """Whether the installed torch's AOTInductor runtime (what its packages are compiled with:
     the engine cache keys on the torch version) keeps tensors bound by reference forever."""
     import torch
 
-    return keeps_bindings(Path(torch.__file__).parent / _RUNTIME_HEADER)
+    header = runtime_header(Path(torch.__file__).parent)
+    if not header.is_file():
+        log.warning("aoti_runtime_header_missing: %s; assuming the runtime keeps weights bound "
+                    "by reference (one copy per engine per process)", header)
+    return keeps_bindings(header)
+
+
+def runtime_header(torch_dir: Path) -> Path:
+    return torch_dir / _RUNTIME_HEADER
 
 
 def keeps_bindings(header: Path) -> bool:
