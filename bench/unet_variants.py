@@ -63,21 +63,6 @@ def unet_plan(arch: str, device: str, batch: int) -> Any:
     return plans["unet"]
 
 
-def networks(plan: Any) -> tuple[Any, Any]:
-    """(the engine-form network, the float32 reference), as the build makes them."""
-    import copy
-
-    import torch
-
-    from engines.backends.torch.artifact import in_engine_form, native_net
-
-    device = plan.params.device
-    native = native_net(plan.spec)
-    module, _ = native.fresh(device if native.build_on_target else "cpu")
-    reference = module.to(device=device, dtype=torch.float32).eval()
-    return in_engine_form(copy.deepcopy(reference), native, device, plan.precision), reference
-
-
 def sdpa_context(name: str | None) -> Any:
     if name is None:
         return contextlib.nullcontext()
@@ -89,12 +74,12 @@ def sdpa_context(name: str | None) -> Any:
 def compile_one(args: argparse.Namespace) -> None:
     import torch
 
-    from engines.backends.aoti.build import sample_args, static_keys
+    from engines.backends.aoti.build import engine_and_reference, sample_args, static_keys
     from engines.backends.aoti.bundle import shape_name, write_bundle
     from engines.backends.aoti.options import inductor_options
 
     plan = unet_plan(args.arch, args.device, args.batch)
-    net, _ = networks(plan)
+    net, _ = engine_and_reference(plan)
     (key,) = static_keys(plan)
     feeds = sample_args(plan, key, args.device)
     options = {**inductor_options(args.device, autotune=False), **VARIANTS[args.variant]}
@@ -171,6 +156,7 @@ def measure(args: argparse.Namespace) -> None:
 
     from engines.backends.aoti.build import (
         _ieee_fp32,
+        engine_and_reference,
         off_by,
         sample_args,
         static_keys,
@@ -196,7 +182,7 @@ def measure(args: argparse.Namespace) -> None:
             if cuda:
                 torch.cuda.empty_cache()
             plan = unet_plan(args.arch, args.device, b)
-            net, reference = networks(plan)
+            net, reference = engine_and_reference(plan)
             (key,) = static_keys(plan)
             feeds = sample_args(plan, key, args.device)
             with _ieee_fp32(cuda), torch.no_grad():

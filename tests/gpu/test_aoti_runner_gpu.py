@@ -2,7 +2,7 @@
 
 The packages are bound to the bundle's weights by reference (``user_managed=True``). torch
 releases before pytorch/pytorch#194480 never release such bindings, so without
-``engines.backends.aoti.weights.shared_weights`` every activate/deactivate cycle left one copy
+``engines.backends.aoti.kept.shared_weights`` every activate/deactivate cycle left one copy
 of the weights on the device (this test on the H200, torch 2.11, 2026-12-02: 2,103,808 bytes
 more per cycle for 2,103,300 bytes of weights).
 

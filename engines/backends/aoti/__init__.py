@@ -5,6 +5,7 @@ Built like a TensorRT plan (:mod:`.build`): ``torch.export`` plus
 profiles, verified against the float32 network, timed against the alternatives and bundled into
 one cache artifact (:mod:`.bundle`) with the weights they share (:mod:`.weights`). Served
 (:mod:`.runner`) with no compilation: torch's C++ package loader per shape, bound to the
-weights read once, a CUDA graph over it where the build measured that faster.
+weights read once (once per process where torch never releases them: :mod:`.kept`), a CUDA
+graph over it where the build measured that faster.
 torch is imported lazily, never by importing the package.
 """

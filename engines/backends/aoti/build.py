@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engines.backends.aoti.bundle import load_from_bundle, shape_name, write_bundle
+from engines.backends.aoti.kept import shared_weights
 from engines.backends.aoti.options import inductor_options
-from engines.backends.aoti.weights import shared_weights
 from engines.backends.torch.artifact import in_engine_form, native_net
 from engines.backends.torch.graphs import capture, sample_input
 from engines.backends.torch.runner import GraphKey, graph_shapes
@@ -84,10 +84,7 @@ def build_aoti_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> Build
         raise BackendUnavailable("the aoti backend builds for CUDA here and none is available")
     if not cuda and p.precision != "fp32":
         raise BackendUnavailable("the aoti backend on CPU builds fp32 only")
-    native = native_net(plan.spec)
-    module, _ = native.fresh(device if native.build_on_target else "cpu")
-    reference = module.to(device=device, dtype=torch.float32).eval()
-    net = in_engine_form(copy.deepcopy(reference), native, device, p.precision)
+    net, reference = engine_and_reference(plan)
     keys = static_keys(plan)
     shapes: dict[str, Any] = {}
     with _ieee_fp32(cuda):
@@ -107,6 +104,19 @@ def build_aoti_engine(plan: EnginePlan, recipe: BuildRecipe, out: Path) -> Build
                                                          weights))
     return {"serve": {n: s["serve"] for n, s in shapes.items()}, "shapes": shapes,
             "inductor": inductor_options(device, p.autotune), "torch": str(torch.__version__)}
+
+
+def engine_and_reference(plan: EnginePlan) -> tuple[Any, Any]:
+    """(the network in the engine's form: precision and layout, what is exported; the same
+    weights in float32, what every package is checked against), both on the plan's device."""
+    import torch
+
+    device = plan.params.device
+    native = native_net(plan.spec)
+    module, _ = native.fresh(device if native.build_on_target else "cpu")
+    reference = module.to(device=device, dtype=torch.float32).eval()
+    net = in_engine_form(copy.deepcopy(reference), native, device, plan.params.precision)
+    return net, reference
 
 
 def _compile_shape(plan: EnginePlan, key: GraphKey, net: Any, path: Path,

@@ -49,7 +49,7 @@ def bundle_names(path: Path) -> set[str]:
 
 def load_from_bundle(path: Path, name: str, cuda: bool, weights: Mapping[str, Any]) -> Any:
     """One shape's package, streamed from the bundle to a temporary file and loaded from
-    there (see the module's note), bound to ``weights`` (:func:`~.weights.shared_weights` or
+    there (see the module's note), bound to ``weights`` (:func:`~.kept.shared_weights` or
     :func:`~.weights.read_weights`; the caller keeps them alive as long as the package)."""
     with tempfile.NamedTemporaryFile(suffix=SUFFIX) as f:
         try:

@@ -17,7 +17,7 @@ import numpy as np
 
 from engines.backends.aoti.build import static_keys
 from engines.backends.aoti.bundle import bundle_names, load_from_bundle, shape_name
-from engines.backends.aoti.weights import shared_weights
+from engines.backends.aoti.kept import shared_weights
 from engines.backends.base import InferHandle, Outputs
 from engines.backends.torch.artifact import in_engine_form, native_net
 from engines.backends.torch.runner import GraphKey, TorchRunner

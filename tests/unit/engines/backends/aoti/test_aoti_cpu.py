@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -283,14 +284,11 @@ def test_quantised_outputs_may_differ_by_one_level_and_only_at_reduced_precision
 @pytest.mark.slow  # compiles
 @pytest.mark.parametrize("kept", [True, False])
 def test_reactivations_share_one_copy_of_the_weights_where_the_runtime_keeps_them(
-        built: EnginePlan, kept: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        built: EnginePlan, kept: bool, keeping: Callable[[bool], None]) -> None:
     """On a torch whose runtime never releases weights bound by reference, a runner activated
     again binds the copy it had (else each activation would leave one behind); otherwise each
     activation reads its own."""
-    from engines.backends.aoti import weights as w
-
-    monkeypatch.setattr(w, "_kept", {})
-    monkeypatch.setattr(w, "runtime_keeps_bindings", lambda: kept)
+    keeping(kept)
     entry = built.cache.lookup(built.recipe())
     assert entry is not None
     sidecar = json.loads((entry.path / "sidecar.json").read_text())
@@ -307,28 +305,19 @@ def test_reactivations_share_one_copy_of_the_weights_where_the_runtime_keeps_the
         (entry.path / "sidecar.json").write_text(json.dumps(entry.sidecar))
 
 
-def test_the_installed_torch_has_the_runtime_header_the_check_reads() -> None:
-    """The check reads this file; if torch moved it, every install would fall back to keeping
-    weights (memory, not results), so a move must show here."""
-    from engines.backends.aoti import weights as w
-
-    assert w.runtime_header(Path(torch.__file__).parent).is_file()
-
-
 @pytest.mark.slow  # compiles
 def test_a_worker_that_builds_its_engine_binds_the_copy_the_build_checked(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, keeping: Callable[[bool], None]) -> None:
     """Where weights are kept, the build's check and the runner share one copy: the cache moves
     the artifact into place by renaming its folder, and the copy is keyed by the file."""
-    from engines.backends.aoti import weights as w
+    from engines.backends.aoti import kept as k
 
-    monkeypatch.setattr(w, "_kept", {})
-    monkeypatch.setattr(w, "runtime_keeps_bindings", lambda: True)
+    keeping(True)
     plan = _plan(tmp_path, sizes=(2,))
     entry = plan.loader()()
-    (checked,) = w._kept.values()
+    (checked,) = k._kept.values()
     sidecar = json.loads((entry.path / "sidecar.json").read_text())
     sidecar["build"]["serve"] = {"b2_8x8x3": "aoti"}  # weights read, whatever was faster
     (entry.path / "sidecar.json").write_text(json.dumps(sidecar))
     with plan.runner() as runner:
-        assert runner._weights is checked and len(w._kept) == 1
+        assert runner._weights is checked and len(k._kept) == 1
