@@ -4,7 +4,7 @@ default package, and where a step's time goes (issue 16: <= 6 ms at batch 2, <= 
 Two steps, so that slow compiles can run side by side (detached) and the timing runs alone on a
 quiet GPU:
 
-    python bench/unet_variants.py compile --variant NAME --batch 2 --work DIR
+    python bench/unet_variants.py compile --variant NAME [--rewrite fp8] --batch 2 --work DIR
     python bench/unet_variants.py measure --work DIR --out DIR [--profile base-b2]
 
 ``compile`` exports the engine's own UNet network (in-house module, fp16, the engine's layout,
@@ -15,6 +15,8 @@ export chose. ``measure`` loads every bundle in DIR as the runner does, checks i
 float32 network (IEEE, TF32 off) on the build's sample inputs, times the package and a CUDA graph
 over it with the build's own timer, and for ``--profile`` bundles sorts one call's kernel time
 by kind (convolution, GEMM, attention, Inductor's Triton kernels, other) with torch.profiler.
+``--rewrite`` changes the module before export (``bench/unet_rewrites.py``: fp8 linear layers,
+fused query-key-value projections).
 
 RANDOM weights (full SD 1.5 architecture): timings are real. ``--arch tiny --device cpu`` is a
 dry run of the code paths.
@@ -74,16 +76,17 @@ def sdpa_context(name: str | None) -> Any:
 def compile_one(args: argparse.Namespace) -> None:
     import torch
 
+    from bench.unet_rewrites import rewrite
     from engines.backends.aoti.build import engine_and_reference, sample_args, static_keys
     from engines.backends.aoti.bundle import shape_name, write_bundle
     from engines.backends.aoti.options import inductor_options
 
     plan = unet_plan(args.arch, args.device, args.batch)
-    net, _ = engine_and_reference(plan)
+    net = rewrite(engine_and_reference(plan)[0], args.rewrite)
     (key,) = static_keys(plan)
     feeds = sample_args(plan, key, args.device)
     options = {**inductor_options(args.device, autotune=False), **VARIANTS[args.variant]}
-    label = f"{args.variant}{'-' + args.sdpa if args.sdpa else ''}-b{args.batch}"
+    label = "-".join(x for x in (args.variant, args.sdpa, args.rewrite, f"b{args.batch}") if x)
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     pkg = args.work / f"{label}.pt2"
@@ -101,7 +104,8 @@ def compile_one(args: argparse.Namespace) -> None:
                  if isinstance(v, torch.Tensor)}
     write_bundle(args.work / f"{label}.bundle", {shape_name(*key): pkg}, constants)
     pkg.unlink()
-    line = {"label": label, "variant": args.variant, "sdpa": args.sdpa, "batch": args.batch,
+    line = {"label": label, "variant": args.variant, "sdpa": args.sdpa,
+            "rewrite": args.rewrite, "batch": args.batch,
             "options": options, "compile_s": seconds, "exported_attention_ops": attention}
     with open(args.work / "compiled.jsonl", "a") as f:
         f.write(json.dumps(line) + "\n")
@@ -216,6 +220,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="base")
     ap.add_argument("--sdpa", choices=sorted(SDPA), default=None)
+    ap.add_argument("--rewrite", choices=("qkv", "fp8", "fp8_qkv"), default=None)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--profile", default=None, help="labels to profile, comma-separated")

@@ -158,6 +158,9 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
                            "to_worker_started_s": first("worker_started"),
                            "to_partitions_assigned_s": first("partitions_assigned"),
                            "startup_s": started.get("startup_s"),
+                           # The task's own warm-up steps where it reports them (GPU pipeline).
+                           "warm_up_steps_s": next((e.get("steps_s") for _, e in events
+                                                    if e.get("event") == "task_warmed"), None),
                            "events": [(t, e.get("event")) for t, e in events][:20],
                            # Per engine and pipeline: import, load, graphs (engines' own lines).
                            "activations": [(t, e.get("event")) for t, e in events

@@ -58,19 +58,33 @@ class OpenNsfwGpuTask(OpenNsfwTask):
             runner.graph_batches = frozenset({self._smallest})
 
     def warm_up(self, profiles: tuple[Profile, ...] | None = None) -> None:
+        # Each step's seconds go to the log: the warm start's budget is spent here.
+        steps: dict[str, float] = {}
+        t = time.monotonic()
+
+        def lap(name: str) -> None:
+            nonlocal t
+            steps[name] = round(time.monotonic() - t, 3)
+            t = time.monotonic()
+
         self.runner.activate()
+        lap("runner")
         self.pipeline.activate()
+        lap("pipeline")
         if profiles is None:
             # The plain runner path at its smallest batch (its one graph, see __init__): cuDNN
             # and the allocator warm.
             profiles = tuple(StaticProfile(p.name, p.item_shape, (self._smallest,))
                              if isinstance(p, StaticProfile) else p for p in self.profiles)
         super().warm_up(profiles)
+        lap("plain_batches")
         sample = (self._sample_bytes(),)
         for size in self.pipeline.sizes:
             if size <= self.cfg.batch.max_batch_size or size == self.pipeline.sizes[0]:
                 self._infer_rows(list(sample * size))
+                lap(f"batch_{size}")
         self._warm = True
+        log.info("task_warmed", steps_s=steps)
 
     def ready(self) -> bool:
         return self.pipeline.compute is not None and self._warm
