@@ -77,6 +77,8 @@ def make_task(dry_run: bool) -> Any:
         cfg = worker_cfg("127.0.0.1:9", "probe", "gpu")
     task = make_open_nsfw_task(cfg)
     task.warm_up()
+    if hasattr(task, "wait_for_gpu_decoder"):  # nvJPEG warms up after warm_up (the CPU decodes)
+        task.wait_for_gpu_decoder(120)
     return task
 
 

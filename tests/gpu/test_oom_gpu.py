@@ -27,6 +27,7 @@ def test_out_of_memory_in_gpu_preprocessing_falls_back_to_the_cpu(
     runner.activate()
     task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
     task.warm_up(plan.profiles)
+    assert task.wait_for_gpu_decoder(120)  # the path under test decodes on the GPU
     images = synthetic_images(7, 8, fmt="JPEG")
     items = [Pending(SourceRef("t", 0, i), ModerationJob(f"j{i}", img), 0.0,
                      SourceRecord("t", 0, i, None, None, None, None))

@@ -129,6 +129,8 @@ def test_gpu_task_scores_match_the_cpu_reference(backend: str, preprocess: str,
     runner.activate()
     task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
     task.warm_up(plan.profiles)
+    # Until nvJPEG has warmed up the CPU decodes: wait, so the GPU path is what is tested.
+    assert task.wait_for_gpu_decoder(120) == (preprocess == "gpu")
     images = [*synthetic_images(21, 24, fmt="JPEG"), b"not an image"]
     items = [Pending(SourceRef("t", 0, i), ModerationJob(f"j{i}", img), 0.0,
                      SourceRecord("t", 0, i, None, None, None, None))

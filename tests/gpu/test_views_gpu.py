@@ -62,6 +62,8 @@ def _gpu_outcomes(cases: dict[str, bytes], preprocess: str) -> dict[str, Any]:
     runner.activate()
     task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
     task.warm_up(plan.profiles)
+    # Until nvJPEG has warmed up the CPU decodes: wait, so the GPU path is what is tested.
+    assert task.wait_for_gpu_decoder(120) == (preprocess == "gpu")
     names = list(cases)
     outcomes: dict[str, Any] = {}
     try:

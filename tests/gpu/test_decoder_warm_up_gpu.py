@@ -1,0 +1,98 @@
+"""nvJPEG warms up in a thread after the task's warm-up: until it is ready the pipeline's rows are
+decoded on the CPU, with the same verdicts; a decoder that cannot start leaves the CPU decoding
+instead of stopping the worker. (Before: the first nvJPEG batch ran inside warm_up, 0.66-0.69 s
+of a cached start on the H200.)"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+
+def _task(monkeypatch: pytest.MonkeyPatch, gate: threading.Event | None = None,
+          fail: bool = False) -> tuple[Any, Any, Any]:
+    from worker.config import load_config
+    from worker.tasks.moderation.engine_setup.open_nsfw import make_runner
+    from worker.tasks.moderation.images import gpu
+    from worker.tasks.moderation.open_nsfw_gpu import OpenNsfwGpuTask
+
+    real = gpu.prepare_batch
+    calls = {"gpu": 0, "warm": 0}
+
+    def prepare(*args: Any, **kw: Any) -> Any:
+        if threading.current_thread().name == "gpu-decoder-warm-up":
+            calls["warm"] += 1
+            if gate is not None:
+                assert gate.wait(120)
+            if fail:
+                raise RuntimeError("nvjpegCreateEx failed: NVJPEG_STATUS_NOT_INITIALIZED")
+        else:
+            calls["gpu"] += 1
+        return real(*args, **kw)
+
+    monkeypatch.setattr(gpu, "prepare_batch", prepare)
+    cfg = load_config(model={"backend": "torch", "preprocess": "gpu", "jpeg_roundtrip": False},
+                      engines={"use_cache": False})
+    runner, plan = make_runner(cfg)
+    runner.activate()
+    task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
+    task.warm_up(plan.profiles)
+    return task, plan, calls
+
+
+def _batch(plan: Any, n: int = 8) -> Any:
+    from worker.devkit.conformance_inputs import synthetic_images
+    from worker.tasks.batcher import Batch
+    from worker.tasks.moderation.open_nsfw import Pending
+    from worker.wire.moderation_jobs import ModerationJob
+    from worker.wire.records import SourceRecord, SourceRef
+
+    items = [Pending(SourceRef("t", 0, i), ModerationJob(f"j{i}", img), 0.0,
+                     SourceRecord("t", 0, i, None, None, None, None))
+             for i, img in enumerate([*synthetic_images(n - 1, 5, fmt="JPEG"), b"no image"])]
+    return Batch(plan.profiles[0], items, n)
+
+
+def _nsfw(outcomes: list[Any]) -> np.ndarray:
+    return np.array([o.result.scores["nsfw"] for o in outcomes[:-1]])
+
+
+def test_batches_before_the_decoder_is_warm_are_decoded_on_the_cpu_alike(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = threading.Event()
+    task, plan, calls = _task(monkeypatch, gate)
+    try:
+        assert task.ready()  # serving while nvJPEG warms
+        assert not task.wait_for_gpu_decoder(0.5)
+        batch = _batch(plan)
+        early = task._run(batch)
+        assert calls == {"gpu": 0, "warm": 1}
+        gate.set()
+        assert task.wait_for_gpu_decoder(120)
+        late = task._run(batch)
+        assert calls["gpu"] == 1
+    finally:
+        gate.set()
+        task.close()
+        task.runner.deactivate()
+    assert early[-1].rejection is not None and late[-1].rejection is not None
+    diff = np.abs(_nsfw(early) - _nsfw(late)).max()
+    print(f"cpu-decoded (decoder warming) vs nvJPEG: max |diff| {diff:.2e}")
+    assert diff < 3e-2  # nvJPEG's IDCT vs libjpeg's, fp16 engine
+
+
+def test_a_decoder_that_cannot_start_leaves_the_cpu_decoding(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    task, plan, calls = _task(monkeypatch, fail=True)
+    try:
+        assert not task.wait_for_gpu_decoder(120)
+        outcomes = task._run(_batch(plan))
+    finally:
+        task.close()
+        task.runner.deactivate()
+    assert calls == {"gpu": 0, "warm": 1}
+    assert all(o.result is not None for o in outcomes[:-1])
+    assert outcomes[-1].rejection is not None
