@@ -14,6 +14,8 @@
 #   device:  bash bench/device_kafka.sh aoti [ARGS]          # carry .whl: bench/aoti_bench.py
 #   device:  bash bench/device_kafka.sh probe [ARGS]         # carry .whl: bench/task_probe.py
 #   device:  bash bench/device_kafka.sh warm [ARGS]          # carry .whl: bench/warm_start.py
+#   device:  bash bench/device_kafka.sh warm-ab ROUNDS [ARGS]  # carry .before: warm starts of
+#            this checkout and the staged older one, alternating (JSON under $OUT/after, /before)
 #   device:  bash bench/device_kafka.sh kernels [ARGS]       # carry .whl: bench/unet_kernels.py
 #            (no broker; the built engines come back in $OUT/aoti-cache)
 #            (stage adds the py-spy wheel; a speedscope profile of every process lands in $OUT;
@@ -134,6 +136,24 @@ wait-detached)  # wait-detached MAX_S: until every detached step has ended, or M
         echo "== $(basename "$f"): $(grep -c . "$f") lines"
         grep -v 'Warning\|warn(' "$f" | tail -8
     done
+    ;;
+warm-ab)  # warm-ab ROUNDS [ARGS...]: warm starts of this checkout and of .before, alternating
+    rounds=$2
+    shift 2
+    for _ in $(seq "$rounds"); do
+        OUT="$OUT/after" bash "$0" warm "$@" > /dev/null 2>&1
+        OUT="$OUT/before" bash .before/bench/device_kafka.sh warm "$@" > /dev/null 2>&1
+    done
+    python3 - "$OUT" <<'EOF'
+import json, pathlib, sys
+for side in ("after", "before"):
+    for f in sorted(pathlib.Path(sys.argv[1], side).glob("warm-start-*.json")):
+        d = json.loads(f.read_text())
+        for task in ("moderation", "generation"):
+            for r in d.get(task) or []:
+                print(side, d["env"]["commit"], task, r["first_result_s"], r.get("engine_cache"),
+                      r.get("warm_up_steps_s"))
+EOF
     ;;
 bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants)
     what=$1
