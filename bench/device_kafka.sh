@@ -144,15 +144,23 @@ warm-ab)  # warm-ab ROUNDS [ARGS...]: warm starts of this checkout and of .befor
         OUT="$OUT/after" bash "$0" warm "$@" > /dev/null 2>&1
         OUT="$OUT/before" bash .before/bench/device_kafka.sh warm "$@" > /dev/null 2>&1
     done
+    # One file back instead of a record, a log and gpu.txt per run and side (a call returns
+    # at most 8 files: on 2026-12-03 the older checkout's records did not come back).
     python3 - "$OUT" <<'EOF'
-import json, pathlib, sys
+import json, pathlib, shutil, sys, time
+out = pathlib.Path(sys.argv[1])
+merged = {"benchmark": "warm_start_ab", "after": [], "before": []}
 for side in ("after", "before"):
-    for f in sorted(pathlib.Path(sys.argv[1], side).glob("warm-start-*.json")):
+    for f in sorted((out / side).glob("warm-start-*.json")):
         d = json.loads(f.read_text())
+        merged[side].append(d)
         for task in ("moderation", "generation"):
             for r in d.get(task) or []:
                 print(side, d["env"]["commit"], task, r["first_result_s"], r.get("engine_cache"),
                       r.get("warm_up_steps_s"))
+    shutil.rmtree(out / side, ignore_errors=True)
+stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+(out / f"warm-ab-{stamp}.json").write_text(json.dumps(merged, indent=1))
 EOF
     ;;
 bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants)

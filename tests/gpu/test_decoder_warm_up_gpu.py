@@ -65,13 +65,13 @@ def test_batches_before_the_decoder_is_warm_are_decoded_on_the_cpu_alike(
     gate = threading.Event()
     task, plan, calls = _task(monkeypatch, gate)
     try:
-        assert task.ready()  # serving while nvJPEG warms
-        assert not task.wait_for_gpu_decoder(0.5)
+        # Warm enough to serve (warm_up returned) but not at full speed yet: ready() says so.
+        assert not task.wait_for_gpu_decoder(0.5) and not task.ready()
         batch = _batch(plan)
         early = task._run(batch)
         assert calls == {"gpu": 0, "warm": 1}
         gate.set()
-        assert task.wait_for_gpu_decoder(120)
+        assert task.wait_for_gpu_decoder(120) and task.ready()
         late = task._run(batch)
         assert calls["gpu"] == 1
     finally:
@@ -89,6 +89,7 @@ def test_a_decoder_that_cannot_start_leaves_the_cpu_decoding(
     task, plan, calls = _task(monkeypatch, fail=True)
     try:
         assert not task.wait_for_gpu_decoder(120)
+        assert task.ready()  # as fast as it will get: the CPU decodes from now on
         outcomes = task._run(_batch(plan))
     finally:
         task.close()

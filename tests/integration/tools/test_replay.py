@@ -173,6 +173,37 @@ def test_stop_after_max_records_then_resume(
     assert sorted(got) == sorted((j.partition, j.offset) for j in jobs)
 
 
+def test_replay_starts_once_the_task_runs_at_full_speed(
+    kafka_bootstrap: str, shared_runner: Any, tmp_path: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task that serves while it settles (the GPU task decodes on the CPU until nvJPEG is
+    warm) would score a replay's first records on another decoder: the replay waits until
+    ready() says full speed before it admits the first record."""
+    t = replay_topics(kafka_bootstrap)
+    jobs = produce_jobs(kafka_bootstrap, t.jobs, 2)
+    req = ReplayRequest(topic=t.jobs, to_topic=t.replay, start=parse_bound("earliest"),
+                        end=parse_bound("latest"), state_file=tmp_path / "s.json")
+    runner = ReplayRunner(replay_config(kafka_bootstrap), req, runner=shared_runner)
+    task, asked = runner._task, {"ready": 0, "before_first_admit": -1}
+    admit = task.admit
+
+    def settling() -> bool:
+        asked["ready"] += 1
+        return asked["ready"] > 3
+
+    def admit_and_note(batch: Any) -> Any:
+        if asked["before_first_admit"] < 0:
+            asked["before_first_admit"] = asked["ready"]
+        return admit(batch)
+
+    monkeypatch.setattr(task, "ready", settling)
+    monkeypatch.setattr(task, "admit", admit_and_note)
+    summary = runner.run()
+    assert summary.finished and summary.counts == {"result:ok": len(jobs)}
+    assert asked["before_first_admit"] >= 4  # ready() had answered True
+
+
 def test_rate_limit_spaces_the_jobs(
     kafka_bootstrap: str, shared_runner: Any, tmp_path: Path  # noqa: F811
 ) -> None:

@@ -136,7 +136,10 @@ class OpenNsfwGpuTask(OpenNsfwTask):
         return self._decoder_ready.is_set()
 
     def ready(self) -> bool:
-        return self.pipeline.compute is not None and self._warm
+        # The worker serves before nvJPEG is warm (the CPU decodes meanwhile); full speed, what
+        # ready() promises, once the decoder is warm or known not to start.
+        warming = self._decoder_warming is not None and self._decoder_warming.is_alive()
+        return self.pipeline.compute is not None and self._warm and not warming
 
     def _sample_bytes(self) -> bytes:
         from worker.bundled import samples_dir
