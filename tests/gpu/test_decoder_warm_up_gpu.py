@@ -16,23 +16,30 @@ def _task(monkeypatch: pytest.MonkeyPatch, gate: threading.Event | None = None,
           fail: bool = False) -> tuple[Any, Any, Any]:
     from worker.config import load_config
     from worker.tasks.moderation.engine_setup.open_nsfw import make_runner
-    from worker.tasks.moderation.images import gpu
+    from worker.tasks.moderation.images import gpu, jpeg_ops
     from worker.tasks.moderation.open_nsfw_gpu import OpenNsfwGpuTask
 
-    real = gpu.prepare_batch
+    real_prepare, real_decode = gpu.prepare_batch, jpeg_ops.decode_jpegs
     calls = {"gpu": 0, "warm": 0}
+    warming = "gpu-decoder-warm-up"
 
-    def prepare(*args: Any, **kw: Any) -> Any:
-        if threading.current_thread().name == "gpu-decoder-warm-up":
+    def decode(*args: Any, **kw: Any) -> Any:
+        # Where nvJPEG's own errors come from (prepare_batch would hide them behind its CPU
+        # fallback, so the failure is injected here).
+        if threading.current_thread().name == warming:
             calls["warm"] += 1
             if gate is not None:
                 assert gate.wait(120)
             if fail:
-                raise RuntimeError("nvjpegCreateEx failed: NVJPEG_STATUS_NOT_INITIALIZED")
-        else:
-            calls["gpu"] += 1
-        return real(*args, **kw)
+                raise RuntimeError("Failed to initialize nvjpeg with default backend")
+        return real_decode(*args, **kw)
 
+    def prepare(*args: Any, **kw: Any) -> Any:
+        if threading.current_thread().name != warming:
+            calls["gpu"] += 1
+        return real_prepare(*args, **kw)
+
+    monkeypatch.setattr(jpeg_ops, "decode_jpegs", decode)
     monkeypatch.setattr(gpu, "prepare_batch", prepare)
     cfg = load_config(model={"backend": "torch", "preprocess": "gpu", "jpeg_roundtrip": False},
                       engines={"use_cache": False})

@@ -62,11 +62,11 @@ def _gpu_outcomes(cases: dict[str, bytes], preprocess: str) -> dict[str, Any]:
     runner.activate()
     task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
     task.warm_up(plan.profiles)
-    # Until nvJPEG has warmed up the CPU decodes: wait, so the GPU path is what is tested.
-    assert task.wait_for_gpu_decoder(120) == (preprocess == "gpu")
     names = list(cases)
     outcomes: dict[str, Any] = {}
     try:
+        # Until nvJPEG has warmed up the CPU decodes: wait, so the GPU path is what is tested.
+        assert task.wait_for_gpu_decoder(120) == (preprocess == "gpu")
         for start in range(0, len(names), 8):
             items = [Pending(SourceRef("t", 0, i), ModerationJob(name, cases[name]), 0.0,
                              SourceRecord("t", 0, i, None, None, None, None))

@@ -33,6 +33,9 @@ from worker.wire.moderation_jobs import Status
 
 log = structlog.get_logger("worker")
 
+DECODER_ATTEMPTS = 3  # nvJPEG's warm-up, when the GPU is out of memory
+DECODER_JOIN_S = 30.0
+
 
 class OpenNsfwGpuTask(OpenNsfwTask):
     def __init__(self, cfg: WorkerConfig, runner: TorchRunner, spec: EngineSpec,
@@ -50,6 +53,7 @@ class OpenNsfwGpuTask(OpenNsfwTask):
         # if it cannot start, batches are prepared on the CPU.
         self._decoder_ready = threading.Event()
         self._decoder_warming: threading.Thread | None = None
+        self._closing = threading.Event()  # ends the decoder's retries
         self._local = threading.local()
         self._warm = False
         # The runner's own graphs serve only images the pipeline does not take (PNG, WebP,
@@ -86,7 +90,8 @@ class OpenNsfwGpuTask(OpenNsfwTask):
             # nvJPEG's first decode (its handles, the decode and resize kernels) took 0.66-0.69 s
             # of a 3.8 s cached start on the H200 (2026-12-03). A thread pays for it while the
             # worker joins its group and serves: until it is done the pipeline's rows are
-            # decoded on the CPU, which accepts, rejects and scores the same images.
+            # decoded on the CPU, which accepts and rejects the same images (scores within
+            # 3e-2: libjpeg's IDCT, not nvJPEG's).
             self._decoder_warming = threading.Thread(target=self._warm_decoder,
                                                      name="gpu-decoder-warm-up", daemon=True)
             self._decoder_warming.start()
@@ -108,25 +113,36 @@ class OpenNsfwGpuTask(OpenNsfwTask):
     def _warm_decoder(self) -> None:
         import torch
 
-        from worker.tasks.moderation.images.cpu import CROP
-        from worker.tasks.moderation.images.gpu import prepare_batch
+        from worker.tasks.moderation.images.gpu import warm_decoder
 
         t = time.monotonic()
-        try:
-            stream = self._prep_stream()
-            with torch.cuda.stream(stream):
-                out = torch.empty((1, CROP, CROP, 3), dtype=torch.uint8,
-                                  device=self.pipeline.runner.device)
-                (rejected,) = prepare_batch([self._sample_bytes()], out, self._limits)
-            stream.synchronize()
-            if rejected is not None:
-                raise RuntimeError(f"the bundled sample was refused: {rejected}")
-        except Exception as exc:  # noqa: BLE001  (whatever nvJPEG raises, the CPU path serves)
-            log.error("gpu_decoder_unavailable", error=one_line(exc, 300),
-                      fallback="every batch is decoded on the CPU")
+        sample = self._sample_bytes()
+        for attempt in range(1, DECODER_ATTEMPTS + 1):
+            try:
+                stream = self._prep_stream()
+                with torch.cuda.stream(stream):
+                    warm_decoder(sample, torch.device(self.pipeline.runner.device),
+                                 self._limits)
+                stream.synchronize()
+            except torch.cuda.OutOfMemoryError as exc:
+                # Other processes may still be loading on this GPU: a little later there can
+                # be room. The CPU decodes meanwhile.
+                log.warning("gpu_decoder_out_of_memory", attempt=attempt,
+                            error=one_line(exc, 200))
+                if self._closing.wait(2.0 * attempt):
+                    return
+                continue
+            except Exception as exc:  # noqa: BLE001  (the CPU path serves whatever this was)
+                # nvJPEG missing or refusing to start. A CUDA error that poisons the device
+                # fails the next batch's graph too, which stops the worker as before.
+                log.error("gpu_decoder_unavailable", error=one_line(exc, 300),
+                          fallback="every batch is decoded on the CPU")
+                return
+            self._decoder_ready.set()
+            log.info("gpu_decoder_ready", seconds=round(time.monotonic() - t, 3))
             return
-        self._decoder_ready.set()
-        log.info("gpu_decoder_ready", seconds=round(time.monotonic() - t, 3))
+        log.error("gpu_decoder_unavailable", error=f"out of memory {DECODER_ATTEMPTS} times",
+                  fallback="every batch is decoded on the CPU")
 
     def wait_for_gpu_decoder(self, timeout: float | None = None) -> bool:
         """True once batches are decoded with nvJPEG (False: still warming up, or it failed
@@ -148,8 +164,13 @@ class OpenNsfwGpuTask(OpenNsfwTask):
 
     def _stop(self) -> None:
         super()._stop()
+        self._closing.set()
         if self._decoder_warming is not None:
-            self._decoder_warming.join()  # its stream and buffers go with the pipeline
+            # Before the pipeline goes: the thread decodes on the device the pipeline's
+            # runner holds. A decoder stuck for this long is left behind (a daemon thread).
+            self._decoder_warming.join(DECODER_JOIN_S)
+            if self._decoder_warming.is_alive():
+                log.warning("gpu_decoder_warm_up_still_running", waited_s=DECODER_JOIN_S)
         self.pipeline.deactivate()
 
     def _prep_stream(self) -> Any:
@@ -157,7 +178,8 @@ class OpenNsfwGpuTask(OpenNsfwTask):
 
         stream = getattr(self._local, "stream", None)
         if stream is None:
-            stream = self._local.stream = torch.cuda.Stream()
+            stream = self._local.stream = torch.cuda.Stream(
+                device=torch.device(self.pipeline.runner.device))
             self._local.ready = Event()
         return stream
 

@@ -60,20 +60,22 @@ class ReplaySummary:
     state: ReplayState = field(repr=False)
 
 
-# A replay is compared with the run it repeats, so it starts at full speed. A task that serves
-# while it settles (the GPU moderation task decodes on the CPU until nvJPEG is warm) would score
-# the first records on another decoder: near a threshold, another verdict.
+# A replay starts at full speed, so every record is scored on the same path. A task that
+# serves while it settles (the GPU moderation task decodes on the CPU until nvJPEG is warm)
+# would score the first records on another decoder, and near a threshold that can change the
+# verdict.
 SETTLE_S = 120.0
 
 
-def _settle(task: Task, timeout_s: float) -> None:
+def _settle(task: Task, timeout_s: float, stop: threading.Event) -> None:
     deadline = time.monotonic() + timeout_s
     while not task.ready():
         if time.monotonic() >= deadline:
             log.warning("replay_task_not_settled", waited_s=timeout_s,
                         note="replaying anyway; the first records may take a slower path")
             return
-        time.sleep(0.01)
+        if stop.wait(0.01):  # stop() while settling: the loop drains at once
+            return
 
 
 class ReplayRunner:
@@ -104,7 +106,7 @@ class ReplayRunner:
         task = self._task
         try:
             task.warm_up()
-            _settle(task, SETTLE_S)
+            _settle(task, SETTLE_S, self._stop)
             bind_engine(self.state, model=task.model_id, engine=task.engine_hash,
                         resumed=self.resumed)
             recovered = 0

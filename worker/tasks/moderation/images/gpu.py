@@ -102,3 +102,19 @@ def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = Non
         x = x[:, :, off:off + CROP, off:off + CROP].round_().clamp_(0, 255)
         out[idx] = x.to(torch.uint8).permute(0, 2, 3, 1)
     return [img if isinstance(img, JobRejected) else None for img in images]
+
+
+def warm_decoder(data: bytes, device: Any, limits: ImageLimits | None = None) -> None:
+    """Decode the JPEG ``data`` once on ``device`` as batches are decoded (nvJPEG's first call
+    creates its handles and loads its kernels). Raises what the decoder raises, where
+    :func:`prepare_batch` would quietly decode on the CPU instead: a decoder that cannot work
+    must be known before batches are sent to it."""
+    import torch
+
+    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs
+
+    decode_jpegs([torch.frombuffer(bytearray(data), dtype=torch.uint8)], device)
+    out = torch.empty((1, CROP, CROP, 3), dtype=torch.uint8, device=device)
+    (rejected,) = prepare_batch([data], out, limits)
+    if rejected is not None:
+        raise RuntimeError(f"the warm-up image was refused: {rejected}")

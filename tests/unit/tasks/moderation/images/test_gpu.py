@@ -36,3 +36,22 @@ def test_header_limits_apply_before_decoding() -> None:
     out = torch.zeros((1, 224, 224, 3), dtype=torch.uint8)
     (rej,) = prepare_batch([data], out, ImageLimits(max_pixels=1000))
     assert isinstance(rej, ImageRejected) and "budget" in str(rej)
+
+
+def test_warm_decoder_raises_what_the_decoder_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare_batch decodes on the CPU where the batched decoder fails (one bad file must
+    not fail its batch); the warm-up must see the failure, or a decoder that cannot start
+    would be taken for a warm one and batches sent to it (review of 74dc511)."""
+    from worker.tasks.moderation.images import gpu, jpeg_ops
+
+    data = (samples_dir() / "astronaut.jpg").read_bytes()
+    gpu.warm_decoder(data, torch.device("cpu"))  # the CPU decoder stands in for nvJPEG
+
+    def broken(*_a: object, **_k: object) -> object:
+        raise RuntimeError("Failed to initialize nvjpeg")
+
+    monkeypatch.setattr(jpeg_ops, "decode_jpegs", broken)
+    out = torch.zeros((1, 224, 224, 3), dtype=torch.uint8)
+    assert gpu.prepare_batch([data], out) == [None]  # falls back: the failure is hidden here
+    with pytest.raises(RuntimeError, match="nvjpeg"):
+        gpu.warm_decoder(data, torch.device("cpu"))
