@@ -178,8 +178,7 @@ class OpenNsfwGpuTask(OpenNsfwTask):
 
         stream = getattr(self._local, "stream", None)
         if stream is None:
-            stream = self._local.stream = torch.cuda.Stream(
-                device=torch.device(self.pipeline.runner.device))
+            stream = self._local.stream = torch.cuda.Stream()
             self._local.ready = Event()
         return stream
 
