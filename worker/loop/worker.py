@@ -17,8 +17,10 @@ task's queued work is dropped and the committer makes sure nothing of theirs is 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import confluent_kafka as ck
@@ -104,15 +106,25 @@ class Worker:
     def run(self) -> None:
         check_topics(self.cfg, self.topics.jobs, self.topics.results, self.topics.dlq)
         startup, t = self.vitals.startup, time.monotonic()
-        self.task.warm_up()
+        # The clients open while the task warms up, in a thread (their waits hold no GIL): a
+        # new idempotent producer's first send waits about 0.5 s for its producer id
+        # (librdkafka, measured on the 2-core VM), and exactly-once's init_transactions waits
+        # for the coordinator. The group is joined only once warm: no partition waits on a
+        # cold worker.
+        with ThreadPoolExecutor(1, thread_name_prefix="clients-open") as pool:
+            opened = pool.submit(self._open_clients)
+            try:
+                self.task.warm_up()
+            except BaseException:
+                self._close_unused_clients(opened)
+                raise
         startup["warm_up_s"] = round(time.monotonic() - t, 2)
+        if opened.exception() is not None:  # raised here, after the clients are closed
+            self._close_unused_clients(opened)
+        startup["clients_s"] = opened.result()
         self.vitals.warm = True
-        t = time.monotonic()
-        self.committer.start()
-        self._consumer.open(on_commit=self.committer.on_commit)
         self._consumer.subscribe([self.topics.jobs], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
-        startup["clients_s"] = round(time.monotonic() - t, 2)
         startup["gc_settle_s"] = round(self.heap.settle(), 2)  # released in _shutdown
         startup["since_process_start_s"] = process_age_s()
         self.vitals.subscribed = True
@@ -133,6 +145,21 @@ class Worker:
             raise
         finally:
             self._shutdown()
+
+    def _open_clients(self) -> float:
+        t = time.monotonic()
+        self.committer.start()
+        self._consumer.open(on_commit=self.committer.on_commit)
+        return round(time.monotonic() - t, 2)
+
+    def _close_unused_clients(self, opened: Future[float]) -> None:
+        """A warm-up failed: once the opening thread has ended, close whatever it opened,
+        quietly, so that the warm-up's error is the one reported."""
+        wait([opened])
+        with contextlib.suppress(Exception):
+            self._consumer.close(timeout_s=1.0)
+        with contextlib.suppress(Exception):
+            self.committer.close(failed=True)
 
     def step(self) -> None:
         self.vitals.beat = now = time.monotonic()

@@ -114,3 +114,35 @@ def test_the_broker_reports_what_this_client_may_do(kafka_bootstrap: str) -> Non
     ops = Admin(cfg).authorized_operations(names)
     assert all(o is not None and {"READ", "WRITE"} <= o for o in ops.values()), ops
     check_topics(cfg, *names)
+
+
+def test_the_clients_open_during_the_warm_up_and_close_when_it_fails(
+        kafka_bootstrap: str) -> None:
+    """The results producer and the consumer are made while the task warms up (a new
+    idempotent producer waits about 0.5 s for its producer id before its first send; before,
+    that wait came after the warm-up, in front of the first result). The group is still
+    joined only once warm. A warm-up that fails leaves no client open, and its own error is
+    the one raised."""
+    import time
+
+    from engines.exceptions import EngineError
+    from worker.devkit.workers import fresh_topics, worker_config
+    from worker.loop.worker import Worker
+
+    worker = Worker(worker_config(kafka_bootstrap, fresh_topics(kafka_bootstrap)))
+    producer = worker.committer._producer  # type: ignore[attr-defined]
+    seen: dict[str, bool] = {}
+
+    def warm_up() -> None:
+        deadline = time.monotonic() + 10
+        while producer._client is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen["producer"] = producer._client is not None
+        seen["subscribed"] = worker.vitals.subscribed
+        raise EngineError("the engine would not load")
+
+    worker.task.warm_up = warm_up  # type: ignore[method-assign]
+    with pytest.raises(EngineError, match="would not load"):
+        worker.run()
+    assert seen == {"producer": True, "subscribed": False}
+    assert producer._client is None and worker._consumer._client is None
