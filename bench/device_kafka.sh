@@ -16,7 +16,8 @@
 #   device:  bash bench/device_kafka.sh warm [ARGS]          # carry .whl: bench/warm_start.py
 #   device:  bash bench/device_kafka.sh cudastart [ARGS]     # carry .whl: bench/cuda_start_probe.py
 #   device:  bash bench/device_kafka.sh warm-ab ROUNDS [ARGS]  # carry .before: warm starts of
-#            this checkout and the staged older one, alternating (JSON under $OUT/after, /before)
+#            this checkout and the staged older one, alternating (JSON under $OUT/after, /before;
+#            VARIANT_ENV="NAME=VALUE ..." adds this checkout under those variables as a third side)
 #   device:  bash bench/device_kafka.sh kernels [ARGS]       # carry .whl: bench/unet_kernels.py
 #            (no broker; the built engines come back in $OUT/aoti-cache)
 #            (stage adds the py-spy wheel; a speedscope profile of every process lands in $OUT;
@@ -143,15 +144,21 @@ warm-ab)  # warm-ab ROUNDS [ARGS...]: warm starts of this checkout and of .befor
     shift 2
     for _ in $(seq "$rounds"); do
         OUT="$OUT/after" bash "$0" warm "$@" > /dev/null 2>&1
+        # VARIANT_ENV="NAME=VALUE ...": a third side, this checkout under those variables
+        if [ -n "${VARIANT_ENV:-}" ]; then
+            # shellcheck disable=SC2086
+            env $VARIANT_ENV OUT="$OUT/variant" bash "$0" warm "$@" > /dev/null 2>&1
+        fi
         OUT="$OUT/before" bash .before/bench/device_kafka.sh warm "$@" > /dev/null 2>&1
     done
     # One file back instead of a record, a log and gpu.txt per run and side (a call returns
     # at most 8 files: on 2026-12-03 the older checkout's records did not come back).
     python3 - "$OUT" <<'EOF'
-import json, pathlib, shutil, sys, time
+import json, os, pathlib, shutil, sys, time
 out = pathlib.Path(sys.argv[1])
-merged = {"benchmark": "warm_start_ab", "after": [], "before": []}
-for side in ("after", "before"):
+merged = {"benchmark": "warm_start_ab", "after": [], "variant": [], "before": [],
+          "variant_env": os.environ.get("VARIANT_ENV")}
+for side in ("after", "variant", "before"):
     for f in sorted((out / side).glob("warm-start-*.json")):
         d = json.loads(f.read_text())
         merged[side].append(d)

@@ -6,14 +6,15 @@ release the GIL, so a thread can make that context, the device's *primary* conte
 torch's runtime then adopts, during the import instead of after it
 (bench/cuda_start_probe.py measures both orders).
 
-Best effort: where cuda-python is missing or a call fails, the thread logs one line and torch
-makes the context itself as before. The retained context is never released: torch's runtime
-holds the same one for the life of the process.
+``KTW_CUDA_CONTEXT_EARLY=0`` turns it off. Best effort: where cuda-python is missing or a call
+fails, the thread logs one line and torch makes the context itself as before. The retained
+context is never released: torch's runtime holds the same one for the life of the process.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -27,7 +28,7 @@ def begin_context(index: int) -> threading.Thread | None:
     """Start making device ``index``'s primary context in a daemon thread, once per process,
     and only while torch is not imported yet (after that torch makes its own in no more time
     than the thread would). Returns the thread, or None where nothing was started."""
-    if "torch" in sys.modules:
+    if "torch" in sys.modules or os.environ.get("KTW_CUDA_CONTEXT_EARLY", "1") == "0":
         return None
     with _lock:
         if index in _started:

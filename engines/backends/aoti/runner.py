@@ -10,6 +10,7 @@ the runner's lock keeps calls single-threaded.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from engines.backends.aoti.bundle import bundle_names, load_from_bundle, shape_n
 from engines.backends.aoti.kept import shared_weights
 from engines.backends.base import InferHandle, Outputs
 from engines.backends.torch.artifact import in_engine_form, native_net
-from engines.backends.torch.runner import GraphKey, TorchRunner
+from engines.backends.torch.runner import GraphKey, TorchRunner, compile_log
 from engines.exceptions import BackendUnavailable, EngineError, InferenceFailed
 
 if TYPE_CHECKING:
@@ -79,9 +80,12 @@ class AotiRunner(TorchRunner):
         self._weights: dict[str, Any] | None = None  # the packages point into these
 
     def _activate(self) -> None:
+        t0 = time.monotonic()
         self._torch_for_device()
         assert self._engine is not None
+        t1 = time.monotonic()
         entry = self._engine()
+        t2 = time.monotonic()
         serve = dict(entry.sidecar.get("build", {}).get("serve", {}))
         packages = bundle_names(entry.artifact)
         nets: dict[GraphKey, Any] = {}
@@ -101,7 +105,12 @@ class AotiRunner(TorchRunner):
         # Graphs only where the build measured one faster; other shapes run "eagerly" (one
         # package call, or the eager network) on the caller's stream.
         self._static = {k for k in self._keys if serve[shape_name(*k)].endswith("_graph")}
+        t3 = time.monotonic()
         self._start()
+        # Where a start's seconds go (bench/warm_start.py keeps these lines).
+        compile_log.info("engine_activated: %s on %s, %s", self.spec.model_id, self.device,
+                         {"import_s": round(t1 - t0, 3), "lookup_s": round(t2 - t1, 3),
+                          "load_s": round(t3 - t2, 3), "graphs_s": round(time.monotonic() - t3, 3)})
 
     def _eager_net(self) -> Any:
         """The model's own network in the engine precision (a shape the build found faster

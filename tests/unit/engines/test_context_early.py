@@ -73,3 +73,9 @@ def test_a_failing_call_stops_there_and_says_so(driver: FakeDriver, failing: str
         thread.join(5)
     assert [name for name, _ in driver.calls][-1] == failing
     assert any("torch makes the context" in r.getMessage() for r in caplog.records)
+
+
+def test_turned_off_by_its_variable(driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KTW_CUDA_CONTEXT_EARLY", "0")
+    assert context_early.begin_context(0) is None
+    assert driver.calls == []
