@@ -89,6 +89,9 @@ stage)
     if [ -n "${2:-}" ]; then
         mkdir -p .before && git archive "$2" | tar -x -C .before
         git rev-parse --short "$2" > .before/COMMIT
+        # Its own steps read the staged commit from .whl/COMMIT (else /tmp/site's, this
+        # checkout's: on 2026-12-03 the older side's records carried the newer commit).
+        mkdir -p .before/.whl && cp .before/COMMIT .before/.whl/COMMIT
     fi
     du -sh .jars .jdk .whl .before 2>/dev/null
     ;;
@@ -149,7 +152,9 @@ warm-ab)  # warm-ab ROUNDS [ARGS...]: warm starts of this checkout and of .befor
             # shellcheck disable=SC2086
             env $VARIANT_ENV OUT="$OUT/variant" bash "$0" warm "$@" > /dev/null 2>&1
         fi
-        OUT="$OUT/before" bash .before/bench/device_kafka.sh warm "$@" > /dev/null 2>&1
+        # (the wheels the after side installed; .before/.whl holds only its COMMIT)
+        SKIP_INSTALL=1 OUT="$OUT/before" bash .before/bench/device_kafka.sh warm "$@" \
+            > /dev/null 2>&1
     done
     # One file back instead of a record, a log and gpu.txt per run and side (a call returns
     # at most 8 files: on 2026-12-03 the older checkout's records did not come back).

@@ -40,7 +40,6 @@ from engines.backends.torch.graphs import (
     sample_input,
 )
 from engines.cache import CacheEntry
-from engines.context_early import begin_context
 from engines.exceptions import BackendUnavailable, InferenceFailed
 from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
@@ -175,8 +174,6 @@ class TorchRunner(Runner):
 
     def _torch_for_device(self) -> Any:
         """torch, once the device and precision are known to work (fp32 set to IEEE fp32)."""
-        if self.cuda:  # the context is made while torch imports (engines/context_early.py)
-            begin_context(int(self.device.partition(":")[2] or 0))
         try:
             import torch
         except ImportError as exc:

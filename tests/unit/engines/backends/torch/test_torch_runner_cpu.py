@@ -145,21 +145,3 @@ def test_graph_batches_limit_which_static_shapes_get_graphs(
     captured.clear()
     runner._slot_for(batch(20))
     assert captured == [(32, item)]
-
-
-def test_a_cuda_runner_starts_the_context_of_its_device_before_torch(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """engines.context_early is asked for the runner's own device index; a CPU runner never
-    asks (where CUDA is missing the activation still refuses, as before)."""
-    import engines.backends.torch.runner as runner_module
-
-    asked: list[int] = []
-    monkeypatch.setattr(runner_module, "begin_context", asked.append)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    with pytest.raises(BackendUnavailable, match="needs CUDA"):
-        TorchRunner(_spec(), precision="fp16", device="cuda:3").activate()
-    with pytest.raises(BackendUnavailable, match="needs CUDA"):
-        TorchRunner(_spec(), precision="fp16", device="cuda").activate()
-    with pytest.raises(BackendUnavailable, match="fp32 only"):
-        TorchRunner(_spec(), precision="fp16", device="cpu").activate()
-    assert asked == [3, 0]
