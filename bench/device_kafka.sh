@@ -15,6 +15,7 @@
 #   device:  bash bench/device_kafka.sh probe [ARGS]         # carry .whl: bench/task_probe.py
 #   device:  bash bench/device_kafka.sh warm [ARGS]          # carry .whl: bench/warm_start.py
 #   device:  bash bench/device_kafka.sh cudastart [ARGS]     # carry .whl: bench/cuda_start_probe.py
+#   device:  bash bench/device_kafka.sh aotitext [ARGS]      # carry .whl: bench/aoti_text_build.py
 #   device:  bash bench/device_kafka.sh warm-ab ROUNDS [ARGS]  # carry .before: warm starts of
 #            this checkout and the staged older one, alternating (JSON under $OUT/after, /before;
 #            VARIANT_ENV="NAME=VALUE ..." adds this checkout under those variables as a third side)
@@ -176,7 +177,7 @@ stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
 (out / f"warm-ab-{stamp}.json").write_text(json.dumps(merged, indent=1))
 EOF
     ;;
-bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|cudastart)
+bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext)
     what=$1
     shift
     mkdir -p "$OUT"
@@ -209,9 +210,9 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|
         PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -v -p no:cacheprovider \
             --durations=15 tests/gpu "$@" > "$OUT/gpu_tests.txt" 2>&1
         tail -25 "$OUT/gpu_tests.txt" ;;
-    probe|warm|kernels|build|sdsteps|variants|cudastart)
+    probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext)
         script=$(case $what in probe) echo task_probe ;; warm) echo warm_start ;;
-                 cudastart) echo cuda_start_probe ;;
+                 cudastart) echo cuda_start_probe ;; aotitext) echo aoti_text_build ;;
                  kernels) echo unet_kernels ;; build) echo engines_build ;;
                  sdsteps) echo sd_steps ;; variants) echo unet_variants ;; esac)
         BENCH_COMMIT=$(staged_commit) PYTHONPATH=/tmp/site:$ROOT \
