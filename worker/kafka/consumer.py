@@ -74,6 +74,25 @@ class Consumer:
         if old is not None:  # (not waited for: the loop goes on with the new client)
             _close_bounded(old, 0.0)
 
+    def resubscribe(self) -> None:
+        """Leave the subscription and take it again on the same client: a rejoin, so the group
+        rebalances (for partitions nobody holds: :mod:`worker.loop.orphans`). The revoke
+        callback for what this member holds runs from the next ``consume()``, as in any
+        rebalance."""
+        try:
+            self.client.unsubscribe()
+        except ck.KafkaException as exc:
+            raise kafka_io_error(exc, "unsubscribe") from exc
+        self._subscribe(self.client)
+
+    def member_id(self) -> str | None:
+        """This member's id in the group (None before it joined). Safe from any thread."""
+        client = self._client
+        try:
+            return client.memberid() if client is not None else None
+        except (ck.KafkaException, RuntimeError):
+            return None
+
     def consume(self, num_messages: int, timeout: float) -> list[ck.Message]:
         try:
             return self.client.consume(num_messages=num_messages, timeout=timeout)

@@ -37,6 +37,7 @@ from worker.loop.commit.base import make_committer
 from worker.loop.heap import HeapPolicy
 from worker.loop.hops import HopTimes
 from worker.loop.intake import Intake
+from worker.loop.orphans import OrphanWatch
 from worker.loop.output import CloudEvents, OutputBuilder
 from worker.loop.rejoin import ClusterProbe, Rejoin
 from worker.loop.stats import Stats
@@ -72,6 +73,11 @@ class Worker:
         self._rejoin = Rejoin(ClusterProbe(common_settings(cfg.kafka)))
         self.hops = HopTimes()
         self._consumer = Consumer(member_consumer_settings(cfg, on_stats=self.vitals.on_stats))
+        # Static members only: partitions left to nobody by a member killed mid-rebalance
+        # (loop/orphans.py).
+        self._orphans = (OrphanWatch(common_settings(cfg.kafka), cfg.kafka.group_id,
+                                     self.topics.jobs, self._consumer.member_id)
+                         if cfg.kafka.static_membership else None)
         self._outputs = OutputBuilder(
             self.topics, cfg.kafka.client_id, self.stats,
             dlq_inline_max_bytes=cfg.limits.dlq_inline_max_bytes,
@@ -101,6 +107,7 @@ class Worker:
     def guarantee_totals(self) -> dict[str, int]:
         return {"stale_discarded": self.assignment.stale_discarded,
                 "slow_batches": self.slow_batches, "consumer_reopens": self._rejoin.reopens,
+                "orphan_rejoins": self._orphans.rejoins if self._orphans is not None else 0,
                 **self.committer.totals()}
 
     def run(self) -> None:
@@ -125,6 +132,8 @@ class Worker:
         self.vitals.warm = True
         self._consumer.subscribe([self.topics.jobs], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
+        if self._orphans is not None:
+            self._orphans.start()
         startup["gc_settle_s"] = round(self.heap.settle(), 2)  # released in _shutdown
         startup["since_process_start_s"] = process_age_s()
         self.vitals.subscribed = True
@@ -167,6 +176,11 @@ class Worker:
             log.warning("consumer_reopened", reopens=self._rejoin.reopens,
                         reason="partitions lost, not assigned again, the cluster answers")
             self._consumer.reopen()
+        if self._orphans is not None and self._orphans.due(now):
+            log.warning("partitions_orphaned", partitions=sorted(self._orphans.orphans),
+                        topic=self.topics.jobs, action="rejoin",
+                        reason="no member of the group holds them")
+            self._consumer.resubscribe()
         if self.backpressure.consume_now(now):
             # Held back (backpressure), consume() runs only to serve librdkafka's callbacks:
             # it takes at most one record.
@@ -223,6 +237,8 @@ class Worker:
             raise self.fatal_error
 
     def _shutdown(self) -> None:
+        if self._orphans is not None:
+            self._orphans.stop()
         log.info("worker_draining", pending=self.committer.pending(),
                  in_flight_batches=self.task.in_flight())
         self._fatal = self._fatal or self.committer.fatal
