@@ -10,14 +10,23 @@ the 400 s we watched, whatever ``max.poll.interval.ms``; the kill -9 fault test 
 partition sit for five minutes until an unrelated rebalance.
 
 So a static member's worker checks the group off the loop thread every ``CHECK_EVERY_S``
-(an admin client: the group's members and their assignments, the topic's partition count).
-When the group is Stable and some partition is in no member's assignment on two checks in a
-row, the loop rejoins (unsubscribe, subscribe: :meth:`worker.kafka.Consumer.resubscribe`):
-that runs a rebalance, and the cooperative assignor hands the orphan out. One member acts, the
-one whose member id sorts first; the others act as well if the orphans outlast
-``ESCALATE_CHECKS`` checks (the first may be the one that is stuck). Actions are at least
-``MIN_GAP_S`` apart. Dynamic members need none of this: a new member always starts a
-rebalance.
+(its own admin client: the group's members and their assignments, the topic's partition
+count; it never touches the consumer). When the group is Stable and the same partitions have
+been in no member's assignment for longer than :func:`persist_threshold` (the session timeout
+plus a margin), the loop rejoins (unsubscribe, subscribe: :meth:`worker.kafka.Consumer.
+resubscribe`): that runs a rebalance, and the cooperative assignor hands the orphans out.
+
+Why that long: orphans that pass on their own must not cause rejoins. Between the rounds of a
+normal cooperative rebalance a partition is briefly nobody's (the revoking member may spend up
+to a batch budget in its revoke callback, and the group can read Stable meanwhile); a member
+killed and not restarted keeps its partitions "assigned" until its session times out, and then
+the broker's own rebalance hands them out. Only what outlasts the session timeout is stuck.
+
+One member acts, the one whose member id sorts first; the others act as well if the orphans
+last twice as long (the first may be the one that is stuck). Actions are at least
+``MIN_GAP_S`` apart. Dynamic members need none of this: a new member always starts a rebalance.
+Partitions added to the topic read as orphans until the next rebalance assigns them, which is
+the same remedy.
 """
 
 from __future__ import annotations
@@ -35,8 +44,14 @@ log = structlog.get_logger("worker")
 
 CHECK_EVERY_S = 5.0
 CHECK_TIMEOUT_S = 5.0
-ESCALATE_CHECKS = 4
+PERSIST_MARGIN_S = 10.0
+MIN_PERSIST_S = 20.0
 MIN_GAP_S = 30.0
+
+
+def persist_threshold(session_timeout_ms: int) -> float:
+    """How long the same orphans must last before the first member rejoins."""
+    return max(session_timeout_ms / 1e3 + PERSIST_MARGIN_S, MIN_PERSIST_S)
 
 
 def orphaned(partitions: int, topic: str,
@@ -49,14 +64,17 @@ def orphaned(partitions: int, topic: str,
 
 class OrphanWatch:
     """Checks the group every CHECK_EVERY_S on a side thread; :meth:`due` tells the loop
-    when to rejoin."""
+    when to rejoin. The loop tells it this member's id (:meth:`note_member`)."""
 
     def __init__(self, settings: dict[str, Any], group: str, topic: str,
-                 member_id: Callable[[], str | None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 session_timeout_ms: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._settings, self._group, self._topic = dict(settings), group, topic
-        self._member_id, self._clock = member_id, clock
-        self._streak = 0
+        self.persist_s = persist_threshold(session_timeout_ms)
+        self._clock = clock
+        self._lock = threading.Lock()  # the finding: written by the watch, read by the loop
+        self._member: str | None = None
+        self._seen: frozenset[int] = frozenset()
+        self._since = 0.0
         self._due = False
         self._not_before = 0.0
         self.orphans: set[int] = set()
@@ -71,51 +89,71 @@ class OrphanWatch:
             self._thread.start()
 
     def stop(self) -> None:
+        """Not waited for: the thread holds only its admin client, and a check in progress
+        ends within its timeouts."""
         self._stop.set()
+
+    def note_member(self, member_id: str | None) -> None:
+        """This member's id, read by the loop thread (the client's calls are not made from
+        this watch: a consumer closing under a side thread's call is undefined)."""
+        with self._lock:
+            self._member = member_id or None
 
     def due(self, now: float) -> bool:
         """True once per finding: the loop should rejoin now."""
-        if not self._due or now < self._not_before:
-            return False
-        self._due, self._streak = False, 0
-        self._not_before = now + MIN_GAP_S
-        self.rejoins += 1
-        return True
+        with self._lock:
+            if not self._due or now < self._not_before:
+                return False
+            self._due = False
+            self._since = now  # the same orphans must persist again before the next action
+            self._not_before = now + MIN_GAP_S
+            self.rejoins += 1
+            return True
 
-    def observe(self, orphans: set[int], first: bool) -> None:
+    def observe(self, orphans: set[int], members: Iterable[str], now: float) -> None:
         """One check's outcome: ``orphans`` (empty when the group was not Stable or held
-        every partition) and whether this member's id sorts first in the group."""
-        self._streak = self._streak + 1 if orphans else 0
-        self.orphans = orphans
-        if self._streak >= 2 and (first or self._streak >= ESCALATE_CHECKS):
-            self._due = True
+        every partition) and the ids of the group's members."""
+        with self._lock:
+            found = frozenset(orphans)
+            if found != self._seen:  # a new finding (or none): the clock starts again
+                self._seen, self._since, self._due = found, now, False
+            self.orphans = set(found)
+            if not found:
+                return
+            lasted = now - self._since
+            first = self._member is not None and min(members, default=None) == self._member
+            if lasted >= self.persist_s and (first or lasted >= 2 * self.persist_s):
+                self._due = True
+
+    def forget(self) -> None:
+        """A check failed: it proves nothing either way, the clock starts again."""
+        with self._lock:
+            self._seen, self._due = frozenset(), False
 
     def _run(self) -> None:
         admin: AdminClient | None = None
         while not self._stop.wait(CHECK_EVERY_S):
             try:
                 admin = admin or AdminClient(dict(self._settings))
-                self.observe(*self._check(admin))
-            except (ck.KafkaException, RuntimeError, KeyError, TimeoutError) as exc:
-                # A check that fails proves nothing either way: the streak starts again. The
-                # first failure is a warning (e.g. no Describe ACL on the group), later ones
-                # are not repeated at that level.
-                self._streak = 0
+                orphans, members = self._check(admin)
+                self.observe(orphans, members, self._clock())
+            except Exception as exc:  # noqa: BLE001 - the watch must outlive any one check
+                # The first failure is a warning (e.g. no Describe ACL on the group), later
+                # ones are not repeated at that level.
+                self.forget()
                 self.failures += 1
                 (log.warning if self.failures == 1 else log.debug)(
                     "orphan_check_failed", error=f"{type(exc).__name__}: {exc}"[:300])
 
-    def _check(self, admin: AdminClient) -> tuple[set[int], bool]:
+    def _check(self, admin: AdminClient) -> tuple[set[int], list[str]]:
         group = admin.describe_consumer_groups([self._group])[self._group].result(
             timeout=CHECK_TIMEOUT_S)
         if group.state != ck.ConsumerGroupState.STABLE or not group.members:
-            return set(), False
+            return set(), []
         meta = admin.list_topics(self._topic, timeout=CHECK_TIMEOUT_S).topics[self._topic]
         if meta.error is not None:
-            return set(), False
+            return set(), []
         orphans = orphaned(len(meta.partitions), self._topic, (
             [(tp.topic, tp.partition) for tp in m.assignment.topic_partitions]
             for m in group.members))
-        me = self._member_id()
-        first = me is not None and min(m.member_id for m in group.members) == me
-        return orphans, first
+        return orphans, [m.member_id for m in group.members]

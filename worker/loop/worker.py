@@ -76,7 +76,7 @@ class Worker:
         # Static members only: partitions left to nobody by a member killed mid-rebalance
         # (loop/orphans.py).
         self._orphans = (OrphanWatch(common_settings(cfg.kafka), cfg.kafka.group_id,
-                                     self.topics.jobs, self._consumer.member_id)
+                                     self.topics.jobs, cfg.kafka.session_timeout_ms)
                          if cfg.kafka.static_membership else None)
         self._outputs = OutputBuilder(
             self.topics, cfg.kafka.client_id, self.stats,
@@ -180,7 +180,10 @@ class Worker:
             log.warning("partitions_orphaned", partitions=sorted(self._orphans.orphans),
                         topic=self.topics.jobs, action="rejoin",
                         reason="no member of the group holds them")
-            self._consumer.resubscribe()
+            try:
+                self._consumer.resubscribe()
+            except KafkaIOError as exc:  # the next finding tries again; the loop goes on
+                log.warning("orphan_rejoin_failed", error=str(exc)[:300])
         if self.backpressure.consume_now(now):
             # Held back (backpressure), consume() runs only to serve librdkafka's callbacks:
             # it takes at most one record.
@@ -308,6 +311,8 @@ class Worker:
         self.assignment.owned |= _keys(partitions)
         self.vitals.rebalanced("assigned", len(partitions))
         self._rejoin.assigned()
+        if self._orphans is not None:  # (read here, on the loop thread: see loop/orphans.py)
+            self._orphans.note_member(self._consumer.member_id())
         log.info("partitions_assigned", partitions=_names(partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:

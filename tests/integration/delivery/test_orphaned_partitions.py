@@ -92,6 +92,8 @@ class Member:
 def test_partitions_left_by_a_member_killed_mid_rebalance_are_handed_out(
         kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(orphans, "CHECK_EVERY_S", 1.0)
+    # In service the orphans must outlast the session timeout (45 s here) first.
+    monkeypatch.setattr(orphans, "persist_threshold", lambda session_timeout_ms: 2.0)
     topics = fresh_topics(kafka_bootstrap, partitions=6)
     cfg = worker_config(kafka_bootstrap, topics, kafka={
         "static_membership": True, "instance_id": "w0", "session_timeout_ms": SESSION_MS})
@@ -102,6 +104,7 @@ def test_partitions_left_by_a_member_killed_mid_rebalance_are_handed_out(
         other = Member(kafka_bootstrap, topics.jobs, topics.group, "other",
                        die_in_revoke=False)
         given_up = set(w0.wait_for("killed_in_revoke", 60)["partitions"])
+        assert len(given_up) == 3, "w0 dies holding three and having given up three"
         assert w0.proc.wait(10) != 0
         other.wait_for("assign", 30)
         assert other.held() == set(), "the second round never came: the other member got none"
@@ -118,7 +121,7 @@ def test_partitions_left_by_a_member_killed_mid_rebalance_are_handed_out(
         # Every partition has an owner again, those w0 gave up (nobody's until the rejoin)
         # among them, through the watch's rejoin.
         assert held == set(range(6)), f"held by nobody: {set(range(6)) - held}"
-        assert given_up <= held and rejoins >= 1
+        assert rejoins >= 1
     finally:
         w0.kill()
         if other is not None:

@@ -3,13 +3,24 @@ tests/integration/delivery/test_orphaned_partitions.py."""
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
 from typing import Any
 
-from worker.loop.orphans import ESCALATE_CHECKS, MIN_GAP_S, OrphanWatch, orphaned
+import confluent_kafka as ck
+import pytest
+
+from worker.loop import orphans
+from worker.loop.orphans import MIN_GAP_S, OrphanWatch, orphaned, persist_threshold
+
+SESSION_MS = 10_000
+P = persist_threshold(SESSION_MS)
 
 
-def _watch() -> OrphanWatch:
-    return OrphanWatch({"bootstrap.servers": "unused:9"}, "g", "jobs", lambda: "m-1")
+def _watch(member: str | None = "m-1") -> OrphanWatch:
+    w = OrphanWatch({"bootstrap.servers": "unused:9"}, "g", "jobs", SESSION_MS)
+    w.note_member(member)
+    return w
 
 
 def test_orphaned_is_what_no_member_holds_of_that_topic() -> None:
@@ -19,58 +30,130 @@ def test_orphaned_is_what_no_member_holds_of_that_topic() -> None:
     assert orphaned(2, "jobs", []) == {0, 1}
 
 
-def test_the_first_member_rejoins_after_two_checks_in_a_row() -> None:
+def test_the_threshold_outlasts_the_session_timeout() -> None:
+    # A killed member that is not restarted keeps its partitions until its session times
+    # out; the broker's rebalance then hands them out, no rejoin needed.
+    assert persist_threshold(45_000) == 45 + orphans.PERSIST_MARGIN_S
+    assert persist_threshold(1_000) == orphans.MIN_PERSIST_S
+
+
+def test_the_first_member_rejoins_once_the_same_orphans_outlast_the_threshold() -> None:
     w = _watch()
-    w.observe({0}, first=True)
-    assert not w.due(0.0)
-    w.observe({0}, first=True)
-    assert w.due(0.0) and w.rejoins == 1
-    assert not w.due(0.0), "once per finding"
+    w.observe({0}, ["m-1", "m-2"], 100.0)
+    w.observe({0}, ["m-1", "m-2"], 100.0 + P - 1)
+    assert not w.due(100.0 + P - 1), "a normal rebalance's gap is no reason to rejoin"
+    w.observe({0}, ["m-1", "m-2"], 100.0 + P)
+    assert w.due(100.0 + P) and w.rejoins == 1
+    assert not w.due(100.0 + P), "once per finding"
 
 
-def test_a_clean_check_starts_the_count_again() -> None:
+def test_other_orphans_start_the_clock_again() -> None:
     w = _watch()
-    w.observe({0}, first=True)
-    w.observe(set(), first=True)
-    w.observe({0}, first=True)
-    assert not w.due(0.0)
+    w.observe({0}, ["m-1"], 0.0)
+    w.observe({0, 1}, ["m-1"], P / 2)
+    w.observe({1}, ["m-1"], P)
+    assert not w.due(P)
+    w.observe({1}, ["m-1"], 2 * P)
+    assert w.due(2 * P)
 
 
-def test_other_members_rejoin_only_when_the_orphans_last() -> None:
+def test_a_clean_check_clears_a_finding_not_yet_acted_on() -> None:
     w = _watch()
-    for _ in range(ESCALATE_CHECKS - 1):
-        w.observe({2}, first=False)
-    assert not w.due(0.0)
-    w.observe({2}, first=False)
-    assert w.due(0.0)
+    w.observe({0}, ["m-1"], 0.0)
+    w.observe({0}, ["m-1"], P)
+    w.observe(set(), ["m-1"], P + 5)  # the broker's own rebalance handed them out
+    assert not w.due(P + 5) and w.orphans == set()
+    w.observe({0}, ["m-1"], P + 10)
+    assert not w.due(P + 10), "a new finding must persist again"
 
 
-def test_rejoins_are_spaced_by_the_minimum_gap() -> None:
+def test_other_members_rejoin_only_when_the_orphans_last_twice_as_long() -> None:
+    w = _watch("m-2")
+    w.observe({2}, ["m-1", "m-2"], 0.0)
+    w.observe({2}, ["m-1", "m-2"], 2 * P - 1)
+    assert not w.due(2 * P - 1)
+    w.observe({2}, ["m-1", "m-2"], 2 * P)
+    assert w.due(2 * P)
+
+
+def test_a_member_that_does_not_know_its_id_is_not_first() -> None:
+    w = _watch(None)
+    w.observe({2}, ["m-1"], 0.0)
+    w.observe({2}, ["m-1"], P)
+    assert not w.due(P)
+
+
+def test_after_a_rejoin_the_orphans_must_persist_again_and_the_gap_holds() -> None:
     w = _watch()
-    w.observe({1}, first=True)
-    w.observe({1}, first=True)
-    assert w.due(100.0)
-    w.observe({1}, first=True)
-    w.observe({1}, first=True)
-    assert not w.due(100.0 + MIN_GAP_S - 1)
-    assert w.due(100.0 + MIN_GAP_S)
-    assert w.rejoins == 2
+    w.observe({1}, ["m-1"], 0.0)
+    w.observe({1}, ["m-1"], P)
+    assert w.due(P)
+    w.observe({1}, ["m-1"], P + 1)  # the rejoin did not help (yet)
+    assert not w.due(P + 1)
+    later = P + max(P, MIN_GAP_S)
+    w.observe({1}, ["m-1"], later)
+    assert w.due(later) and w.rejoins == 2
 
 
-def test_a_failing_check_resets_the_count_and_the_watch_goes_on(monkeypatch: Any) -> None:
-    import time
+def _group(state: Any, members: list[tuple[str, list[tuple[str, int]]]]) -> Any:
+    return SimpleNamespace(state=state, members=[
+        SimpleNamespace(member_id=mid, assignment=SimpleNamespace(topic_partitions=[
+            SimpleNamespace(topic=t, partition=p) for t, p in parts]))
+        for mid, parts in members])
 
-    import confluent_kafka as ck
 
-    from worker.loop import orphans
+class FakeAdmin:
+    """The two admin calls a check makes, answering with ``group`` and a topic of
+    ``partitions`` partitions."""
 
+    def __init__(self, group: Any, partitions: int = 4, error: Any = None) -> None:
+        self.group, self.partitions, self.error = group, partitions, error
+
+    def describe_consumer_groups(self, groups: list[str]) -> dict[str, Any]:
+        return {g: SimpleNamespace(result=lambda timeout: self.group) for g in groups}
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        meta = SimpleNamespace(partitions=dict.fromkeys(range(self.partitions)),
+                               error=self.error)
+        return SimpleNamespace(topics={topic: meta})
+
+
+def _admin(group: Any, error: Any = None) -> Any:
+    return FakeAdmin(group, error=error)
+
+
+def test_check_reads_the_groups_assignments_of_this_topic_only() -> None:
+    group = _group(ck.ConsumerGroupState.STABLE,
+                   [("m-2", [("jobs", 0), ("other", 1)]), ("m-1", [("jobs", 3)])])
+    found, members = _watch()._check(_admin(group))
+    assert found == {1, 2} and sorted(members) == ["m-1", "m-2"]
+
+
+@pytest.mark.parametrize("state", [ck.ConsumerGroupState.PREPARING_REBALANCING,
+                                   ck.ConsumerGroupState.COMPLETING_REBALANCING,
+                                   ck.ConsumerGroupState.EMPTY])
+def test_check_finds_nothing_while_the_group_is_not_stable(state: Any) -> None:
+    group = _group(state, [("m-1", [])])
+    assert _watch()._check(_admin(group)) == (set(), [])
+
+
+def test_check_finds_nothing_when_the_topic_does_not_answer() -> None:
+    group = _group(ck.ConsumerGroupState.STABLE, [("m-1", [])])
+    error = ck.KafkaError(ck.KafkaError.UNKNOWN_TOPIC_OR_PART)
+    assert _watch()._check(_admin(group, error=error)) == (set(), [])
+
+
+@pytest.mark.parametrize("exc", [ck.KafkaException(ck.KafkaError(ck.KafkaError._TIMED_OUT)),
+                                 ValueError("unexpected answer")])
+def test_a_failing_check_resets_the_clock_and_the_watch_goes_on(
+        monkeypatch: pytest.MonkeyPatch, exc: Exception) -> None:
     monkeypatch.setattr(orphans, "CHECK_EVERY_S", 0.01)
     monkeypatch.setattr(orphans, "AdminClient", lambda settings: object())
     w = _watch()
-    w.observe({0}, first=True)
+    w.observe({0}, ["m-1"], 0.0)
 
-    def fail(admin: object) -> tuple[set[int], bool]:
-        raise ck.KafkaException(ck.KafkaError(ck.KafkaError._TIMED_OUT))
+    def fail(admin: object) -> tuple[set[int], list[str]]:
+        raise exc
 
     monkeypatch.setattr(w, "_check", fail)
     w.start()
@@ -79,5 +162,5 @@ def test_a_failing_check_resets_the_count_and_the_watch_goes_on(monkeypatch: Any
         time.sleep(0.01)
     w.stop()
     assert w.failures >= 3
-    w.observe({0}, first=True)
-    assert not w.due(0.0), "the check before the failures no longer counts"
+    w.observe({0}, ["m-1"], P)
+    assert not w.due(P), "the check before the failures no longer counts"
