@@ -17,7 +17,7 @@ GIL) and share the machine's cores with the broker; read the ratios, not the abs
 A warm-up run comes first and the shipped defaults run again last, to show the drift.
 
 python bench/client_settings.py [--rate 2000] [--seconds 8] [--jobs 40000] [--only TEXT]
-                                [--no-backlog] [--out DIR]
+                                [--no-backlog] [--poll-timeout-ms MS] [--out DIR]
 """
 
 from __future__ import annotations
@@ -49,14 +49,15 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def latency(bootstrap: str, kafka: dict[str, Any], rate: int, seconds: float) -> dict[str, Any]:
+def latency(bootstrap: str, kafka: dict[str, Any], rate: int, seconds: float,
+            batch: dict[str, Any] | None = None) -> dict[str, Any]:
     from worker.logs import configure_logging
     from worker.loop.worker import Worker
 
     configure_logging("WARNING")
     tag = uuid.uuid4().hex[:8]
     create(bootstrap, [f"jobs-{tag}", f"results-{tag}", f"dlq-{tag}"], 6)
-    cfg = worker_config(bootstrap, tag, kafka)
+    cfg = worker_config(bootstrap, tag, kafka, batch)
     worker = Worker(cfg, task=InstantTask(cfg))
     runner = threading.Thread(target=worker.run, daemon=True)
     runner.start()
@@ -133,6 +134,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=40_000)
     ap.add_argument("--only", default="", help="run the variants whose label contains this")
     ap.add_argument("--no-backlog", action="store_true", help="latency only")
+    ap.add_argument("--poll-timeout-ms", type=float, default=None,
+                    help="the worker's batch.poll_timeout_ms in the latency runs (the benches "
+                         "use 5; 50 ships): how long an idle worker's consume may block")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     from worker.devkit.local_kafka import DEFAULT_VERSION, kafka_from_env_or_local
@@ -140,16 +144,18 @@ def main() -> None:
     record: dict[str, Any] = {"benchmark": "client-settings", "env": environment(),
                               "params": {"rate": args.rate, "seconds": args.seconds,
                                          "jobs": None if args.no_backlog else args.jobs,
-                                         "only": args.only, "job_bytes": 1024},
+                                         "only": args.only, "job_bytes": 1024,
+                                         "poll_timeout_ms": args.poll_timeout_ms or 5},
                               "variants": []}
     with kafka_from_env_or_local() as bootstrap:
         record["broker"] = {"kind": "Apache Kafka", "version": DEFAULT_VERSION}
         # The first run on a fresh broker pays its warm-up (topic creation, JIT): not compared.
-        record["warm_up"] = latency(bootstrap, {}, args.rate, min(args.seconds, 4.0))
+        batch = {} if args.poll_timeout_ms is None else {"poll_timeout_ms": args.poll_timeout_ms}
+        record["warm_up"] = latency(bootstrap, {}, args.rate, min(args.seconds, 4.0), batch)
         for label, kafka in [*VARIANTS, ("shipped defaults, again", {})]:
             if args.only not in label and label != "shipped defaults":
                 continue
-            lat = latency(bootstrap, kafka, args.rate, args.seconds)
+            lat = latency(bootstrap, kafka, args.rate, args.seconds, batch)
             thr = {"msg_s": float("nan")} if args.no_backlog else backlog(bootstrap, kafka,
                                                                            args.jobs)
             record["variants"].append({"label": label, "kafka": kafka, "latency": lat,

@@ -231,9 +231,10 @@ class InstantTask:
         """No engine or pool to close."""
 
 
-def worker_config(bootstrap: str, tag: str, kafka: dict[str, Any] | None = None) -> Any:
+def worker_config(bootstrap: str, tag: str, kafka: dict[str, Any] | None = None,
+                  batch: dict[str, Any] | None = None) -> Any:
     """The benchmarks' worker config: topics and group named by ``tag``, large fast batches,
-    ``kafka`` settings over the shipped ones."""
+    ``kafka`` settings over the shipped ones, ``batch`` over the benchmarks' batch settings."""
     from worker.config import load_config
 
     return load_config(kafka={"bootstrap_servers": bootstrap, "group_id": f"g-{tag}",
@@ -241,7 +242,7 @@ def worker_config(bootstrap: str, tag: str, kafka: dict[str, Any] | None = None)
                        topics={"jobs": f"jobs-{tag}", "results": f"results-{tag}",
                                "dlq": f"dlq-{tag}"},
                        batch={"max_batch_size": 512, "max_delay_ms": 2, "high_watermark": 20000,
-                              "low_watermark": 5000, "poll_timeout_ms": 5},
+                              "low_watermark": 5000, "poll_timeout_ms": 5, **(batch or {})},
                        log={"level": "WARNING"})
 
 

@@ -226,22 +226,35 @@ def produce_jobs(bootstrap: str, topic: str, photos: list[bytes], n: int, prefix
 # messages or the timeout are reached, and librdkafka's default fetch.wait.max.ms (500) lets
 # Tansu hold a fetch: with consume(2000, 0.2) and the default, the reader alone added p50 229 ms,
 # p99 416 ms to plain produce -> read at 100 msg/s (CPU, Tansu); with these, p50 5 ms, p99 9 ms.
+# Even a 5 ms window stamps a record that came early in it at the window's end: on the 2-core
+# VM (1,000 msg/s, plain producer, two readers at once) consume(2000, 0.005) read p50 4.5-4.7 /
+# p99 10.4-17.3 ms where poll() for the first record and then taking what is already fetched
+# read 1.5-1.8 / 7.2-14.2 ms. The reader therefore polls ("prompt"); READER_MODES["window"] is
+# the earlier reader, kept to compare with records made before 2026-12-04.
 READER_FETCH_WAIT_MS, READER_CONSUME_TIMEOUT_S = 5, 0.005
+READER_MODES = ("prompt", "window")
 
 
 def collect(bootstrap: str, topic: str, n: int, timeout: float, sink: dict[str, float],
-            produced: dict[str, float] | None = None) -> None:
+            produced: dict[str, float] | None = None, mode: str = "prompt") -> None:
     """Arrival wall time per result key (the reader polls continuously); with ``produced``,
-    also each result's CreateTime (the worker's produce call), in seconds."""
+    also each result's CreateTime (the worker's produce call), in seconds. ``mode``: "prompt"
+    stamps a record when it is there; "window" is consume(2000, 5 ms) as before 2026-12-04."""
     import confluent_kafka as ck
 
+    if mode not in READER_MODES:
+        raise ValueError(f"reader mode {mode!r}: one of {READER_MODES}")
     c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4()}",
                      "auto.offset.reset": "earliest", "enable.auto.commit": False,
                      "fetch.wait.max.ms": READER_FETCH_WAIT_MS})
     c.subscribe([topic])
     deadline = time.monotonic() + timeout
     while len(sink) < n and time.monotonic() < deadline:
-        batch = c.consume(2000, timeout=READER_CONSUME_TIMEOUT_S)
+        if mode == "window":
+            batch = c.consume(2000, timeout=READER_CONSUME_TIMEOUT_S)
+        else:
+            first = c.poll(READER_CONSUME_TIMEOUT_S)
+            batch = [] if first is None else [first, *c.consume(2000, timeout=0)]
         now = time.time()
         for m in batch:
             if m.error() is None:
@@ -348,9 +361,15 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
     produced: dict[str, float] = {}
     reader = threading.Thread(target=collect, args=(bootstrap, cfg.topics.results, n, 300,
                                                     results, produced), daemon=True)
+    # Latency runs also read with the earlier reader, in its own group, for comparison.
+    windowed: dict[str, float] = {}
+    window_reader = threading.Thread(target=collect, args=(
+        bootstrap, cfg.topics.results, n, 300, windowed, None, "window"), daemon=True)
     for ch in children:
         ch.start()
     reader.start()
+    if rate is not None:
+        window_reader.start()
     progress: list[tuple[float, int]] = []  # (time, results produced by all workers)
 
     def answered() -> tuple[float, int]:
@@ -421,8 +440,14 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
         out |= {"rate": rate, "producer_linger_ms": producer_linger_ms,
                 "latency_p50_ms": float(np.percentile(lat, 50)),
                 "latency_p99_ms": float(np.percentile(lat, 99)), "latency_n": len(lat),
-                "reader": {"fetch_wait_max_ms": READER_FETCH_WAIT_MS,
-                           "consume_timeout_ms": READER_CONSUME_TIMEOUT_S * 1e3}}
+                "reader": {"mode": "prompt", "fetch_wait_max_ms": READER_FETCH_WAIT_MS,
+                           "poll_timeout_ms": READER_CONSUME_TIMEOUT_S * 1e3}}
+        window_reader.join(30)
+        wlat = np.array([(windowed[k] - sent[k]) * 1e3 for k in windowed if k in sent])
+        if len(wlat):  # the same results through the reader of the records before 2026-12-04
+            out["window_reader"] = {"latency_p50_ms": float(np.percentile(wlat, 50)),
+                                    "latency_p99_ms": float(np.percentile(wlat, 99)),
+                                    "latency_n": len(wlat), "consume": [2000, 0.005]}
         # Produce call to the worker's produce call of the result (its CreateTime, 1 ms steps):
         # the part of the latency that is the worker's, without the result's trip to the reader.
         wl = np.array([(produced[k] - sent[k]) * 1e3 for k in produced if k in sent])

@@ -96,8 +96,26 @@ class Consumer:
             return None
 
     def consume(self, num_messages: int, timeout: float) -> list[ck.Message]:
+        """librdkafka's consume: returns at ``num_messages`` records or at ``timeout``."""
         try:
             return self.client.consume(num_messages=num_messages, timeout=timeout)
+        except ck.KafkaException as exc:
+            raise kafka_io_error(exc, "consume failed") from exc
+
+    def take(self, max_records: int, wait_s: float) -> list[ck.Message]:
+        """Up to ``max_records`` records, waiting at most ``wait_s`` for the first one and not
+        at all for the rest. librdkafka's ``consume(n, timeout)`` returns only at ``n`` records
+        or at its timeout, so a record that arrived early in the window waited for the window's
+        end: the shipped 50 ms poll timeout added up to 50 ms to a job reaching an idle worker.
+        ``poll()`` returns as soon as a record (or an error) is there; the records fetched with
+        it are then taken without waiting."""
+        try:
+            first = self.client.poll(wait_s)
+            if first is None:
+                return []
+            if max_records <= 1:
+                return [first]
+            return [first, *self.client.consume(num_messages=max_records - 1, timeout=0)]
         except ck.KafkaException as exc:
             raise kafka_io_error(exc, "consume failed") from exc
 

@@ -1,4 +1,5 @@
-"""The intake room: one ``consume()`` call becomes a :class:`ConsumedBatch` for the task.
+"""The intake room: each take of records (:meth:`worker.kafka.Consumer.take`) becomes a
+:class:`ConsumedBatch` for the task.
 
 Consumer errors are logged (or stop the worker when librdkafka calls them fatal), records of
 partitions this member no longer owns are skipped, and every other record's offset is handed
@@ -30,7 +31,7 @@ class Intake:
         self._committer, self._stats = committer, stats
 
     def consume(self, room: int, timeout_s: float) -> ConsumedBatch:
-        msgs = self._consumer.consume(num_messages=max(1, min(1000, room)), timeout=timeout_s)
+        msgs = self._consumer.take(max(1, min(1000, room)), timeout_s)
         consumed_at = time.monotonic()
         records: list[SourceRecord] = []
         owned, begin, append = self._assignment.owned, self._committer.begin, records.append

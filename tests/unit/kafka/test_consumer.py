@@ -45,3 +45,43 @@ def test_resubscribe_leaves_and_takes_the_same_subscription() -> None:
 def test_resubscribe_failures_are_typed(step: str) -> None:
     with pytest.raises(KafkaIOError, match="resubscribe"):
         _consumer(FakeClient(fail=step)).resubscribe()
+
+
+class QueueClient:
+    """What librdkafka has fetched, as poll() and consume() see it."""
+
+    def __init__(self, queued: list[str], fail: bool = False) -> None:
+        self.queued, self.fail, self.calls = list(queued), fail, []  # type: ignore[var-annotated]
+
+    def poll(self, timeout: float) -> str | None:
+        self.calls.append(("poll", timeout))
+        if self.fail:
+            raise ck.KafkaException(ck.KafkaError(ck.KafkaError._TRANSPORT))
+        return self.queued.pop(0) if self.queued else None
+
+    def consume(self, num_messages: int, timeout: float) -> list[str]:
+        self.calls.append(("consume", num_messages, timeout))
+        taken, self.queued = self.queued[:num_messages], self.queued[num_messages:]
+        return taken
+
+
+def test_take_waits_for_the_first_record_only_then_takes_what_is_fetched() -> None:
+    client = QueueClient(["a", "b", "c"])
+    got = _consumer(client).take(1000, 0.05)  # type: ignore[arg-type]
+    assert got == ["a", "b", "c"]
+    # Only the poll may block; the rest is taken without waiting (consume(n, t) would block
+    # until n records or t).
+    assert client.calls == [("poll", 0.05), ("consume", 999, 0)]
+
+
+def test_take_bounds_and_empty() -> None:
+    client = QueueClient(["a", "b", "c"])
+    assert _consumer(client).take(2, 0.05) == ["a", "b"]  # type: ignore[arg-type]
+    assert _consumer(client).take(1, 0.05) == ["c"]  # type: ignore[arg-type]
+    assert client.calls[-1] == ("poll", 0.05)
+    assert _consumer(client).take(1000, 0.05) == []  # type: ignore[arg-type]
+
+
+def test_take_failures_are_typed() -> None:
+    with pytest.raises(KafkaIOError, match="consume failed"):
+        _consumer(QueueClient([], fail=True)).take(10, 0.0)  # type: ignore[arg-type]
