@@ -1,5 +1,5 @@
-"""The intake room: each take of records (:meth:`worker.kafka.Consumer.take`) becomes a
-:class:`ConsumedBatch` for the task.
+"""The intake room: the records of one consume (or, on an idle worker, one
+:meth:`worker.kafka.Consumer.take`) become a :class:`ConsumedBatch` for the task.
 
 Consumer errors are logged (or stop the worker when librdkafka calls them fatal), records of
 partitions this member no longer owns are skipped, and every other record's offset is handed
@@ -30,8 +30,14 @@ class Intake:
         self._consumer, self._assignment = consumer, assignment
         self._committer, self._stats = committer, stats
 
-    def consume(self, room: int, timeout_s: float) -> ConsumedBatch:
-        msgs = self._consumer.take(max(1, min(1000, room)), timeout_s)
+    def consume(self, room: int, timeout_s: float, *, prompt: bool = False) -> ConsumedBatch:
+        """``prompt``: return as soon as a record is there (an idle worker, whose wait is the
+        long poll timeout); otherwise wait out ``timeout_s`` (at most a millisecond with work
+        pending) for up to ``room`` records: at 5k jobs/s a process, taking records as they
+        came made 3.5x as many, smaller takes and batches (H200, 2026-12-04)."""
+        n = max(1, min(1000, room))
+        take = self._consumer.take if prompt else self._consumer.consume
+        msgs = take(n, timeout_s)
         consumed_at = time.monotonic()
         records: list[SourceRecord] = []
         owned, begin, append = self._assignment.owned, self._committer.begin, records.append

@@ -190,7 +190,9 @@ class Worker:
             pending = self.committer.pending()
             room = 1 if self.backpressure.paused else self.cfg.batch.high_watermark - pending
             timeout = self._consume_timeout(pending)
-            batch = self._intake.consume(room, timeout)
+            # Idle (nothing pending): the wait is the whole poll timeout, so a job is taken
+            # when it arrives, not when the timeout ends.
+            batch = self._intake.consume(room, timeout, prompt=pending == 0)
             if batch.records:
                 rejected = self.task.admit(batch)
                 self.hops.add("intake", time.monotonic() - batch.consumed_at)
