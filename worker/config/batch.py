@@ -21,8 +21,9 @@ class BatchSettings(Section):
     # count alone allows 512 x 25 MiB.
     high_watermark_bytes: int = Field(512 * 1024 * 1024, ge=1024 * 1024)
     low_watermark_bytes: int = Field(128 * 1024 * 1024, ge=0)
-    # The longest a loop step waits for records while it holds no jobs; with work pending it
-    # waits at most 1 ms, or, every batch slot busy, until a batch finishes.
+    # The longest a loop step waits for records while it holds no jobs (it returns as soon as
+    # one arrives: the intake's take); with work pending it waits at most 1 ms, or, every
+    # batch slot busy, until a batch finishes.
     poll_timeout_ms: float = Field(50.0, gt=0)
     # librdkafka prefetches this much per consumer (its default is 64 MiB); part of the memory
     # bound together with the watermarks.
