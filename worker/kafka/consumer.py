@@ -23,6 +23,7 @@ class Consumer:
     def __init__(self, settings: dict[str, Any]) -> None:
         self._settings = dict(settings)
         self._client: ck.Consumer | None = None
+        self._deferred: KafkaIOError | None = None  # take()'s failure after a record
 
     @property
     def client(self) -> ck.Consumer:
@@ -108,16 +109,28 @@ class Consumer:
         or at its timeout, so a record that arrived early in the window waited for the window's
         end: the shipped 50 ms poll timeout added up to 50 ms to a job reaching an idle worker.
         ``poll()`` returns as soon as a record (or an error) is there; the records fetched with
-        it are then taken without waiting."""
+        it are then taken without waiting. Should that second call fail, the record already
+        taken is returned and the failure raised by the next call: a record dropped here while
+        later ones were committed would be lost."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            raise deferred
         try:
             first = self.client.poll(wait_s)
-            if first is None:
-                return []
-            if max_records <= 1:
-                return [first]
-            return [first, *self.client.consume(num_messages=max_records - 1, timeout=0)]
         except ck.KafkaException as exc:
             raise kafka_io_error(exc, "consume failed") from exc
+        if first is None:
+            return []
+        if max_records <= 1:
+            return [first]
+        try:
+            rest = self.client.consume(num_messages=max_records - 1, timeout=0)
+        except ck.KafkaException as exc:
+            error = kafka_io_error(exc, "consume failed")
+            error.__cause__ = exc
+            self._deferred = error
+            return [first]
+        return [first, *rest]
 
     def commit(self, offsets: list[ck.TopicPartition]) -> None:
         """Commit these positions; returns once the coordinator answered (or raises)."""

@@ -12,15 +12,20 @@ partition sit for five minutes until an unrelated rebalance.
 So a static member's worker checks the group off the loop thread every ``CHECK_EVERY_S``
 (its own admin client: the group's members and their assignments, the topic's partition
 count; it never touches the consumer). When the group is Stable and the same partitions have
-been in no member's assignment for longer than :func:`persist_threshold` (the session timeout
-plus a margin), the loop rejoins (unsubscribe, subscribe: :meth:`worker.kafka.Consumer.
-resubscribe`): that runs a rebalance, and the cooperative assignor hands the orphans out.
+been in no member's assignment for longer than :func:`persist_threshold` (the longer of the
+session timeout and a revoke callback's bound, plus a margin), the loop rejoins (unsubscribe,
+subscribe: :meth:`worker.kafka.Consumer.resubscribe`): that runs a rebalance, and the
+cooperative assignor hands the orphans out.
 
 Why that long: orphans that pass on their own must not cause rejoins. Between the rounds of a
-normal cooperative rebalance a partition is briefly nobody's (the revoking member may spend up
-to a batch budget in its revoke callback, and the group can read Stable meanwhile); a member
-killed and not restarted keeps its partitions "assigned" until its session times out, and then
-the broker's own rebalance hands them out. Only what outlasts the session timeout is stuck.
+normal cooperative rebalance a partition is nobody's while the revoking member runs its revoke
+callback, and the group can read Stable meanwhile. The broker sets that gap no limit short of
+``max.poll.interval.ms``; the worker's callback finishes the batches in flight (each within
+``processing.max_batch_ms``, logged, not enforced) and flushes and commits (each within
+``commit.drain_timeout_s``), so the worker passes that bound in. A member killed and not
+restarted keeps its partitions "assigned" until its session times out, and then the broker's
+own rebalance hands them out. Only what outlasts both is stuck. Any rebalance callback of this
+member restarts the clock, and a finding is acted on only while it is fresh.
 
 One member acts, the one whose member id sorts first; the others act as well if the orphans
 last twice as long (the first may be the one that is stuck). Actions are at least
@@ -47,11 +52,13 @@ CHECK_TIMEOUT_S = 5.0
 PERSIST_MARGIN_S = 10.0
 MIN_PERSIST_S = 20.0
 MIN_GAP_S = 30.0
+FRESH_S = 2 * CHECK_EVERY_S + CHECK_TIMEOUT_S
 
 
-def persist_threshold(session_timeout_ms: int) -> float:
-    """How long the same orphans must last before the first member rejoins."""
-    return max(session_timeout_ms / 1e3 + PERSIST_MARGIN_S, MIN_PERSIST_S)
+def persist_threshold(session_timeout_ms: int, revoke_bound_s: float = 0.0) -> float:
+    """How long the same orphans must last before the first member rejoins: past the session
+    timeout and past the longest a revoke callback may hold a partition between rounds."""
+    return max(max(session_timeout_ms / 1e3, revoke_bound_s) + PERSIST_MARGIN_S, MIN_PERSIST_S)
 
 
 def orphaned(partitions: int, topic: str,
@@ -67,14 +74,16 @@ class OrphanWatch:
     when to rejoin. The loop tells it this member's id (:meth:`note_member`)."""
 
     def __init__(self, settings: dict[str, Any], group: str, topic: str,
-                 session_timeout_ms: int, clock: Callable[[], float] = time.monotonic) -> None:
+                 session_timeout_ms: int, revoke_bound_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._settings, self._group, self._topic = dict(settings), group, topic
-        self.persist_s = persist_threshold(session_timeout_ms)
+        self.persist_s = persist_threshold(session_timeout_ms, revoke_bound_s)
         self._clock = clock
         self._lock = threading.Lock()  # the finding: written by the watch, read by the loop
         self._member: str | None = None
         self._seen: frozenset[int] = frozenset()
         self._since = 0.0
+        self._checked = float("-inf")  # when the last check's outcome came
         self._due = False
         self._not_before = 0.0
         self.orphans: set[int] = set()
@@ -99,10 +108,20 @@ class OrphanWatch:
         with self._lock:
             self._member = member_id or None
 
+    def rebalanced(self) -> None:
+        """This member's rebalance callback ran (assign, revoke or lost): a rebalance is under
+        way or just ended, so what was seen before it proves nothing; the clock starts again."""
+        with self._lock:
+            self._seen, self._due = frozenset(), False
+
     def due(self, now: float) -> bool:
-        """True once per finding: the loop should rejoin now."""
+        """True once per finding while it is fresh (the last check at most
+        ``FRESH_S`` ago): the loop should rejoin now."""
         with self._lock:
             if not self._due or now < self._not_before:
+                return False
+            if now - self._checked > FRESH_S:  # the watch fell behind: check again first
+                self._due = False
                 return False
             self._due = False
             self._since = now  # the same orphans must persist again before the next action
@@ -115,6 +134,7 @@ class OrphanWatch:
         every partition) and the ids of the group's members."""
         with self._lock:
             found = frozenset(orphans)
+            self._checked = now
             if found != self._seen:  # a new finding (or none): the clock starts again
                 self._seen, self._since, self._due = found, now, False
             self.orphans = set(found)
@@ -137,6 +157,7 @@ class OrphanWatch:
                 admin = admin or AdminClient(dict(self._settings))
                 orphans, members = self._check(admin)
                 self.observe(orphans, members, self._clock())
+                admin.poll(0)  # its log lines and error events, served
             except Exception as exc:  # noqa: BLE001 - the watch must outlive any one check
                 # The first failure is a warning (e.g. no Describe ACL on the group), later
                 # ones are not repeated at that level.

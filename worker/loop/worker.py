@@ -75,8 +75,13 @@ class Worker:
         self._consumer = Consumer(member_consumer_settings(cfg, on_stats=self.vitals.on_stats))
         # Static members only: partitions left to nobody by a member killed mid-rebalance
         # (loop/orphans.py).
+        # A revoke callback finishes the batches in flight, then flushes and commits
+        # (each bounded by drain_timeout_s): the orphan watch waits that out too.
+        revoke_bound_s = (2 * cfg.commit.drain_timeout_s + cfg.batch.max_in_flight_batches
+                          * cfg.processing.max_batch_ms / 1e3)
         self._orphans = (OrphanWatch(common_settings(cfg.kafka), cfg.kafka.group_id,
-                                     self.topics.jobs, cfg.kafka.session_timeout_ms)
+                                     self.topics.jobs, cfg.kafka.session_timeout_ms,
+                                     revoke_bound_s)
                          if cfg.kafka.static_membership else None)
         self._outputs = OutputBuilder(
             self.topics, cfg.kafka.client_id, self.stats,
@@ -315,12 +320,15 @@ class Worker:
         self._rejoin.assigned()
         if self._orphans is not None:  # (read here, on the loop thread: see loop/orphans.py)
             self._orphans.note_member(self._consumer.member_id())
+            self._orphans.rebalanced()
         log.info("partitions_assigned", partitions=_names(partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         keys = _keys(partitions)
         self.assignment.owned -= keys
         self.vitals.rebalanced("revoked", len(partitions))
+        if self._orphans is not None:
+            self._orphans.rebalanced()
         log.info("partitions_revoked", partitions=_names(partitions))
         try:
             if self._fatal is None:
@@ -339,6 +347,8 @@ class Worker:
         self.assignment.owned -= keys
         self.vitals.rebalanced("lost", len(partitions))
         self._rejoin.lost()
+        if self._orphans is not None:
+            self._orphans.rebalanced()
         log.warning("partitions_lost", partitions=_names(partitions))
         try:
             self.task.remove(keys)

@@ -93,7 +93,7 @@ def test_partitions_left_by_a_member_killed_mid_rebalance_are_handed_out(
         kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(orphans, "CHECK_EVERY_S", 1.0)
     # In service the orphans must outlast the session timeout (45 s here) first.
-    monkeypatch.setattr(orphans, "persist_threshold", lambda session_timeout_ms: 2.0)
+    monkeypatch.setattr(orphans, "persist_threshold", lambda *_args: 2.0)
     topics = fresh_topics(kafka_bootstrap, partitions=6)
     cfg = worker_config(kafka_bootstrap, topics, kafka={
         "static_membership": True, "instance_id": "w0", "session_timeout_ms": SESSION_MS})

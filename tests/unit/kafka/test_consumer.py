@@ -50,8 +50,10 @@ def test_resubscribe_failures_are_typed(step: str) -> None:
 class QueueClient:
     """What librdkafka has fetched, as poll() and consume() see it."""
 
-    def __init__(self, queued: list[str], fail: bool = False) -> None:
+    def __init__(self, queued: list[str], fail: bool = False, fail_consume: bool = False
+                 ) -> None:
         self.queued, self.fail, self.calls = list(queued), fail, []  # type: ignore[var-annotated]
+        self.fail_consume = fail_consume
 
     def poll(self, timeout: float) -> str | None:
         self.calls.append(("poll", timeout))
@@ -61,6 +63,8 @@ class QueueClient:
 
     def consume(self, num_messages: int, timeout: float) -> list[str]:
         self.calls.append(("consume", num_messages, timeout))
+        if self.fail_consume:
+            raise ck.KafkaException(ck.KafkaError(ck.KafkaError._STATE))
         taken, self.queued = self.queued[:num_messages], self.queued[num_messages:]
         return taken
 
@@ -85,3 +89,14 @@ def test_take_bounds_and_empty() -> None:
 def test_take_failures_are_typed() -> None:
     with pytest.raises(KafkaIOError, match="consume failed"):
         _consumer(QueueClient([], fail=True)).take(10, 0.0)  # type: ignore[arg-type]
+
+
+def test_take_keeps_the_polled_record_when_the_rest_fails_and_raises_next() -> None:
+    # Dropping the polled record while later ones go on to be committed would lose it.
+    client = QueueClient(["a", "b"], fail_consume=True)
+    consumer = _consumer(client)  # type: ignore[arg-type]
+    assert consumer.take(10, 0.05) == ["a"]
+    with pytest.raises(KafkaIOError, match="consume failed") as raised:
+        consumer.take(10, 0.05)
+    assert isinstance(raised.value.__cause__, ck.KafkaException)
+    assert client.calls == [("poll", 0.05), ("consume", 9, 0)], "raised before polling again"

@@ -37,6 +37,35 @@ def test_the_threshold_outlasts_the_session_timeout() -> None:
     assert persist_threshold(1_000) == orphans.MIN_PERSIST_S
 
 
+def test_the_threshold_outlasts_a_revoke_callback() -> None:
+    # Between the rounds of a cooperative rebalance the revoking member's callback holds its
+    # partitions for as long as it takes (batches in flight, flush, commit).
+    assert persist_threshold(45_000, revoke_bound_s=100.0) == 100 + orphans.PERSIST_MARGIN_S
+    assert persist_threshold(45_000, revoke_bound_s=5.0) == 45 + orphans.PERSIST_MARGIN_S
+
+
+def test_a_rebalance_callback_clears_a_finding_and_restarts_the_clock() -> None:
+    # This member's own long revoke: its partitions read as orphans until round two, which
+    # hands them out; a finding set meanwhile must not fire after that.
+    w = _watch()
+    w.observe({0}, ["m-1"], 0.0)
+    w.observe({0}, ["m-1"], P)
+    w.rebalanced()
+    assert not w.due(P + 1)
+    w.observe({0}, ["m-1"], P + 2)
+    assert not w.due(P + 2), "the same orphans must persist again after a rebalance"
+    w.observe({0}, ["m-1"], 2 * P + 2)
+    assert w.due(2 * P + 2)
+
+
+def test_a_stale_finding_is_not_acted_on() -> None:
+    w = _watch()
+    w.observe({0}, ["m-1"], 0.0)
+    w.observe({0}, ["m-1"], P)
+    assert not w.due(P + orphans.FRESH_S + 1), "no check since: the watch fell behind"
+    assert w.rejoins == 0
+
+
 def test_the_first_member_rejoins_once_the_same_orphans_outlast_the_threshold() -> None:
     w = _watch()
     w.observe({0}, ["m-1", "m-2"], 100.0)
