@@ -124,8 +124,10 @@ class ExactlyOnce:
 
     def _smaller(self, out: Output) -> Output:
         """A record its topic refused before the rewind, redone as its stand-in
-        (loop/output.stand_in)."""
-        self._too_large.discard(out.ref)
+        (loop/output.stand_in). Its source stays marked until a transaction with the stand-in
+        commits (:meth:`_settle_too_large`): when this transaction aborts too (another record
+        refused), the next rewind must not redo it at full size, or the aborts can go round
+        for good, each one learning some records and forgetting others (CI, 2026-12-04)."""
         why = "refused by its topic before the rewind"
         return stand_in(out, self.cfg.kafka.client_id, self._outputs, why) or out
 
@@ -264,6 +266,7 @@ class ExactlyOnce:
             self._abort(f"commit failed: {exc}")
             return
         self._tracker.mark_committed(positions)
+        self._settle_too_large(positions)
         done = time.monotonic()
         self._hops.add_many("delivery", [done - t for t in self._produced_at])
         self._produced_at.clear()
@@ -272,6 +275,12 @@ class ExactlyOnce:
         self._aborts_in_a_row, self._failing_since = 0, None
         log.debug("transaction_committed", records=records,
                   offsets={f"{t}[{p}]": o for (t, p), o in positions.items()})
+
+    def _settle_too_large(self, positions: dict[TopicPartitionKey, int]) -> None:
+        """Forget the marks of sources now committed (below their partition's position)."""
+        if self._too_large:
+            self._too_large = {r for r in self._too_large
+                               if r.offset >= positions.get((r.topic, r.partition), -1)}
 
     def on_commit(self, err: ck.KafkaError | None, partitions: list[ck.TopicPartition]
                   ) -> None:
@@ -291,6 +300,7 @@ class ExactlyOnce:
     def forget(self, keys: set[TopicPartitionKey]) -> None:
         self._tracker.drop(keys)
         self._release.drop(keys)
+        self._too_large = {r for r in self._too_large if (r.topic, r.partition) not in keys}
 
     def drain(self, *, failed: bool) -> None:
         if not failed:

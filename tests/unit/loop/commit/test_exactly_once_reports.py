@@ -71,3 +71,20 @@ def test_reports_of_an_earlier_transaction_or_purged_records_are_ignored() -> No
     txn.sequence += 1  # that transaction aborted and a new one began
     _report(txn, 0, ck.KafkaError._MSG_TIMED_OUT)
     assert txn.failed is None and eo._too_large == set()
+
+
+def test_a_refused_source_stays_marked_until_its_stand_in_commits() -> None:
+    # Marks used by a transaction that aborts as well must survive it: dropped at use, the
+    # rewinds went round for good (each abort learning some records and forgetting others).
+    eo, txn = _committer()
+    eo._too_large = {SourceRef("jobs", 0, 1)}
+    # (a result with no source record has no stand-in: it goes as it is; the mark is the point)
+    result = Output(SourceRef("jobs", 0, 1), "results", b"k1", b"big", None, "result")
+    eo.emit([_dlq(0), result, _dlq(2)])
+    assert SourceRef("jobs", 0, 1) in eo._too_large
+    _report(txn, 2, ck.KafkaError.MSG_SIZE_TOO_LARGE)  # this transaction aborts too
+    assert eo._too_large == {SourceRef("jobs", 0, 1), SourceRef("jobs", 0, 2)}
+    eo._settle_too_large({("jobs", 0): 2})  # committed up to offset 2 (exclusive)
+    assert eo._too_large == {SourceRef("jobs", 0, 2)}
+    eo.forget({("jobs", 0)})
+    assert eo._too_large == set()
