@@ -36,7 +36,14 @@ import confluent_kafka as ck
 import msgpack
 
 from bench.common import environment, write
-from bench.passthrough_bench import InstantTask, create, fill, through_worker, worker_config
+from bench.passthrough_bench import (
+    BENCH_POLL_TIMEOUT_MS,
+    InstantTask,
+    create,
+    fill,
+    through_worker,
+    worker_config,
+)
 
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("shipped defaults", {}),
@@ -145,7 +152,8 @@ def main() -> None:
                               "params": {"rate": args.rate, "seconds": args.seconds,
                                          "jobs": None if args.no_backlog else args.jobs,
                                          "only": args.only, "job_bytes": 1024,
-                                         "poll_timeout_ms": args.poll_timeout_ms or 5},
+                                         "poll_timeout_ms":
+                                             args.poll_timeout_ms or BENCH_POLL_TIMEOUT_MS},
                               "variants": []}
     with kafka_from_env_or_local() as bootstrap:
         record["broker"] = {"kind": "Apache Kafka", "version": DEFAULT_VERSION}

@@ -231,6 +231,9 @@ class InstantTask:
         """No engine or pool to close."""
 
 
+BENCH_POLL_TIMEOUT_MS = 5.0  # the benchmarks' batch.poll_timeout_ms (50 ships)
+
+
 def worker_config(bootstrap: str, tag: str, kafka: dict[str, Any] | None = None,
                   batch: dict[str, Any] | None = None) -> Any:
     """The benchmarks' worker config: topics and group named by ``tag``, large fast batches,
@@ -242,7 +245,8 @@ def worker_config(bootstrap: str, tag: str, kafka: dict[str, Any] | None = None,
                        topics={"jobs": f"jobs-{tag}", "results": f"results-{tag}",
                                "dlq": f"dlq-{tag}"},
                        batch={"max_batch_size": 512, "max_delay_ms": 2, "high_watermark": 20000,
-                              "low_watermark": 5000, "poll_timeout_ms": 5, **(batch or {})},
+                              "low_watermark": 5000, "poll_timeout_ms": BENCH_POLL_TIMEOUT_MS,
+                              **(batch or {})},
                        log={"level": "WARNING"})
 
 

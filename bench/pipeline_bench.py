@@ -229,8 +229,8 @@ def produce_jobs(bootstrap: str, topic: str, photos: list[bytes], n: int, prefix
 # Even a 5 ms window stamps a record that came early in it at the window's end: on the 2-core
 # VM (1,000 msg/s, plain producer, two readers at once) consume(2000, 0.005) read p50 4.5-4.7 /
 # p99 10.4-17.3 ms where poll() for the first record and then taking what is already fetched
-# read 1.5-1.8 / 7.2-14.2 ms. The reader therefore polls ("prompt"); READER_MODES["window"] is
-# the earlier reader, kept to compare with records made before 2026-12-04.
+# read 1.5-1.8 / 7.2-14.2 ms. The reader therefore polls ("prompt"); "window" is the earlier
+# reader, kept to compare with records made before 2026-12-04.
 READER_FETCH_WAIT_MS, READER_CONSUME_TIMEOUT_S = 5, 0.005
 READER_MODES = ("prompt", "window")
 
@@ -363,12 +363,13 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
                                                     results, produced), daemon=True)
     # Latency runs also read with the earlier reader, in its own group, for comparison.
     windowed: dict[str, float] = {}
-    window_reader = threading.Thread(target=collect, args=(
+    window_reader = (threading.Thread(target=collect, args=(
         bootstrap, cfg.topics.results, n, 300, windowed, None, "window"), daemon=True)
+        if rate is not None else None)
     for ch in children:
         ch.start()
     reader.start()
-    if rate is not None:
+    if window_reader is not None:
         window_reader.start()
     progress: list[tuple[float, int]] = []  # (time, results produced by all workers)
 
@@ -442,12 +443,14 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
                 "latency_p99_ms": float(np.percentile(lat, 99)), "latency_n": len(lat),
                 "reader": {"mode": "prompt", "fetch_wait_max_ms": READER_FETCH_WAIT_MS,
                            "poll_timeout_ms": READER_CONSUME_TIMEOUT_S * 1e3}}
-        window_reader.join(30)
+        if window_reader is not None:
+            window_reader.join(30)
         wlat = np.array([(windowed[k] - sent[k]) * 1e3 for k in windowed if k in sent])
         if len(wlat):  # the same results through the reader of the records before 2026-12-04
             out["window_reader"] = {"latency_p50_ms": float(np.percentile(wlat, 50)),
                                     "latency_p99_ms": float(np.percentile(wlat, 99)),
-                                    "latency_n": len(wlat), "consume": [2000, 0.005]}
+                                    "latency_n": len(wlat),
+                                    "consume": [2000, READER_CONSUME_TIMEOUT_S]}
         # Produce call to the worker's produce call of the result (its CreateTime, 1 ms steps):
         # the part of the latency that is the worker's, without the result's trip to the reader.
         wl = np.array([(produced[k] - sent[k]) * 1e3 for k in produced if k in sent])

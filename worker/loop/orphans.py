@@ -108,12 +108,6 @@ class OrphanWatch:
         with self._lock:
             self._member = member_id or None
 
-    def rebalanced(self) -> None:
-        """This member's rebalance callback ran (assign, revoke or lost): a rebalance is under
-        way or just ended, so what was seen before it proves nothing; the clock starts again."""
-        with self._lock:
-            self._seen, self._due = frozenset(), False
-
     def due(self, now: float) -> bool:
         """True once per finding while it is fresh (the last check at most
         ``FRESH_S`` ago): the loop should rejoin now."""
@@ -146,7 +140,8 @@ class OrphanWatch:
                 self._due = True
 
     def forget(self) -> None:
-        """A check failed: it proves nothing either way, the clock starts again."""
+        """What was seen so far proves nothing, the clock starts again: a check failed, or
+        this member's rebalance callback ran (a rebalance is under way or just ended)."""
         with self._lock:
             self._seen, self._due = frozenset(), False
 

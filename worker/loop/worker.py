@@ -316,19 +316,16 @@ class Worker:
     # -- rebalance (librdkafka calls these from consume()) ----------------------------------
     def _on_assign(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         self.assignment.owned |= _keys(partitions)
-        self.vitals.rebalanced("assigned", len(partitions))
+        self._rebalanced("assigned", partitions)
         self._rejoin.assigned()
         if self._orphans is not None:  # (read here, on the loop thread: see loop/orphans.py)
             self._orphans.note_member(self._consumer.member_id())
-            self._orphans.rebalanced()
         log.info("partitions_assigned", partitions=_names(partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         keys = _keys(partitions)
         self.assignment.owned -= keys
-        self.vitals.rebalanced("revoked", len(partitions))
-        if self._orphans is not None:
-            self._orphans.rebalanced()
+        self._rebalanced("revoked", partitions)
         log.info("partitions_revoked", partitions=_names(partitions))
         try:
             if self._fatal is None:
@@ -345,10 +342,8 @@ class Worker:
     def _on_lost(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         keys = _keys(partitions)
         self.assignment.owned -= keys
-        self.vitals.rebalanced("lost", len(partitions))
+        self._rebalanced("lost", partitions)
         self._rejoin.lost()
-        if self._orphans is not None:
-            self._orphans.rebalanced()
         log.warning("partitions_lost", partitions=_names(partitions))
         try:
             self.task.remove(keys)
@@ -358,6 +353,11 @@ class Worker:
             self._callback_failed("lost_abort", exc)
         finally:
             self._forget(keys)  # never committed; late outcomes of theirs are discarded
+
+    def _rebalanced(self, kind: str, partitions: list[ck.TopicPartition]) -> None:
+        self.vitals.rebalanced(kind, len(partitions))
+        if self._orphans is not None:  # what the watch saw before this proves nothing
+            self._orphans.forget()
 
     def _forget(self, keys: set[TopicPartitionKey]) -> None:
         self.committer.forget(keys)

@@ -50,7 +50,7 @@ def test_a_rebalance_callback_clears_a_finding_and_restarts_the_clock() -> None:
     w = _watch()
     w.observe({0}, ["m-1"], 0.0)
     w.observe({0}, ["m-1"], P)
-    w.rebalanced()
+    w.forget()  # what the worker's rebalance callbacks call
     assert not w.due(P + 1)
     w.observe({0}, ["m-1"], P + 2)
     assert not w.due(P + 2), "the same orphans must persist again after a rebalance"
