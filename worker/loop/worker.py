@@ -27,7 +27,15 @@ import confluent_kafka as ck
 import structlog
 
 from worker.config import WorkerConfig
-from worker.exceptions import ConfigError, KafkaIOError, ProducerFenced, TransactionError
+from worker.exceptions import (
+    ConfigError,
+    KafkaIOError,
+    ProducerFenced,
+    TopicNotAuthorized,
+    TransactionError,
+    UnknownTopic,
+    one_line,
+)
 from worker.kafka import Consumer, member_consumer_settings
 from worker.kafka.clients import common_settings
 from worker.kafka.topics import check_topics
@@ -49,6 +57,8 @@ from worker.wire.records import TopicPartitionKey
 log = structlog.get_logger("worker")
 # The longest a step blocks waiting for records while the task holds jobs (see _consume_timeout).
 WORK_TICK_S = 0.001
+# The longest wait between two start-up checks of a topic that is missing or refused.
+TOPICS_RETRY_MAX_S = 30.0
 
 
 class Worker:
@@ -116,7 +126,11 @@ class Worker:
                 **self.committer.totals()}
 
     def run(self) -> None:
-        check_topics(self.cfg, self.topics.jobs, self.topics.results, self.topics.dlq)
+        self._wait_for_topics()
+        if self._stop.is_set():  # stopped while waiting: no client was opened yet
+            self.task.close()
+            log.info("worker_stopped", waited_for_topics=True)
+            return
         startup, t = self.vitals.startup, time.monotonic()
         # The clients open while the task warms up, in a thread (their waits hold no GIL): a
         # new idempotent producer's first send waits about 0.5 s for its producer id
@@ -159,6 +173,34 @@ class Worker:
             raise
         finally:
             self._shutdown()
+
+    def _wait_for_topics(self) -> None:
+        """The start-up check of the topics, waited out while one is missing or refused
+        (``kafka.topics_wait_s``): readiness off with the reason, liveness kept."""
+        wait_for = self.cfg.kafka.topics_wait_s
+        t0 = time.monotonic()
+        attempt = 0
+        while True:
+            self.vitals.beat = time.monotonic()
+            try:
+                check_topics(self.cfg, self.topics.jobs, self.topics.results, self.topics.dlq)
+            except (UnknownTopic, TopicNotAuthorized) as exc:
+                waited = time.monotonic() - t0
+                if wait_for is not None and waited >= wait_for:
+                    raise
+                attempt += 1
+                retry_s = min(TOPICS_RETRY_MAX_S, 2.0 ** (attempt - 1))
+                if wait_for is not None:
+                    retry_s = max(0.0, min(retry_s, wait_for - waited))
+                self.vitals.waiting = f"start-up waits: {one_line(exc, 250)}"
+                log.error("topics_unavailable", error=one_line(exc, 500), attempt=attempt,
+                          waited_s=round(waited, 1), retry_in_s=retry_s,
+                          give_up_after_s=wait_for)
+                if self._stop.wait(retry_s):
+                    return
+                continue
+            self.vitals.waiting = None
+            return
 
     def _open_clients(self) -> float:
         t = time.monotonic()
@@ -221,7 +263,7 @@ class Worker:
         otherwise (jobs queued, results awaiting their acknowledgement) at most WORK_TICK_S,
         so the step comes back to launch due batches and take delivery reports. Blocking the
         whole poll timeout with work pending held the shipped settings to 256 jobs/s with a
-        2 ms engine (bench/loop_gaps.py); a 1 ms tick while a CPU engine filled every slot
+        2 ms engine (bench/kafka/loop_gaps.py); a 1 ms tick while a CPU engine filled every slot
         cost it ~6% (bench/cpu_e2e.py)."""
         if pending == 0:
             return self._poll_s

@@ -18,7 +18,8 @@ def health_of(worker: Any) -> Health:
     return Health(worker.vitals, heartbeat_timeout_s=m.heartbeat_timeout_s,
                   delivery_stall_s=m.delivery_stall_s,
                   fatal=lambda: worker.fatal_error,
-                  oldest_unacked_s=worker.committer.unacked_for_s)
+                  oldest_unacked_s=worker.committer.unacked_for_s,
+                  blocked=worker.committer.blocked)
 
 
 def observe(worker: Any) -> ObserveServer | None:

@@ -5,7 +5,9 @@
 - ready (``/readyz``): engines warm, subscribed, not stopping, no fatal error, the assignment not
   lost (a broker stall past the session timeout loses it until the rejoin), and no record left
   unacknowledged for ``metrics.delivery_stall_s`` (a broker that stopped answering the
-  producers). Having no partitions is ready: more members than partitions is normal.
+  producers), and nothing blocking outputs (the committer waiting out a cluster that does not
+  answer, or an output topic refused). Having no partitions is ready: more members than
+  partitions is normal.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ class Verdict:
 class Health:
     def __init__(self, vitals: Vitals, *, heartbeat_timeout_s: float, delivery_stall_s: float,
                  fatal: Callable[[], BaseException | None],
-                 oldest_unacked_s: Callable[[], float | None]) -> None:
+                 oldest_unacked_s: Callable[[], float | None],
+                 blocked: Callable[[], str | None] = lambda: None) -> None:
         self.vitals = vitals
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.delivery_stall_s = delivery_stall_s
         self._fatal = fatal
         self._oldest_unacked_s = oldest_unacked_s
+        self._blocked = blocked
 
     def live(self) -> Verdict:
         age = time.monotonic() - self.vitals.beat
@@ -48,6 +52,8 @@ class Health:
             reasons.append("engines not warm yet")
         if not v.subscribed:
             reasons.append("not subscribed yet")
+        if v.waiting is not None:
+            reasons.append(v.waiting)
         if v.stopping:
             reasons.append("stopping")
         fatal = self._fatal()
@@ -58,5 +64,8 @@ class Health:
         waited = self._oldest_unacked_s()
         if waited is not None and waited > self.delivery_stall_s:
             reasons.append(f"a record unacknowledged for {waited:.0f} s")
+        blocked = self._blocked()
+        if blocked is not None:
+            reasons.append(blocked)
         reasons.extend(self.live().reasons)
         return Verdict(not reasons, tuple(reasons))

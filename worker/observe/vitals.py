@@ -42,6 +42,7 @@ class Vitals:
         self.subscribed = False
         self.stopping = False
         self.lost = False  # partitions lost (broker contact gone) and not assigned since
+        self.waiting: str | None = None  # why start-up waits (a topic missing or refused)
         self.rebalances: Counter[str] = Counter()
         self.batch_size: dict[str, Buckets] = {}  # per profile
         self.batch_fill: dict[str, Buckets] = {}

@@ -13,6 +13,9 @@ from worker.devkit.local_kafka.admin import create_topics
 from worker.devkit.workers import Topics, WorkerProcess, worker_config, worker_env
 
 pytestmark = [pytest.mark.integration]
+# These tests check the start-up refusal itself: give up at once instead of waiting for the
+# topic (the default, tests/integration/e2e/test_topics_wait.py).
+GIVE_UP = {"KTW_KAFKA__TOPICS_WAIT_S": "0"}
 
 
 def test_a_missing_dlq_topic_stops_the_worker_at_start_up(kafka_bootstrap: str,
@@ -20,7 +23,8 @@ def test_a_missing_dlq_topic_stops_the_worker_at_start_up(kafka_bootstrap: str,
     tag = uuid.uuid4().hex[:8]
     topics = Topics(f"jobs-{tag}", f"results-{tag}", f"dlq-missing-{tag}", f"group-{tag}")
     create_topics(kafka_bootstrap, [topics.jobs, topics.results])
-    proc = WorkerProcess(worker_env(worker_config(kafka_bootstrap, topics)), tmp_path / "w.log")
+    proc = WorkerProcess(worker_env(worker_config(kafka_bootstrap, topics), **GIVE_UP),
+                         tmp_path / "w.log")
     code = proc.wait(120)
     text = proc.log_text()
     assert code == 2, text[-2000:]
@@ -89,7 +93,8 @@ def test_a_results_topic_the_worker_may_not_write_stops_it_at_start_up(tmp_path:
         admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the answer
         for fut in admin.create_acls(acls).values():
             fut.result(30)
-        proc = WorkerProcess(worker_env(worker_config(bootstrap, topics)), tmp_path / "w.log")
+        proc = WorkerProcess(worker_env(worker_config(bootstrap, topics), **GIVE_UP),
+                             tmp_path / "w.log")
         try:
             code = proc.wait(120)
         finally:  # a worker that started anyway (the bug) must not outlive the test

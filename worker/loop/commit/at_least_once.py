@@ -73,6 +73,8 @@ class _Sent:
     def __call__(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
         if err is None:
             self.owner._acked = True  # readiness: the broker is taking records
+            if self.owner._failing:
+                self.owner._failing.pop(msg.topic(), None)
         else:
             self.failed.append((err, msg))
         self.left -= 1
@@ -127,6 +129,7 @@ class AtLeastOnce:
         self._retries: list[tuple[float, int, Output]] = []  # (due, sequence, output): a heap
         self._retry_seq = 0
         self.retries = 0
+        self._failing: dict[str, str] = {}  # output topic -> its last error, until one is acked
 
     def start(self) -> None:
         self._producer.open()
@@ -148,19 +151,23 @@ class AtLeastOnce:
                 raw(out.topic, value=out.value, key=out.key, headers=out.headers,
                     on_delivery=sent)
             except (BufferError, ck.KafkaException):
-                self._produce_slow(sent, i, out)
+                if not self._produce_slow(sent, i, out):
+                    break
 
-    def _produce_slow(self, sent: _Sent, i: int, out: Output) -> None:
+    def _produce_slow(self, sent: _Sent, i: int, out: Output) -> bool:
         """Record ``i`` of the batch through the wrapper (waits for room in the queue, wraps
         errors); one refused before sending (over the producer's limit) is replaced by its
         stand-in. If it cannot be produced, neither are the ones after it: they leave the
-        batch, and their offsets stay open."""
+        batch, their offsets stay open, and they are produced again after a backoff, like a
+        failed delivery (the client refuses a topic it knows to be missing or not authorised
+        before sending: a deleted results topic, a revoked WRITE). False when the rest of
+        the batch left it."""
         produce = self._producer.produce
         try:
             try:
                 produce(out.topic, key=out.key, value=out.value, headers=out.headers,
                         on_delivery=sent)
-                return
+                return True
             except KafkaIOError as exc:
                 small = self._smaller(out, exc.code, str(exc))
                 if small is None:
@@ -168,6 +175,17 @@ class AtLeastOnce:
             produce(small.topic, key=small.key, value=small.value, headers=small.headers,
                     on_delivery=sent)
             sent.outs[i] = small
+            return True
+        except KafkaIOError as exc:
+            rest = sent.outs[i:]
+            self._in_flight -= len(rest)
+            sent.not_sent(len(rest))
+            if exc.code == ck.KafkaError._FATAL:  # the idempotent producer cannot go on
+                raise
+            now = time.monotonic()
+            for o in rest:
+                self._retry_later(o, str(exc), now)
+            return False
         except BaseException:
             self._in_flight -= len(sent.outs) - i
             sent.not_sent(len(sent.outs) - i)
@@ -221,10 +239,16 @@ class AtLeastOnce:
             self.fatal = DeliveryFailed(
                 f"delivery for {ref.topic}[{ref.partition}]@{ref.offset} failed: {err.str()}")
             return
+        self._retry_later(out, err.str(), now)
+
+    def _retry_later(self, out: Output, error: str, now: float) -> None:
+        """Produce ``out`` again after a growing backoff; its offset stays open meanwhile."""
+        ref = out.ref
         out.attempt += 1
         wait_s = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (out.attempt - 1))
+        self._failing[out.topic] = error
         log.warning("delivery_failed_retrying", topic=out.topic, kind=out.kind,
-                    source=f"{ref.topic}[{ref.partition}]@{ref.offset}", error=err.str(),
+                    source=f"{ref.topic}[{ref.partition}]@{ref.offset}", error=error,
                     attempt=out.attempt, retry_in_s=wait_s)
         self._retry_seq += 1
         self._in_flight += 1  # still waiting for the broker: readiness counts it
@@ -238,6 +262,12 @@ class AtLeastOnce:
 
     def unacked_for_s(self) -> float | None:
         return time.monotonic() - self._progress_at if self._in_flight > 0 else None
+
+    def blocked(self) -> str | None:
+        if not self._retries or not self._failing:
+            return None
+        topic, error = next(iter(self._failing.items()))
+        return f"output topic {topic} refuses records, retrying: {error[:200]}"
 
     def tick(self, *, force: bool = False) -> None:
         self._producer.poll(0)

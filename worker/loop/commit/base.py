@@ -83,6 +83,10 @@ class Committer(Protocol):
         """How long outputs have waited for the broker without progress (None: nothing
         waits); readiness fails past ``metrics.delivery_stall_s``."""
 
+    def blocked(self) -> str | None:
+        """Why outputs cannot go out now (the cluster does not answer, an output topic is
+        refused), for readiness; None when nothing blocks them."""
+
 
 def make_committer(cfg: WorkerConfig, consumer: Consumer, assignment: Assignment,
                    drop_work: DropWork, hops: HopTimes, outputs: OutputBuilder) -> Committer:

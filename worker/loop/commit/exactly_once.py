@@ -7,6 +7,13 @@ positions, the lowest unfinished offset per partition (:class:`Transactions` hol
 protocol and the error classes). An aborted transaction (a failed delivery, an abortable error,
 lost partitions, a re-delivered offset, or a drill) rewinds every partition to its last
 committed position and drops the work in progress, so each output is committed exactly once.
+
+A cluster that stops answering (a broker or coordinator outage) is waited out, never exited:
+when the rewind cannot read the committed positions, or a reset's new producer cannot
+register its transactional.id, every assigned partition is paused, readiness says why
+(:meth:`ExactlyOnce.blocked`), and the step tries again in short attempts with a growing
+interval, so the loop keeps stepping (liveness) and a restart, which would meet the same
+outage, is never needed.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import confluent_kafka as ck
 import structlog
 
 from worker.config import WorkerConfig
-from worker.exceptions import TransactionError
+from worker.exceptions import KafkaIOError, TransactionError
 from worker.kafka import Consumer, Producer, transactional_id, transactional_producer_settings
 from worker.loop.assignment import Assignment
 from worker.loop.commit.at_least_once import REFUSED_AS_IS
@@ -33,7 +40,13 @@ from worker.wire.records import SourceRef, TopicPartitionKey
 log = structlog.get_logger("worker")
 
 _PURGED = frozenset({ck.KafkaError._PURGE_QUEUE, ck.KafkaError._PURGE_INFLIGHT})
-COMMITTED_TIMEOUT_S = 30.0  # for the coordinator's committed positions at a rewind
+# One attempt's wait for the coordinator's committed positions at a rewind: short, so that an
+# outage is waited out in steps that keep the loop (and its liveness heartbeat) going.
+COMMITTED_TIMEOUT_S = 5.0
+# Between attempts while the cluster does not answer: 0.5, 1, 2, 4, 5, 5 ... s. The cap keeps
+# the first result after the cluster's return within a few seconds.
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 5.0
 # Transactions that keep failing (a results topic deleted, a broker refusing writes): after
 # the second abort in a row the rewound partitions wait 1, 2, 4 ... 60 s before consuming
 # again, instead of redoing the same batch as fast as it fails.
@@ -60,6 +73,15 @@ class _Reports:
     def outputs_of(self, msg: ck.Message) -> list[Output]:
         """Every output the report may stand for (:func:`worker.loop.output.by_record`)."""
         return by_record(self.outs).get(reported(msg), [])
+
+
+class _Outage:
+    """What the committer waits for while the cluster does not answer."""
+
+    __slots__ = ("attempts", "next_at", "since", "what")
+
+    def __init__(self, what: str, now: float) -> None:
+        self.what, self.since, self.attempts, self.next_at = what, now, 0, now
 
 
 class ExactlyOnce:
@@ -90,6 +112,8 @@ class ExactlyOnce:
         # Sources whose DLQ record a transaction failed on as too large: sent by reference
         # when the rewind brings them back.
         self._too_large: set[SourceRef] = set()
+        self._outage: _Outage | None = None
+        self._last_abort: str | None = None
 
     def start(self) -> None:
         self._producer.open()
@@ -104,6 +128,12 @@ class ExactlyOnce:
             self.request_abort(f"{topic}[{partition}] re-delivered offset {offset}")
 
     def emit(self, outs: list[Output]) -> None:
+        if self._outage is not None or self._txn.needs_init:
+            # No transaction can open: these records are redone after the rewind that ends
+            # the wait (their partitions are paused and rewound then).
+            if outs:
+                self._rewind_needed = True
+            return
         now = time.monotonic()
         reports = _Reports(self, self._txn.sequence)
         for out in outs:
@@ -173,7 +203,8 @@ class ExactlyOnce:
 
     def tick(self, *, force: bool = False) -> None:
         self._producer.poll(0)
-        if self._hold_until is not None and time.monotonic() >= self._hold_until:
+        if self._hold_until is not None and time.monotonic() >= self._hold_until \
+                and self._outage is None:
             self._hold_until = None
             self._consumer.resume(self._consumer.assignment())
             log.info("rewind_hold_over", aborts_in_a_row=self._aborts_in_a_row)
@@ -186,12 +217,57 @@ class ExactlyOnce:
 
     def _settle(self) -> None:
         """Abort a failed or abort-requested transaction, then rewind (main loop only)."""
+        if self._outage is not None and time.monotonic() < self._outage.next_at:
+            return
+        if self._txn.needs_init:
+            try:
+                self._txn.reinit()
+            except TransactionError as exc:
+                if exc.fatal:
+                    raise
+                self._wait_out("the transaction coordinator (init_transactions)", exc)
+                return
         reason = self._abort_request or self._txn.failed
         if reason is not None:
             self._abort_request = None
             self._abort(reason)
+            if self._txn.needs_init:
+                return  # waited out above at the next attempt
         if self._rewind_needed:
             self._rewind()
+
+    def _wait_out(self, what: str, exc: BaseException) -> None:
+        """The cluster did not answer: pause every assigned partition and try again later."""
+        now = time.monotonic()
+        if self._outage is None or self._outage.what != what:
+            self._outage = _Outage(what, self._outage.since if self._outage else now)
+        o = self._outage
+        o.attempts += 1
+        o.next_at = now + min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (o.attempts - 1))
+        self._rewind_needed = True
+        self._consumer.pause(self._consumer.assignment())
+        log.warning("kafka_unavailable", waiting_for=what, attempts=o.attempts,
+                    waited_s=round(now - o.since, 1), error=str(exc)[:300])
+
+    def _waited_out(self) -> None:
+        if self._outage is not None:
+            log.warning("kafka_available_again", waited_for=self._outage.what,
+                        attempts=self._outage.attempts,
+                        waited_s=round(time.monotonic() - self._outage.since, 1))
+            self._outage = None
+            if self._hold_until is None:
+                self._consumer.resume(self._consumer.assignment())
+
+    def blocked(self) -> str | None:
+        """Why outputs cannot be committed now (readiness shows it), or None."""
+        o = self._outage
+        if o is None:
+            if self._aborts_in_a_row >= 2 and self._last_abort is not None:
+                return (f"transactions keep failing ({self._aborts_in_a_row} aborts in a row): "
+                        f"{self._last_abort[:200]}")
+            return None
+        return (f"waiting for Kafka: {o.what} did not answer "
+                f"({o.attempts} attempts in {time.monotonic() - o.since:.0f} s)")
 
     def _abort(self, reason: str) -> None:
         """Abort the open transaction now; the rewind follows in the main loop (never inside a
@@ -200,14 +276,23 @@ class ExactlyOnce:
             return  # nothing produced since the last commit: nothing to undo
         log.warning("transaction_abort", reason=reason[:300], records=self._txn.records,
                     age_s=round(self._txn.age_s, 3))
-        self._txn.abort()
+        try:
+            self._txn.abort()
+            unregistered: TransactionError | None = None
+        except TransactionError as exc:
+            if exc.fatal:
+                raise
+            unregistered = exc  # the reset's new client could not register: wait it out
         # Redone after the rewind: their hop starts again then. (A commit that timed out but
         # did land on the coordinator is not redone: its outputs go without a sample.)
         self._produced_at.clear()
         self._rewind_needed = True
         self._aborts_in_a_row += 1
+        self._last_abort = reason
         if self._failing_since is None:
             self._failing_since = time.monotonic()
+        if unregistered is not None:
+            self._wait_out("the transaction coordinator (init_transactions)", unregistered)
 
     def _rewind(self) -> None:
         """Seek every partition back to its last committed position, as the group coordinator
@@ -215,14 +300,20 @@ class ExactlyOnce:
 
         Not the positions cached here: a commit_transaction that timed out may still have
         committed on the coordinator, and rewinding to the older cached positions would publish
-        those records again. A coordinator that cannot answer is fatal (the restart resumes
-        from the committed positions) rather than a guess."""
+        those records again. A coordinator that cannot answer is never guessed at: the
+        partitions stay paused and the rewind is tried again (:meth:`_wait_out`)."""
         self._rewind_needed = False
         self._drop_work(set(self._tracker.partitions()) | self._assignment.owned)
         self._release.clear()
         keys = self._tracker.partitions()
-        asked = self._consumer.committed([ck.TopicPartition(t, p) for t, p in keys],
-                                         timeout=COMMITTED_TIMEOUT_S) if keys else []
+        try:
+            asked = self._consumer.committed([ck.TopicPartition(t, p) for t, p in keys],
+                                             timeout=COMMITTED_TIMEOUT_S) if keys else []
+        except KafkaIOError as exc:
+            # Bump now: answers of work begun before the wait are stale whatever comes next.
+            self._assignment.bump(keys)
+            self._wait_out("the group coordinator (committed positions)", exc)
+            return
         coordinator = {(tp.topic, tp.partition): tp.offset for tp in asked if tp.offset >= 0}
         if self.on_committed is not None and coordinator:  # (may be past the last commit seen)
             self.on_committed(coordinator)
@@ -237,6 +328,7 @@ class ExactlyOnce:
                 positions[f"{key[0]}[{key[1]}]"] = target
         self.rewinds += 1
         log.warning("rewound", positions=positions)
+        self._waited_out()
         if self._aborts_in_a_row >= 2 and self._hold_until is None:
             hold = min(HOLD_MAX_S, HOLD_FIRST_S * 2 ** (self._aborts_in_a_row - 2))
             self._consumer.pause(self._consumer.assignment())

@@ -24,8 +24,12 @@ Error classes (librdkafka's, see :func:`worker.kafka.txn_error`):
   abort is done by a *reset*: the client is dropped and a new one with the same
   transactional.id runs ``init_transactions``, which fences the old one and has the coordinator
   abort its open transaction (the same path as a restart after kill -9). An abort that itself
-  times out for its budget is also done by a reset. If the new client's ``init_transactions``
-  fails for ``kafka.transaction_timeout_ms``, the error is fatal;
+  times out for its budget is also done by a reset. A new client whose ``init_transactions``
+  keeps timing out (the broker or the transaction coordinator is down) raises a *retriable*
+  :class:`TransactionError` and stays marked ``needs_init``: the committer waits the outage out
+  (partitions paused, readiness off) and calls :meth:`Transactions.reinit` again later, in
+  short attempts that never hold the loop for long. Outages of minutes end in a recovery, not
+  an exit (a restart would meet the same outage);
 - abortable (``txn_requires_abort``): :class:`TransactionError` with ``abortable`` set reaches
   the loop, which aborts and rewinds;
 - fatal (fenced by a newer instance with the same transactional.id, or anything unclassified):
@@ -83,6 +87,8 @@ class Transactions:
         self._clock = clock
         self._sleep = sleep
         self.open = False
+        # A reset's new client has not registered its transactional.id yet (see reinit()).
+        self.needs_init = False
         self.opened_at: float | None = None
         self.records = 0  # produced into the open transaction
         self.failed: str | None = None  # set when the open transaction can only be aborted
@@ -123,10 +129,16 @@ class Transactions:
                 # the same transactional.id starts clean, so the abort replaces the client.
                 self.fail(str(exc), timed_out=True)
                 raise TransactionError(str(exc), code=exc.code, abortable=True) from exc
-            if exc.fatal:
+            if exc.code == ck.KafkaError._FATAL or exc.code in FENCED_CODES:
                 raise _as_fatal(exc, "produce") from exc
+            # Refused before sending (a topic missing or not authorised, a local limit): the
+            # client is fine, this transaction cannot hold the record. Abort and redo it; the
+            # committer holds the partitions longer at each abort in a row (never an exit: a
+            # restart would meet the same refusal).
             self.fail(str(exc))
-            raise
+            if exc.abortable:
+                raise
+            raise TransactionError(str(exc), code=exc.code, abortable=True) from exc
         self.records += 1
 
     def fail(self, reason: str, *, timed_out: bool = False) -> None:
@@ -163,27 +175,41 @@ class Transactions:
         """Abort the open transaction (if any); True if one was aborted."""
         if not self.open and self.failed is None:
             return False
-        if self._suspect:
-            self.reset(f"aborting after a timeout ({self.failed})")
-        else:
-            try:
-                self._retrying("abort_transaction", self._producer.abort_transaction,
-                               budget_s=self._abort_budget_s, on_deadline="reset",
-                               abortable_is_fatal=True)
-            except _Stuck as exc:
-                self.reset(str(exc))
-        self._closed()
-        self.aborts += 1
+        try:
+            if self._suspect:
+                self.reset(f"aborting after a timeout ({self.failed})")
+            else:
+                try:
+                    self._retrying("abort_transaction", self._producer.abort_transaction,
+                                   budget_s=self._abort_budget_s, on_deadline="reset",
+                                   abortable_is_fatal=True)
+                except _Stuck as exc:
+                    self.reset(str(exc))
+        finally:
+            # Whatever the new client's registration does, this transaction is gone: the
+            # coordinator aborts it when a client with this transactional.id registers.
+            self._closed()
+            self.aborts += 1
         return True
 
     def reset(self, reason: str) -> None:
         """Replace a stuck client: a new one with the same transactional.id fences the old one
-        and makes the coordinator abort its open transaction."""
+        and makes the coordinator abort its open transaction. Raises a retriable
+        :class:`TransactionError` when the new client cannot register within its budget
+        (``needs_init`` stays set: :meth:`reinit` tries again)."""
         log.warning("producer_reset", reason=reason[:300])
         self._producer.abandon()
         self._producer.open()
-        self.init()
         self.resets += 1
+        self.needs_init = True
+        self.reinit()
+
+    def reinit(self) -> None:
+        """Register a reset's new client, within the abort budget; a retriable
+        :class:`TransactionError` when the cluster still does not answer."""
+        self._retrying("init_transactions", self._producer.init_transactions,
+                       budget_s=self._abort_budget_s, on_deadline="retriable")
+        self.needs_init = False
 
     def _closed(self) -> None:
         self.open = False
@@ -215,6 +241,8 @@ class Transactions:
                         raise TransactionError(msg, code=exc.code, fatal=True) from exc
                     if on_deadline == "reset":
                         raise _Stuck(msg) from exc
+                    if on_deadline == "retriable":
+                        raise TransactionError(msg, code=exc.code, recoverable=True) from exc
                     self.fail(msg, timed_out=True)
                     raise TransactionError(msg, code=exc.code, abortable=True) from exc
                 self.retries += 1

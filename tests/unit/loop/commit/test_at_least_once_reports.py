@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import confluent_kafka as ck
-import pytest
 
 from worker.config import load_config
 from worker.exceptions import KafkaIOError
@@ -144,20 +143,41 @@ def test_a_failed_report_that_matches_no_output_stops_without_finishing_its_batc
 def test_records_never_produced_do_not_hold_their_batch_open() -> None:
     committer, client = _committer()
     client.refuse = {b"c"}
-    with pytest.raises(KafkaIOError):
-        committer.emit([_out(10, b"a"), _out(11, b"b"), _out(12, b"c"), _out(13, b"d")])
+    committer.emit([_out(10, b"a"), _out(11, b"b"), _out(12, b"c"), _out(13, b"d")])
     client.report()
     committer._settle()
     assert committer._tracker.committable() == {("jobs", 0): 12}  # a and b delivered
+    # c and the record after it wait for their retry, their offsets open.
+    assert sorted(r[2].ref.offset for r in committer._retries) == [12, 13]
+    assert committer._in_flight == 2
 
 
 def test_a_stand_in_refused_too_leaves_the_records_before_it_to_settle() -> None:
     committer, client = _committer()
     client.refuse = {b"big", b"small"}
     committer._smaller = lambda out, code, why: _out(out.ref.offset, b"small")  # type: ignore
-    with pytest.raises(KafkaIOError):
-        committer.emit([_out(10, b"a"), _out(11, b"big"), _out(12, b"c")])
+    committer.emit([_out(10, b"a"), _out(11, b"big"), _out(12, b"c")])
     client.report()
     committer._settle()
     assert committer._tracker.committable() == {("jobs", 0): 11}
-    assert committer._in_flight == 0
+    assert committer._in_flight == 2 and len(committer._retries) == 2
+
+
+def test_a_record_refused_at_produce_is_retried_not_raised_and_readiness_says_why() -> None:
+    """A results topic deleted, or WRITE revoked: librdkafka refuses the record in produce()
+    itself. That raised out of the loop (an exit, then a restart into the same refusal); now
+    the record waits for a retry with its offset open, readiness names the topic, and once
+    the topic takes records again everything is answered and committed."""
+    committer, client = _committer()
+    client.refuse = {b"a", b"b"}
+    committer.emit([_out(10, b"a"), _out(11, b"b")])
+    assert committer._tracker.committable() == {("jobs", 0): 10}  # nothing past the refused
+    reason = committer.blocked()
+    assert reason is not None and "results" in reason
+    client.refuse = set()  # the topic is back
+    committer._retries = [(0.0, seq, out) for _due, seq, out in committer._retries]
+    committer._retry_due()
+    client.report()
+    committer._settle()
+    assert committer._tracker.committable() == {("jobs", 0): 12}
+    assert committer.blocked() is None and committer._in_flight == 0

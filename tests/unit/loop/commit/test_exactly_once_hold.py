@@ -38,7 +38,7 @@ class _Consumer:
 class _Txn:
     """The transaction side of a failing commit: open with records, always abortable."""
 
-    open, failed, records, age_s, sequence = True, None, 3, 0.1, 0
+    open, failed, records, age_s, sequence, needs_init = True, None, 3, 0.1, 0, False
     commits = aborts = retries = resets = 0
 
     def abort(self) -> bool:

@@ -18,6 +18,7 @@ class StandInTransactions:
 
     def __init__(self) -> None:
         self.open, self.failed, self.records, self.sequence, self.age_s = False, None, 0, 0, 0.0
+        self.needs_init = False
         self.committed: list[Any] = []
 
     def produce(self, out: Output, on_delivery: Any) -> None:

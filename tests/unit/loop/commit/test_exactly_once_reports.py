@@ -17,6 +17,7 @@ from worker.wire.records import SourceRecord, SourceRef
 class _Txn:
     def __init__(self) -> None:
         self.open, self.failed, self.records, self.sequence = False, None, 0, 0
+        self.needs_init = False
         self.sent: list[tuple[Output, Any]] = []
         self.timed_out = False
 

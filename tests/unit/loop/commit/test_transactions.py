@@ -206,14 +206,27 @@ def test_a_timed_out_delivery_makes_the_abort_a_reset_other_failures_do_not() ->
     assert t.resets == 1 and p.calls[-1] == "abort"
 
 
-def test_a_reset_whose_init_keeps_failing_is_fatal() -> None:
+def test_a_reset_whose_init_keeps_failing_is_waited_out_not_fatal() -> None:
+    """A broker or coordinator outage outlasting the reset's budget: the new client stays
+    unregistered and the error is retriable (the committer waits it out); once the cluster
+    answers, reinit() registers it. (It was fatal, a restart into the same outage.)"""
     clock = Clock()
     p = ScriptedProducer(abort=[RETRIABLE] * 1000, init=[RETRIABLE] * 1000)
     t = _txn(p, clock, timeout_ms=4_000)
     t.produce(OUT, _noop)
     with pytest.raises(TransactionError) as info:
         t.abort()
-    assert info.value.fatal and "init_transactions" in str(info.value)
+    assert info.value.recoverable and not info.value.fatal
+    assert "init_transactions" in str(info.value)
+    assert t.needs_init and not t.open and t.aborts == 1
+    with pytest.raises(TransactionError) as again:
+        t.reinit()
+    assert again.value.recoverable and t.needs_init
+    p.script["init"].clear()  # the cluster answers again
+    t.reinit()
+    assert not t.needs_init
+    t.produce(OUT, _noop)  # a new transaction opens on the registered client
+    assert t.open
 
 
 @pytest.mark.parametrize("call", ["send_offsets", "commit"])
@@ -267,6 +280,20 @@ def test_produce_errors_abortable_marks_failed_and_fatal_raises_fatal() -> None:
     p2 = ScriptedProducer(produce=[FENCED])
     with pytest.raises(ProducerFenced):
         _txn(p2).produce(OUT, _noop)
+
+
+@pytest.mark.parametrize("code", [ck.KafkaError._UNKNOWN_TOPIC,
+                                  ck.KafkaError.TOPIC_AUTHORIZATION_FAILED])
+def test_a_record_refused_at_produce_fails_the_transaction_not_the_process(code: int) -> None:
+    """A results topic deleted or WRITE revoked: librdkafka refuses the record in produce().
+    Neither retriable nor abortable by its flags, it counted as fatal (an exit, then a restart
+    into the same refusal); the transaction is aborted and redone instead."""
+    p = ScriptedProducer(produce=[_err(code)])
+    t = _txn(p)
+    with pytest.raises(TransactionError) as info:
+        t.produce(OUT, _noop)
+    assert info.value.abortable and not info.value.fatal
+    assert t.failed is not None
 
 
 def test_begin_failure_is_fatal() -> None:
