@@ -21,6 +21,13 @@ class BatchSettings(Section):
     # count alone allows 512 x 25 MiB.
     high_watermark_bytes: int = Field(512 * 1024 * 1024, ge=1024 * 1024)
     low_watermark_bytes: int = Field(128 * 1024 * 1024, ge=0)
+    # A partition with this many offsets consumed past its committed position is paused (its
+    # head is stuck: an output that cannot be delivered) until it is back under half; also the
+    # most a restart repeats of it. A healthy partition's span is its rate times the commit
+    # interval plus a batch (about 1.2 s with the defaults): 20,000 leaves room for 15k jobs/s
+    # on one partition, more than one H200 process was measured to take, and costs ~2 MB of
+    # bookkeeping per partition at the limit (worker/loop/hold.py).
+    max_uncommitted_per_partition: int = Field(20_000, ge=100)
     # The longest a loop step waits for records while it holds no jobs (it returns as soon as
     # one arrives: the intake's take); with work pending it waits at most 1 ms, or, every
     # batch slot busy, until a batch finishes.

@@ -9,7 +9,7 @@ full (``batch.fetch_queue_kbytes``), so memory stays bounded by the watermarks p
 
 The partitions are not paused in librdkafka: its pause drops the prefetched records, and after
 its resume the next fetch came 0.5-1 s later, an idle engine after every pause (with the shipped
-settings and a 2 ms engine, 524 jobs/s; bench/loop_gaps.py).
+settings and a 2 ms engine, 524 jobs/s; bench/kafka/loop_gaps.py).
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ class Backpressure:
         elif self.paused and held <= self._low and held_bytes <= self._low_bytes:
             self.paused = False
             log.info("backpressure_resume", held=held, held_bytes=held_bytes)
+
+    def overfull(self, held: int, held_bytes: int) -> bool:
+        """Held back and still a quarter over a high watermark: the keepalive consumes kept
+        admitting records (outputs stuck); the partition hold pauses everything then."""
+        return self.paused and (held >= self._high + self._high // 4
+                                or held_bytes >= self._high_bytes + self._high_bytes // 4)
 
     def consume_now(self, now: float) -> bool:
         """Whether this step calls consume(): always while taking records, else once per

@@ -43,6 +43,7 @@ from worker.loop.assignment import Assignment
 from worker.loop.backpressure import Backpressure
 from worker.loop.commit.base import make_committer
 from worker.loop.heap import HeapPolicy
+from worker.loop.hold import PartitionHold
 from worker.loop.hops import HopTimes
 from worker.loop.intake import Intake
 from worker.loop.orphans import OrphanWatch
@@ -57,6 +58,8 @@ from worker.wire.records import TopicPartitionKey
 log = structlog.get_logger("worker")
 # The longest a step blocks waiting for records while the task holds jobs (see _consume_timeout).
 WORK_TICK_S = 0.001
+# How often the partition hold (worker/loop/hold.py) looks at the uncommitted spans.
+HOLD_CHECK_S = 0.05
 # The longest wait between two start-up checks of a topic that is missing or refused.
 TOPICS_RETRY_MAX_S = 30.0
 
@@ -103,6 +106,9 @@ class Worker:
         self.committer.on_committed = self.vitals.note_committed  # (exactly-once: the lag)
         self._intake = Intake(self._consumer, self.assignment, self.committer, self.stats)
         self.backpressure = Backpressure(cfg.batch, self.stats)
+        self.hold = PartitionHold(self._consumer.pause, self._consumer.resume,
+                                  max_uncommitted=cfg.batch.max_uncommitted_per_partition)
+        self._hold_checked = 0.0
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
         self.slow_batches = 0
@@ -123,6 +129,7 @@ class Worker:
         return {"stale_discarded": self.assignment.stale_discarded,
                 "slow_batches": self.slow_batches, "consumer_reopens": self._rejoin.reopens,
                 "orphan_rejoins": self._orphans.rejoins if self._orphans is not None else 0,
+                "partition_holds": self.hold.holds,
                 **self.committer.totals()}
 
     def run(self) -> None:
@@ -251,8 +258,13 @@ class Worker:
         # Finished batches first: the slots they free are refilled in this same step.
         self._emit(self.task.collect(block=False))
         self._schedule(force=False)
-        self.backpressure.update(self.committer.pending(), self.committer.held_bytes())
+        pending, held_bytes = self.committer.pending(), self.committer.held_bytes()
+        self.backpressure.update(pending, held_bytes)
         self.committer.tick()
+        if now - self._hold_checked >= HOLD_CHECK_S:
+            self._hold_checked = now
+            self.hold.update(self.committer.uncommitted(), self.assignment.owned,
+                             overfull=self.backpressure.overfull(pending, held_bytes))
         if self.stats.due():  # (the totals are built only when the line is written)
             self.stats.log_line(log, pending=self.committer.pending(),
                                 paused=self.backpressure.paused, **self.guarantee_totals())
@@ -403,6 +415,7 @@ class Worker:
 
     def _forget(self, keys: set[TopicPartitionKey]) -> None:
         self.committer.forget(keys)
+        self.hold.forget(keys)
         self.vitals.forget(keys)
         self.assignment.bump(keys)
 

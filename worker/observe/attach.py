@@ -19,7 +19,7 @@ def health_of(worker: Any) -> Health:
                   delivery_stall_s=m.delivery_stall_s,
                   fatal=lambda: worker.fatal_error,
                   oldest_unacked_s=worker.committer.unacked_for_s,
-                  blocked=worker.committer.blocked)
+                  blocked=lambda: worker.committer.blocked() or worker.hold.reason())
 
 
 def observe(worker: Any) -> ObserveServer | None:

@@ -110,6 +110,12 @@ class WorkerCollector(Collector):
         yield _gauge("paused", "1 while the intake is held back (backpressure).",
                      float(w.backpressure.paused))
         yield _counter("pauses", "Times the intake was held back (backpressure).", s.pauses)
+        yield _gauge("held_partitions", "Partitions paused with too many records consumed past "
+                     "their committed position, or all of them while backpressure is overfull "
+                     "(worker.loop.hold).", float(len(w.hold.held)))
+        yield _gauge("outputs_blocked", "1 while outputs cannot go out: the cluster does not "
+                     "answer, or an output topic refuses records (ACLs, deleted).",
+                     float(w.committer.blocked() is not None))
         rebalances = CounterMetricFamily(f"{PREFIX}_rebalances", "Rebalance events.",
                                          labels=["event"])
         for event in ("assigned", "revoked", "lost"):

@@ -113,3 +113,54 @@ def test_a_compacted_dlq_topic_takes_a_keyless_dead_letter_by_reference(
     assert keys_of(results) == ["good-0"]
     assert committed(kafka_bootstrap, topics.group, topics.jobs, 1) == end_offsets(
         kafka_bootstrap, topics.jobs, 1)
+
+
+def test_a_stuck_output_holds_its_partition_at_the_uncommitted_limit(
+        kafka_bootstrap: str) -> None:
+    """The DLQ gone while results still work: one dead letter cannot be delivered, every job
+    behind it is answered, and the committed position stays before the dead letter. Nothing
+    bounded what was consumed past it (the offset bookkeeping grew one entry per record, and a
+    restart would repeat all of it); now the partition is paused at
+    ``batch.max_uncommitted_per_partition`` with readiness saying why, and released once the
+    DLQ is back, with everything answered and committed."""
+    limit = 100
+    topics = fresh_topics(kafka_bootstrap, partitions=1)
+    cfg = worker_config(kafka_bootstrap, topics,
+                        batch={"max_uncommitted_per_partition": limit},
+                        kafka={"producer_extra": {"message.timeout.ms": "3000"}})
+    good = [f"g-{i}" for i in range(4 * limit)]
+    with ThreadedWorker(cfg) as w:
+        produce_records(kafka_bootstrap, topics.jobs, [(b"warm", good_job("warm"), None)])
+        read_topic(kafka_bootstrap, topics.results, until=lambda m: len(m) >= 1)
+        _recreate(kafka_bootstrap, topics.dlq)  # gone
+        produce_records(kafka_bootstrap, topics.jobs, [(b"bad", b"\xc1 not msgpack", None)]
+                        + [(k.encode(), good_job(k), None) for k in good])
+        deadline = time.monotonic() + 90
+        while not w.worker.hold.held:
+            assert time.monotonic() < deadline, "the partition was never held"
+            assert w.worker.fatal_error is None
+            time.sleep(0.2)
+        spans = w.worker.committer.uncommitted()
+        time.sleep(3.0)  # held: nothing more is taken from it
+        assert w.worker.committer.uncommitted() == spans
+        # At most one consume() past the limit (it takes up to the high watermark).
+        bound = limit + cfg.batch.high_watermark
+        assert max(spans.values()) <= bound, spans
+        answered = len(read_topic(kafka_bootstrap, topics.results,
+                                  until=lambda m: False, timeout=8))
+        assert answered <= 1 + bound and answered < 1 + len(good)
+        reason = w.worker.hold.reason()
+        assert reason is not None and "uncommitted" in reason
+        create_topics(kafka_bootstrap, [topics.dlq], partitions=1)  # back
+        results = read_topic(kafka_bootstrap, topics.results,
+                             until=lambda m: set(good) <= set(keys_of(m)), timeout=120)
+        assert set(good) <= set(keys_of(results))
+        dlq = read_topic(kafka_bootstrap, topics.dlq, until=lambda m: len(m) >= 1, timeout=60)
+        assert len(dlq) >= 1
+        deadline = time.monotonic() + 30
+        while w.worker.hold.held:
+            assert time.monotonic() < deadline, "the partition was never released"
+            time.sleep(0.2)
+        assert w.worker.fatal_error is None
+    assert committed(kafka_bootstrap, topics.group, topics.jobs, 1) == end_offsets(
+        kafka_bootstrap, topics.jobs, 1)

@@ -30,6 +30,9 @@ class _Committer:
     def totals(self) -> dict[str, int]:
         return {"txn_commits": 3, "txn_aborts": 1}
 
+    def blocked(self) -> str | None:
+        return "output topic results refuses records, retrying: Broker: Topic authorization"
+
 
 @pytest.fixture
 def served() -> Iterator[tuple[str, SimpleNamespace, Vitals]]:
@@ -46,6 +49,7 @@ def served() -> Iterator[tuple[str, SimpleNamespace, Vitals]]:
     topics = SimpleNamespace(jobs="jobs")
     w = SimpleNamespace(cfg=load_config(None), stats=stats, hops=hops, heap=heap, vitals=vitals,
                         committer=_Committer(), backpressure=SimpleNamespace(paused=True),
+                        hold=SimpleNamespace(held={("jobs", 1): "uncommitted records"}),
                         task=SimpleNamespace(model_id="open_nsfw", engine_hash="abc123",
                                              topics=topics))
     health = Health(vitals, heartbeat_timeout_s=60, delivery_stall_s=15, fatal=lambda: None,
@@ -79,6 +83,8 @@ def test_metrics_report_the_loops_counters(served: tuple[str, SimpleNamespace, V
                  "trt_worker_pending_records 7.0",
                  "trt_worker_held_bytes 4096.0",
                  "trt_worker_paused 1.0",
+                 "trt_worker_held_partitions 1.0",
+                 "trt_worker_outputs_blocked 1.0",
                  'trt_worker_transactions_total{outcome="committed"} 3.0',
                  'trt_worker_transactions_total{outcome="aborted"} 1.0',
                  'trt_worker_consumer_lag_records{partition="0",topic="jobs"} 5.0',

@@ -260,6 +260,9 @@ class AtLeastOnce:
     def held_bytes(self) -> int:
         return self._tracker.held_bytes()
 
+    def uncommitted(self) -> dict[TopicPartitionKey, int]:
+        return self._tracker.uncommitted()
+
     def unacked_for_s(self) -> float | None:
         return time.monotonic() - self._progress_at if self._in_flight > 0 else None
 

@@ -55,6 +55,10 @@ class Committer(Protocol):
     def held_bytes(self) -> int:
         """Their bytes (the loop's backpressure bounds these too)."""
 
+    def uncommitted(self) -> dict[TopicPartitionKey, int]:
+        """Per partition, the offsets consumed past its committed position (the loop's
+        partition hold bounds these: :mod:`worker.loop.hold`)."""
+
     def on_commit(self, err: ck.KafkaError | None, partitions: list[ck.TopicPartition]
                   ) -> None:
         """The consumer's commit report (librdkafka's ``on_commit``)."""

@@ -201,6 +201,9 @@ class ExactlyOnce:
     def held_bytes(self) -> int:
         return self._tracker.held_bytes()
 
+    def uncommitted(self) -> dict[TopicPartitionKey, int]:
+        return self._tracker.uncommitted()
+
     def tick(self, *, force: bool = False) -> None:
         self._producer.poll(0)
         if self._hold_until is not None and time.monotonic() >= self._hold_until \

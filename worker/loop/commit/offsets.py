@@ -78,6 +78,15 @@ class _PartitionOffsets:
         """Offset a commit should carry now: the lowest unfinished, else one past the last."""
         return self.order[0] if self.order else self.next_offset
 
+    def uncommitted(self) -> int:
+        """Offsets consumed past the committed position (the first consumed, before any
+        commit): what a restart would repeat."""
+        end = self.order[-1] + 1 if self.order else self.next_offset
+        start = self.committed if self.committed is not None else self.base
+        if end is None or start is None:
+            return 0
+        return max(0, end - start)
+
 
 class OffsetTracker:
     """Bookkeeping only: the consumer layer decides when to commit what it returns."""
@@ -135,6 +144,10 @@ class OffsetTracker:
                 part.drop(ref.offset)
         for part in touched:
             part.advance()
+
+    def uncommitted(self) -> dict[TopicPartitionKey, int]:
+        """Per partition, the offsets consumed past its committed position."""
+        return {key: part.uncommitted() for key, part in self._parts.items()}
 
     def held_bytes(self) -> int:
         """Bytes of the records begun and not finished, over every partition."""
