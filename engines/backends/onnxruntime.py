@@ -1,7 +1,7 @@
 """ONNX Runtime on the CPU: the embedded default on machines with no GPU.
 
 Precisions: fp32 (the default), and int8 on request: ORT static quantization calibrated on
-real images (``engines.calibration_dir``), which changes scores slightly (see README).
+real images (``engines.calibration_dir``), which changes scores slightly (docs/engines-and-gpu.md).
 """
 
 from __future__ import annotations

@@ -21,7 +21,10 @@ from worker.exceptions import ConfigError, WorkerError
 from worker.logs import configure_logging
 from worker.tools.options import ConfigOpt
 
+# Locals stay out of tracebacks whatever typer's default: a frame's locals can hold the client
+# settings, secrets in the clear.
 app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_show_locals=False,
                   help="Kafka worker for batched GPU/CPU inference (moderation and generation "
                        "jobs).")
 
@@ -29,7 +32,7 @@ BootstrapOpt = Annotated[
     str | None, typer.Option("--bootstrap-servers", "-b", help="Kafka brokers host:port,...")
 ]
 # The jobs' `v`; the worker answers each job in its version. v1 is the default until it is
-# removed (README, "Wire contract").
+# removed (docs/wire-contract.md).
 SchemaVersionOpt = Annotated[int, typer.Option(
     min=1, max=2, help="Contract version of the jobs (1 or 2); results follow it.")]
 
@@ -89,7 +92,7 @@ def run(
              "together.")] = None,
     procs_per_gpu: Annotated[int, typer.Option(
         min=1, help="With --gpus: this many worker processes per GPU (instance ids "
-                    "<id>-gpu<i>-<j>): more throughput, higher latency (see the README).")] = 1,
+                    "<id>-gpu<i>-<j>): more throughput, higher latency (docs/operations.md).")] = 1,
     mps: Annotated[bool, typer.Option(
         help="With --gpus: run the processes under a private NVIDIA MPS daemon, so their "
              "GPU work runs concurrently instead of time-sliced (leave out where MPS "

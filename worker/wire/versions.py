@@ -1,4 +1,4 @@
-"""The contract's versions (``schemas/``, README "Wire contract"), shared by every topic.
+"""The contract's versions (``schemas/``, docs/wire-contract.md), shared by every topic.
 
 A job's ``v`` picks the version of its result: a v1 job is answered exactly as before v2
 existed (same payload bytes, header ``ktw.schema: <document>/v1``), a v2 job in v2. v1 stays

@@ -1,4 +1,4 @@
-// A moderation client written from schemas/ and the README alone, in another language than the
+// A client written from schemas/ and docs/wire-contract.md alone, in another language than the
 // worker: it sends contract v2 jobs (moderation-job.v2.schema.json: a msgpack map, key = job id)
 // and reads their results and DLQ records back with read_committed, checking that every answer
 // sits on the partition Java's default partitioner picks for its key, and that every result is
