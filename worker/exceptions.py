@@ -8,6 +8,8 @@ wrapped with ``raise ... from`` so the cause stays visible.
 
 from __future__ import annotations
 
+import errno
+
 
 def one_line(text: object, limit: int = 300) -> str:
     """``text`` (an exception, a message) on one line of at most ``limit`` characters, as DLQ
@@ -83,7 +85,9 @@ class NothingToScore(JobRejected):
 
 
 class TextTooLong(JobRejected):
-    """The job's text makes more chunks than ``moderation.text.max_chunks``."""
+    """The job is valid but its text is longer than this worker takes: over
+    ``limits.max_text_chars`` (the contract allows more), or more chunks than
+    ``moderation.text.max_chunks``."""
 
     reason = "text_too_long"
 
@@ -113,6 +117,57 @@ class OversizedMessage(JobRejected):
     """The Kafka record is larger than the configured maximum job size."""
 
     reason = "oversized"
+
+
+class UnreadableHeaders(JobRejected):
+    """The Kafka record's headers cannot be read (a header key that is not valid UTF-8, as Go,
+    Rust or C clients can write): dead-lettered by reference, its headers left out."""
+
+    reason = "bad_headers"
+
+
+class Transient(WorkerError):
+    """A downstream the task needs is unavailable for now (the blob store, a full disk, the
+    device out of memory): retriable. The batch waits and runs again with a growing backoff,
+    readiness off meanwhile; its jobs are never dead-lettered nor answered ``error`` for it
+    (Kafka Connect's split: only what the record itself causes is permanent)."""
+
+    recoverable = True
+
+
+# errno values of a disk or a mount that is full or unavailable for now.
+_TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EAGAIN, errno.EBUSY,
+                               errno.ETIMEDOUT, errno.ECONNREFUSED, errno.ECONNRESET,
+                               errno.EHOSTUNREACH, errno.ENETUNREACH})
+# Texts of allocation failures from the runtimes (CUDA, cuDNN, onnxruntime, TensorRT).
+_OUT_OF_MEMORY = ("out of memory", "failed to allocate", "cudaerrormemoryallocation",
+                  "cuda_error_out_of_memory")
+# Exception class names of object-store clients whose errors are outages, not the record's
+# fault (botocore is optional: matched by name rather than imported).
+_TRANSIENT_NAMES = frozenset({"EndpointConnectionError", "ConnectTimeoutError",
+                              "ReadTimeoutError", "ConnectionClosedError", "OutOfMemoryError"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is an outage to wait out rather than a
+    failure of the job: see :class:`Transient`."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        # (Not MemoryError: a hostile image can cause it in the worker's own process; such a
+        # job is isolated like any failure, worker.tasks.batched._isolate.)
+        if isinstance(cur, Transient | TimeoutError | ConnectionError):
+            return True
+        if isinstance(cur, OSError) and cur.errno in _TRANSIENT_ERRNOS:
+            return True
+        if type(cur).__name__ in _TRANSIENT_NAMES:
+            return True
+        text = str(cur).lower()
+        if any(t in text for t in _OUT_OF_MEMORY):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 class KafkaIOError(WorkerError):

@@ -36,6 +36,7 @@ class Observed(Protocol):
     task: Any  # worker.tasks.protocol.Task
     committer: Any  # worker.loop.commit.base.Committer
     backpressure: Any  # worker.loop.backpressure.Backpressure
+    hold: Any  # worker.loop.hold.PartitionHold
     stats: Any  # worker.loop.stats.Stats
     hops: Any  # worker.loop.hops.HopTimes
     heap: Any  # worker.loop.heap.HeapPolicy

@@ -25,6 +25,7 @@ from worker.exceptions import (
     SchemaViolation,
     TaskFailed,
     WorkerError,
+    is_transient,
     one_line,
 )
 from worker.tasks.batcher import Batch, Batchable, DynamicBatcher, NoProfileFits
@@ -34,6 +35,10 @@ from worker.wire.records import Headers, SourceRecord, SourceRef, TopicPartition
 log = structlog.get_logger("worker")
 # A job whose batch of one fails this many times is dead-lettered (internal_error).
 FAILED_ALONE_LIMIT = 2
+# A batch failed by an outage (worker.exceptions.is_transient) runs again after 1, 2, 4 ...
+# 30 s, whole: splitting it would only multiply the failing calls.
+TRANSIENT_FIRST_S = 1.0
+TRANSIENT_MAX_S = 30.0
 
 
 def sticky_device_error(message: str) -> bool:
@@ -129,6 +134,11 @@ class BatchedTask(abc.ABC, Generic[P]):
         self._in_flight: list[tuple[Future[list[Any]], float, Batch[P]]] = []
         # Times a job failed in a batch of its own (poisoned-batch isolation: _isolate).
         self._failed_alone: dict[SourceRef, int] = {}
+        # Batches failed by an outage, waiting to run again: (due, attempt, batch). They keep
+        # their batch slot, so nothing new is launched into the same outage.
+        self._waiting: list[tuple[float, int, Batch[P]]] = []
+        self._outage: str | None = None  # the last outage's error, until a batch succeeds
+        self._retry_of: dict[int, int] = {}  # id(future) of a relaunched batch -> its attempt
 
     @property
     def batcher(self) -> DynamicBatcher[P]:
@@ -149,6 +159,8 @@ class BatchedTask(abc.ABC, Generic[P]):
         return admit_each(batch, self._max_message_bytes, one)
 
     def schedule(self, now: float, now_ms: int, *, free: int, force: bool) -> list[Answer]:
+        if self._waiting:
+            self._relaunch_due(now, force=force)
         due = self.batcher.schedule(now, now_ms, limit=max(free, 0), force=force)
         answers = [self._answer(p, self.expired_result(p, now_ms)) for p in due.expired]
         for batch in due.batches:
@@ -167,13 +179,18 @@ class BatchedTask(abc.ABC, Generic[P]):
             if not (block or fut.done()):
                 pending.append(entry)
                 continue
+            attempt = self._retry_of.pop(id(fut), 1) if self._retry_of else 1
             try:
                 outcomes = fut.result()
-            except Exception as exc:  # fatal ones re-raised, the rest isolated (_isolate)
+            except Exception as exc:  # fatal ones re-raised, outages waited, the rest isolated
                 if self.fatal(exc):
                     raise  # stops the worker without committing these jobs
+                if is_transient(exc):
+                    self._wait_out(batch, exc, attempt=attempt)
+                    continue
                 answers += self._isolate(batch, exc)
                 continue
+            self._outage = None
             done = time.monotonic()
             if self.on_batch_done is not None:
                 profile = batch.profile
@@ -222,21 +239,65 @@ class BatchedTask(abc.ABC, Generic[P]):
         return [Answer(p.ref, p.record, p.epoch, rejection=TaskFailed(
             f"the task failed on this job alone {tries} times: {why}"))]
 
+    def _wait_out(self, batch: Batch[P], exc: BaseException, *, attempt: int) -> None:
+        why = one_line(f"{type(exc).__name__}: {exc}")
+        wait_s = min(TRANSIENT_MAX_S, TRANSIENT_FIRST_S * 2 ** (attempt - 1))
+        self._outage = why
+        self._waiting.append((time.monotonic() + wait_s, attempt, batch))
+        log.warning("batch_waits_for_outage", jobs=len(batch.items), profile=batch.profile.name,
+                    attempt=attempt, retry_in_s=wait_s, error=why)
+
+    def _relaunch_due(self, now: float, *, force: bool) -> None:
+        """Run the waiting batches that are due again. ``force`` (the drain at shutdown):
+        drop them instead, uncommitted, for the partitions' next owner to redo: a drain must
+        not wait for an outage to end."""
+        keep: list[tuple[float, int, Batch[P]]] = []
+        for due, attempt, batch in self._waiting:
+            if force:
+                log.warning("batch_dropped_in_outage", jobs=len(batch.items),
+                            reason="shutting down while its outage lasts; not committed")
+            elif due <= now:
+                fut = self.submit(batch)
+                self._in_flight.append((fut, time.monotonic(), batch))
+                self._retry_of[id(fut)] = attempt + 1
+            else:
+                keep.append((due, attempt, batch))
+        self._waiting = keep
+
+    def unavailable(self) -> str | None:
+        if self._outage is None or self._batcher is None:
+            return None
+        return f"batches wait for an outage to end: {self._outage[:200]}"
+
     def remove(self, keys: set[TopicPartitionKey]) -> None:
+        if self._waiting:
+            kept = []
+            for due, attempt, batch in self._waiting:
+                items = [p for p in batch.items if p.partition_key not in keys]
+                if items:
+                    kept.append((due, attempt, Batch(batch.profile, items,
+                                                     batch.profile.padded(len(items)))))
+            self._waiting = kept
         self.batcher.remove(lambda p: p.partition_key in keys)
         self._failed_alone = {r: n for r, n in self._failed_alone.items()
                               if (r.topic, r.partition) not in keys}
 
     def held(self) -> int:
-        return len(self.batcher) + sum(len(entry[2].items) for entry in self._in_flight)
+        return (len(self.batcher) + sum(len(entry[2].items) for entry in self._in_flight)
+                + sum(len(entry[2].items) for entry in self._waiting))
 
     def in_flight(self) -> int:
-        return len(self._in_flight) if self._batcher is not None else 0
+        return len(self._in_flight) + len(self._waiting) if self._batcher is not None else 0
 
     def wait(self, timeout: float) -> None:
-        if self._batcher is not None and self._in_flight:
+        if self._batcher is None:
+            return
+        if self._in_flight:
             wait([entry[0] for entry in self._in_flight], timeout=timeout,
                  return_when=FIRST_COMPLETED)
+        elif self._waiting:  # nothing computing: until the first waiting batch is due
+            time.sleep(max(0.0, min(timeout, min(w[0] for w in self._waiting)
+                                    - time.monotonic())))
 
     def _answer(self, p: Any, result: Any) -> Answer:
         try:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from worker.exceptions import JobRejected, OversizedMessage, SchemaViolation
+from worker.exceptions import JobRejected, OversizedMessage, SchemaViolation, UnreadableHeaders
 from worker.wire.moderation_jobs import Status
 from worker.wire.records import Headers, SourceRecord, SourceRef, TopicPartitionKey
 
@@ -106,6 +106,10 @@ class Task(Protocol):
     def ready(self) -> bool:
         """True once warm-up is done and batches run at full speed."""
 
+    def unavailable(self) -> str | None:
+        """Why batches wait instead of running (a downstream out for now: the blob store, a
+        full disk, the device out of memory), for readiness; None when they run."""
+
     def close(self) -> None: ...
 
 
@@ -125,7 +129,9 @@ def admit_each(batch: ConsumedBatch, max_message_bytes: int,
 
 def record_value(record: SourceRecord, max_message_bytes: int) -> bytes:
     """The record checks every task shares, before its own decoding: no tombstone, no record
-    over ``limits.max_message_bytes``."""
+    over ``limits.max_message_bytes``; headers that could be read."""
+    if record.headers_error is not None:
+        raise UnreadableHeaders(record.headers_error)
     value = record.value
     if value is None:
         raise SchemaViolation("record has no value (tombstone)")

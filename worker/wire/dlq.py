@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 
 from worker.exceptions import JobRejected
-from worker.wire.msgpack_map import peek_version
+from worker.wire.job_maps import source_version
 from worker.wire.records import Headers, SourceRecord
 from worker.wire.trace import trace_headers
 
@@ -37,8 +37,10 @@ def record_bytes(record: SourceRecord) -> int:
 def dead_letter(record: SourceRecord, error: JobRejected, worker_id: str, *,
                 inline_max_bytes: int | None = None) -> DeadLetter:
     """Build the DLQ record for one rejected Kafka record (see schemas/dlq-record.schema.json):
-    the original, or a reference to it when the original is over ``inline_max_bytes``."""
-    if inline_max_bytes is not None and record_bytes(record) > inline_max_bytes:
+    the original, or a reference to it when the original is over ``inline_max_bytes`` or its
+    headers could not be read (a copy without them would not be the original)."""
+    if record.headers_error is not None or (
+            inline_max_bytes is not None and record_bytes(record) > inline_max_bytes):
         return dead_letter_by_reference(record, error, worker_id)
     # The original headers in their order, but none in our namespace: a record must not be
     # able to forge the reason or the source a DLQ reader (or a redrive) goes by.
@@ -49,16 +51,19 @@ def dead_letter(record: SourceRecord, error: JobRejected, worker_id: str, *,
 
 def dead_letter_by_reference(record: SourceRecord, error: JobRejected, worker_id: str
                              ) -> DeadLetter:
-    """A DLQ record for a record too large to copy: the value is a JSON reference to the source
-    record, its original headers are left out (but its W3C trace context), and ``ktw.dlq.value``
-    says so. The key is kept when it is small (it usually is the job id); a record without
-    one (or with a larger one) is keyed ``<topic>/<partition>/<offset>`` instead, so that a
-    compacted DLQ topic, which refuses records without a key, takes it too."""
+    """A DLQ record for a record too large to copy (or whose headers could not be read): the
+    value is a JSON reference to the source record (``headers``: their number, null when
+    unreadable), its original headers are left out (but its W3C trace context), and
+    ``ktw.dlq.value`` says so. The key is kept when it is small (it usually is the job id); a
+    record without one (or with a larger one) is keyed ``<topic>/<partition>/<offset>``
+    instead, so that a compacted DLQ topic, which refuses records without a key, takes it
+    too."""
     value = record.value or b""
     ref = {"ref": "kafka", "topic": record.topic, "partition": record.partition,
            "offset": record.offset, "bytes": len(value),
            "sha256": hashlib.sha256(value).hexdigest(),
-           "headers": len(record.headers or []), "record_bytes": record_bytes(record)}
+           "headers": None if record.headers_error is not None else len(record.headers or []),
+           "record_bytes": record_bytes(record)}
     key = record.key if record.key is not None and len(record.key) <= MAX_REFERENCE_KEY \
         else f"{record.topic}/{record.partition}/{record.offset}".encode()
     headers = [*_ours(record, error, worker_id), (HEADER_PREFIX + "value", b"reference"),
@@ -85,7 +90,7 @@ def _ours(record: SourceRecord, error: JobRejected, worker_id: str) -> Headers:
     # The job's contract version, when its value says (even one this worker does not speak):
     # a by-reference record has no value to read it from, and a redrive or a reader picks the
     # schema by it. Added in contract v2; readers that do not know it skip it.
-    version = peek_version(record.value)
+    version = source_version(record.value)
     if version is not None:
         ours["source.v"] = str(version)
     # The same facts under Kafka Connect's dead-letter header names (KIP-298), so tooling

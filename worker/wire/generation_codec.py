@@ -9,6 +9,7 @@ module and ``schemas/generation-*.schema.json`` in agreement.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import msgpack
@@ -16,6 +17,7 @@ import msgpack
 from worker.exceptions import SchemaViolation
 from worker.tasks.generation.schedulers import SCHEDULERS
 from worker.wire.generation_jobs import SEED_MODULUS, GenerationJob, GenerationResult
+from worker.wire.job_maps import NON_BLANK, refuse_duplicate_keys
 
 # The msgpack framing rules (no ext types, UTF-8 strings, a map at the top) are the same for
 # every payload of the contract, so they are shared rather than restated.
@@ -35,6 +37,8 @@ MAX_STEPS = 150
 MAX_GUIDANCE = 30.0
 MAX_IMAGES = 64
 MAX_SEED = SEED_MODULUS - 1
+# The schema's prompt pattern: a character outside ECMA-262's whitespace (worker.wire.job_maps).
+PROMPT_PRESENT = re.compile(NON_BLANK)
 GENERATION_JOB_FIELDS = frozenset({
     "v", "id", "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale",
     "scheduler", "seed", "num_images", "deadline_ms"})
@@ -84,10 +88,11 @@ def _header(obj: dict[Any, Any]) -> int:
 def decode_generation_job(payload: bytes) -> GenerationJob:
     """Decode and validate one generation job; raise a :class:`JobRejected` subclass if bad."""
     obj = unpack_map(payload)
+    refuse_duplicate_keys(payload, obj)
     version = _header(obj)
     job_id = require_str(obj, "id", max_chars=MAX_ID_CHARS)
     prompt = require_str(obj, "prompt", max_chars=MAX_PROMPT_CHARS)
-    if not prompt.strip():
+    if not PROMPT_PRESENT.search(prompt):
         raise SchemaViolation("field 'prompt': empty (only whitespace)")
     negative = ""
     if obj.get("negative_prompt") is not None:

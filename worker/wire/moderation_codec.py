@@ -14,7 +14,8 @@ from typing import Any
 
 import msgpack
 
-from worker.exceptions import SchemaViolation
+from worker.exceptions import SchemaViolation, TextTooLong
+from worker.wire.job_maps import NON_BLANK, refuse_duplicate_keys
 from worker.wire.moderation_jobs import (
     NO_RULE,
     ModerationJob,
@@ -37,9 +38,9 @@ from worker.wire.versions import V1, V2, VERSIONS
 MAX_TEXT_CHARS = 100_000
 MAX_IMAGE_BYTES = 64 * 1024 * 1024
 POLICY_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-# A text counts as present when it has a non-whitespace character (the schema's anyOf
-# pattern); a job needs an image, such a text, or both.
-TEXT_PRESENT = re.compile(r"\S")
+# A text counts as present when it has a character outside ECMA-262's whitespace (the schema's
+# anyOf pattern, spelled out: worker.wire.job_maps); a job needs an image, such a text, or both.
+TEXT_PRESENT = re.compile(NON_BLANK)
 JOB_FIELDS = frozenset({"v", "id", "image", "text", "policy", "deadline_ms"})
 
 
@@ -65,6 +66,7 @@ def decode_moderation_job(payload: bytes, limits: DecodeLimits | None = None) ->
     2-core machine)."""
     limits = limits or _DEFAULT_LIMITS
     obj = unpack_map(payload)
+    refuse_duplicate_keys(payload, obj)
     v, job_id, image = obj.get("v"), obj.get("id"), obj.get("image")
     text, policy, deadline = obj.get("text"), obj.get("policy", "default"), obj.get("deadline_ms")
     if (type(v) is int and v in VERSIONS and obj.keys() <= JOB_FIELDS
@@ -86,7 +88,10 @@ def _short_str(value: object, max_chars: int) -> bool:
 
 
 def _validated(obj: dict[Any, Any], limits: DecodeLimits) -> ModerationJob:
-    """Every check of the contract, each with its own one-line reason."""
+    """Every check of the contract, each with its own one-line reason; then the worker's own
+    text limit. A text the contract allows (at most ``MAX_TEXT_CHARS``) but over
+    ``limits.max_text_chars`` is ``text_too_long``, not ``schema``: the job is valid, this
+    worker does not take it. Checked last, so an invalid job is ``schema`` whatever its text."""
     version = check_envelope(obj, JOB_FIELDS, VERSIONS)
     if "id" not in obj:
         raise SchemaViolation("missing required field 'id'")
@@ -105,8 +110,7 @@ def _validated(obj: dict[Any, Any], limits: DecodeLimits) -> ModerationJob:
 
     text = None
     if obj.get("text") is not None:
-        text = require_str(obj, "text", min_chars=0,
-                            max_chars=min(limits.max_text_chars, MAX_TEXT_CHARS))
+        text = require_str(obj, "text", min_chars=0, max_chars=MAX_TEXT_CHARS)
     policy = "default"
     if obj.get("policy") is not None:
         policy = require_str(obj, "policy", max_chars=64)
@@ -119,6 +123,10 @@ def _validated(obj: dict[Any, Any], limits: DecodeLimits) -> ModerationJob:
         )
     if image is None and (text is None or not TEXT_PRESENT.search(text)):
         raise SchemaViolation("job has neither image nor text")
+    if text is not None and len(text) > limits.max_text_chars:
+        raise TextTooLong(f"field 'text': {len(text)} characters, over this worker's "
+                          f"limits.max_text_chars {limits.max_text_chars} (the contract "
+                          f"allows {MAX_TEXT_CHARS})")
     return ModerationJob(id=job_id, image=image, text=text, policy=policy, deadline_ms=deadline,
                          schema_version=version)
 

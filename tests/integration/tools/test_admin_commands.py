@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from typer.testing import CliRunner, Result
 
+from worker.config import LimitsSettings
 from worker.devkit.local_kafka.admin import create_topics
 from worker.devkit.workers import Topics, committed, end_offsets, fresh_topics, worker_config
 from worker.exceptions import ImageRejected, JobRejected, OversizedMessage, SchemaViolation
@@ -29,6 +30,7 @@ from worker.wire.dlq import dead_letter, dead_letter_by_reference
 from worker.wire.records import SourceRecord
 
 pytestmark = pytest.mark.integration
+DEFAULT_LIMIT = LimitsSettings().max_message_bytes  # limits.max_message_bytes by default
 
 
 @pytest.fixture(autouse=True)
@@ -41,11 +43,11 @@ def _keep_logging() -> Iterator[None]:
     root.setLevel(level)
 
 
-def cli(tmp_path: Path, bootstrap: str, topics: Topics, *args: str) -> Result:
+def cli(tmp_path: Path, bootstrap: str, topics: Topics, *args: str, toml: str = "") -> Result:
     cfg = tmp_path / f"cfg-{uuid.uuid4().hex[:6]}.toml"
     cfg.write_text(f'[kafka]\nbootstrap_servers = "{bootstrap}"\ngroup_id = "{topics.group}"\n'
                    f'[topics]\njobs = "{topics.jobs}"\nresults = "{topics.results}"\n'
-                   f'dlq = "{topics.dlq}"\n[log]\nlevel = "WARNING"\n')
+                   f'dlq = "{topics.dlq}"\n[log]\nlevel = "WARNING"\n{toml}')
     return CliRunner().invoke(app, [*args, "--config", str(cfg)], terminal_width=200)
 
 
@@ -137,11 +139,48 @@ def test_topics_create_reports_a_dlq_smaller_than_the_jobs_topic(kafka_bootstrap
     create_topics(kafka_bootstrap, [t.dlq], config={"max.message.bytes": "500000"})
     res = cli(tmp_path, kafka_bootstrap, t, "topics", "create", "--partitions", "2")
     assert res.exit_code == 1, res.output
+    jobs_max = DEFAULT_LIMIT + 65_536  # the jobs topic it created: the worker's limit
     assert f"problem: dlq topic {t.dlq} has max.message.bytes=500000, less than the jobs " \
-           f"topic {t.jobs} (1048588)" in res.stdout
+           f"topic {t.jobs} ({jobs_max})" in res.stdout
     got = describe(kafka_bootstrap, [t.jobs, t.results, t.dlq])
     assert got[t.dlq][1]["max.message.bytes"] == "500000", "left alone"
     assert got[t.jobs][0] == got[t.results][0] == 2, "the missing topics were created"
+
+
+def test_topics_create_sizes_the_jobs_topic_for_the_worker_s_limit(kafka_bootstrap: str,
+                                                                  tmp_path: Path) -> None:
+    """Not the broker's 1 MB: a job the worker takes (limits.max_message_bytes) gets in."""
+    t = new_names()
+    limit = 3_000_000
+    res = cli(tmp_path, kafka_bootstrap, t, "topics", "create", "--partitions", "1",
+              toml=f"[limits]\nmax_message_bytes = {limit}\n")
+    assert res.exit_code == 0, res.output
+    assert "note:" not in res.stdout, res.stdout
+    got = describe(kafka_bootstrap, [t.jobs, t.results, t.dlq])
+    jobs_max = int(got[t.jobs][1]["max.message.bytes"])
+    assert jobs_max == limit + 65_536
+    assert int(got[t.dlq][1]["max.message.bytes"]) == jobs_max + 65_536
+    assert int(got[t.results][1]["max.message.bytes"]) < limit, "results: the broker's"
+    # A value at the limit, with a key and headers, is taken by the jobs topic.
+    produce(kafka_bootstrap, t.jobs, [{"key": b"k" * 200, "value": b"v" * limit,
+                                       "headers": [("traceparent", b"t" * 55)]}])
+    assert len(read_all(kafka_bootstrap, t.jobs, 1)[0].value()) == limit
+
+
+def test_topics_create_notes_a_jobs_topic_smaller_than_the_limit(kafka_bootstrap: str,
+                                                                 tmp_path: Path) -> None:
+    t = new_names()
+    create_topics(kafka_bootstrap, [t.jobs])  # the broker's default max.message.bytes
+    res = cli(tmp_path, kafka_bootstrap, t, "topics", "create")
+    assert res.exit_code == 0, res.output
+    jobs_max = int(describe(kafka_bootstrap, [t.jobs])[t.jobs][1]["max.message.bytes"])
+    assert jobs_max < DEFAULT_LIMIT
+    assert (f"note: jobs topic {t.jobs} has max.message.bytes={jobs_max}, under the "
+            f"{DEFAULT_LIMIT + 65_536} that limits.max_message_bytes={DEFAULT_LIMIT} needs"
+            ) in " ".join(res.stdout.split())
+    got = describe(kafka_bootstrap, [t.jobs, t.dlq])
+    assert int(got[t.jobs][1]["max.message.bytes"]) == jobs_max, "left alone"
+    assert int(got[t.dlq][1]["max.message.bytes"]) == jobs_max + 65_536, "sized for it"
 
 
 # -- lag ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ collect, remove, held), through a scripted subclass; no model and no broker."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -274,3 +275,47 @@ def test_a_memory_error_is_isolated_like_any_failure() -> None:
     task.schedule(2.0, NOW_MS, free=1, force=True)
     task.futures[0][0].set_exception(MemoryError())
     assert task.collect(block=True) == [] and task.held() == 1  # retried alone
+
+
+@pytest.mark.parametrize("error", [
+    OSError(28, "No space left on device"),
+    RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+])
+def test_an_outage_waits_and_runs_the_whole_batch_again_never_dead_letters(
+        error: Exception, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk or a device out of memory is not the jobs' fault. It was split down to single
+    jobs, each run twice, then dead-lettered ``internal_error`` (or, in the engine, answered
+    ``status: error``): a transient condition became a permanent answer. Now the whole batch
+    waits, runs again with a growing backoff, however many times, and readiness says why."""
+    from worker.tasks import batched
+
+    monkeypatch.setattr(batched, "TRANSIENT_FIRST_S", 0.0)
+    task = _task(delay_s=60.0)
+    task.admit(_batch(_record(0), _record(1), _record(2)))
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    for attempt in range(5):
+        fut, batch = task.futures[-1]
+        assert len(batch.items) == 3  # never split
+        fut.set_exception(error)
+        assert task.collect(block=True) == []
+        assert task.held() == 3 and task.in_flight() == 1  # it keeps its slot
+        reason = task.unavailable()
+        assert reason is not None and str(error)[:20] in reason
+        task.schedule(time.monotonic(), NOW_MS, free=0, force=False)  # relaunched when due
+    assert len(task.futures) == 6
+    task.finish()
+    answers = task.collect(block=True)
+    assert sorted(a.value for a in answers) == [b"j0:ok", b"j1:ok", b"j2:ok"]
+    assert task.unavailable() is None and task.held() == 0
+
+
+def test_a_waiting_batch_is_dropped_at_shutdown_and_on_revoke() -> None:
+    task = _task(delay_s=60.0)
+    task.admit(_batch(_record(0, partition=0), _record(1, partition=1)))
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    task.futures[0][0].set_exception(OSError(28, "No space left on device"))
+    task.collect(block=True)
+    task.remove({("jobs", 0)})
+    assert task.held() == 1  # the revoked partition's job left the waiting batch
+    task.schedule(2.0, NOW_MS, free=1, force=True)  # the drain: not waited for, not answered
+    assert task.held() == 0 and len(task.futures) == 1

@@ -66,6 +66,7 @@ def test_codec_constants_mirror_the_job_schema(contract: Any, version: int) -> N
     assert props["v"]["const"] == version
     assert set(props) == codec.GENERATION_JOB_FIELDS
     assert props["prompt"]["maxLength"] == codec.MAX_PROMPT_CHARS
+    assert props["prompt"]["pattern"] == codec.PROMPT_PRESENT.pattern
     assert props["negative_prompt"]["maxLength"] == codec.MAX_PROMPT_CHARS
     for side in ("width", "height"):
         assert (props[side]["minimum"], props[side]["maximum"], props[side]["multipleOf"]) == (
@@ -197,6 +198,8 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], Any], type[JobRejected]]] 
     ("steps=25.0", _set("steps", 25.0), SchemaViolation),
     ('prompt=""', _set("prompt", ""), SchemaViolation),
     ("prompt-whitespace", _set("prompt", " \t\n "), SchemaViolation),
+    ("prompt-nbsp-ideographic", _set("prompt", "\u00a0\u3000"), SchemaViolation),
+    ("prompt-bom", _set("prompt", "\ufeff"), SchemaViolation),  # ECMA-262 whitespace
     ("prompt-2001", _set("prompt", "p" * 2001), SchemaViolation),
     ("prompt-as-bin", _set("prompt", b"a cat"), SchemaViolation),
     ("negative-as-int", _set("negative_prompt", 3), SchemaViolation),
@@ -246,6 +249,23 @@ def test_mutated_job_is_rejected_by_schema_and_codec(
     assert type(info.value) is expected
 
 
+@pytest.mark.parametrize("prompt", ["\x1c", "\x85", "\u200b"], ids=["U+001C", "U+0085", "U+200B"])
+def test_a_prompt_outside_ecma_whitespace_is_accepted_by_both(contract: Any, prompt: str
+                                                               ) -> None:
+    """Python's str.strip() removes U+001C and U+0085; ECMA-262's \\s (the schema's) does not."""
+    doc = {"v": 2, "id": "w", "prompt": prompt}
+    assert contract.errors(JOB[2], doc) == []
+    assert decode_generation_job(msgpack.packb(doc)).prompt == prompt
+
+
+def test_a_duplicate_key_is_refused() -> None:
+    pairs = [("v", 2), ("id", "a"), ("prompt", "a cat"), ("prompt", "a dog")]
+    payload = bytes([0x80 | len(pairs)]) + b"".join(msgpack.packb(k) + msgpack.packb(v)
+                                                    for k, v in pairs)
+    with pytest.raises(SchemaViolation, match=r"duplicate key.*'prompt'"):
+        decode_generation_job(payload)
+
+
 def test_null_optional_fields_take_the_defaults(contract: Any) -> None:
     doc = {"v": 1, "id": "n", "prompt": "p", **{k: None for k in codec.GENERATION_JOB_FIELDS - {
         "v", "id", "prompt"}}}
@@ -271,7 +291,8 @@ _ANY = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
 _PLAUSIBLE = {
     "v": st.sampled_from([1, 2]),
     "id": st.text(min_size=1, max_size=300),
-    "prompt": st.text(max_size=40),
+    "prompt": st.one_of(st.text(max_size=40),
+                        st.text(alphabet=" \t\x1c\x85\u00a0\ufeffx", max_size=4)),  # blank-ish
     "negative_prompt": st.one_of(st.none(), st.text(max_size=20)),
     "width": st.one_of(st.none(), st.integers(0, 2200)),
     "height": st.one_of(st.none(), st.sampled_from([64, 512, 768, 2048, 2056, 63])),

@@ -15,6 +15,7 @@ from worker.exceptions import (
     JobRejected,
     MalformedPayload,
     SchemaViolation,
+    TextTooLong,
     UnsupportedVersion,
 )
 from worker.tools.produce import encode_job
@@ -236,7 +237,7 @@ def test_missing_version_is_schema_violation() -> None:
         ({"image": "not-bytes", "text": "a caption"}, "image"),
         ({"text": b"bytes"}, "text"),
         ({"text": 5}, "text"),
-        ({"text": "t" * 20_001}, "text"),
+        ({"text": "t" * (codec.MAX_TEXT_CHARS + 1)}, "text"),
         ({"policy": "Bad Policy!"}, "policy"),
         ({"policy": ""}, "policy"),
         ({"policy": "-leading-dash"}, "policy"),
@@ -307,11 +308,60 @@ def test_zero_byte_image_is_schema_violation_even_with_text() -> None:
         assert "field 'image': empty" in str(err)
 
 
+# ECMA-262's \s (WhiteSpace and LineTerminator), what the job schema's "not blank" pattern means.
+ECMA_WHITESPACE = ("\t\n\v\f\r \u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B)))
+                   + "\u2028\u2029\u202f\u205f\u3000\ufeff")
+
+
+@pytest.mark.parametrize("char", ECMA_WHITESPACE, ids=lambda c: f"U+{ord(c):04X}")
+def test_a_text_of_ecma_whitespace_alone_is_blank(char: str) -> None:
+    err = _reject(_pack(_without_image(text=char * 3)))
+    assert type(err) is SchemaViolation and "neither image nor text" in str(err)
+
+
+@pytest.mark.parametrize("char", ["\x1c", "\x1f", "\x85", "\u180e", "\u200b", "\x00"],
+                         ids=lambda c: f"U+{ord(c):04X}")
+def test_a_character_outside_ecma_whitespace_is_text(char: str) -> None:
+    """Python's str.isspace() counts U+001C-U+001F and U+0085 as whitespace; the contract (and
+    ECMA-262, RE2) do not, so a text of them is not blank."""
+    assert decode_moderation_job(_pack(_without_image(text=char))).text == char
+
+
+def _map(*pairs: tuple[Any, Any]) -> bytes:
+    """A msgpack map of ``pairs`` as given: repeated keys stay repeated."""
+    assert len(pairs) < 16
+    return bytes([0x80 | len(pairs)]) + b"".join(_pack(k) + _pack(v) for k, v in pairs)
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [(("v", 1), ("id", "a"), ("image", IMAGE), ("id", "b")),
+     (("v", 1), ("v", 1), ("id", "a"), ("image", IMAGE)),  # the same value twice too
+     (("v", 3), ("id", "a"), ("image", IMAGE), ("v", 1)),  # the last v would pass
+     (("v", 1), ("id", "a"), ("text", "ok"), ("text", " "))],
+    ids=["id-twice", "v-twice-same", "v-3-then-1", "text-twice"],
+)
+def test_a_duplicate_key_is_a_schema_violation(pairs: tuple[tuple[Any, Any], ...]) -> None:
+    err = _reject(_map(*pairs))
+    assert type(err) is SchemaViolation and "duplicate key" in str(err)
+    assert repr(next(k for k, _ in pairs if sum(k == q for q, _ in pairs) > 1)) in str(err)
+
+
+def test_the_duplicate_check_counts_16_bit_map_headers_too() -> None:
+    doc = {"v": 1, "id": "a", "image": IMAGE, **{f"x{i}": i for i in range(20)}}
+    payload = _pack(doc)
+    assert payload[0] == 0xDE
+    err = _reject(payload)
+    assert "unknown field" in str(err), "distinct keys: no duplicate reported"
+    twice = payload.replace(b"\xa3x19", b"\xa3x18")  # two keys x18
+    assert "duplicate key(s) in the map: 'x18'" in str(_reject(twice))
+
+
 def test_text_only_job_still_obeys_the_text_limit() -> None:
     limits = DecodeLimits(max_image_bytes=1024, max_text_chars=10)
     assert decode_moderation_job(_pack(_without_image(text="t" * 10)), limits).text == "t" * 10
     err = _reject(_pack(_without_image(text="t" * 11)), limits)
-    assert type(err) is SchemaViolation
+    assert type(err) is TextTooLong
     assert "'text'" in str(err)
 
 
@@ -365,22 +415,39 @@ def test_text_at_the_configured_limit_is_accepted_one_char_more_is_not() -> None
     limits = DecodeLimits(max_image_bytes=1024, max_text_chars=10)
     assert decode_moderation_job(_pack(_job(text="t" * 10)), limits).text == "t" * 10
     err = _reject(_pack(_job(text="t" * 11)), limits)
-    assert type(err) is SchemaViolation
-    assert "'text'" in str(err)
+    assert type(err) is TextTooLong and err.reason == "text_too_long"
+    assert "'text'" in str(err) and "limits.max_text_chars 10" in str(err)
 
 
 def test_default_limits_are_the_documented_defaults() -> None:
     assert DecodeLimits() == DecodeLimits(max_image_bytes=20 * 1024 * 1024,
                                           max_text_chars=20_000)
     err = _reject(_pack(_job(text="t" * 20_001)))
-    assert "'text'" in str(err)
+    assert type(err) is TextTooLong and "'text'" in str(err)
 
 
 def test_a_configured_text_limit_cannot_loosen_the_contract() -> None:
     limits = DecodeLimits(max_text_chars=10**6)
     decode_moderation_job(_pack(_job(text="t" * codec.MAX_TEXT_CHARS)), limits)
     err = _reject(_pack(_job(text="t" * (codec.MAX_TEXT_CHARS + 1))), limits)
-    assert "'text'" in str(err)
+    assert type(err) is SchemaViolation and "'text'" in str(err)
+
+
+def test_a_text_the_contract_allows_over_the_worker_limit_is_text_too_long() -> None:
+    """25,000 characters: valid by the schema's 100,000, over the default 20,000."""
+    for doc in (_job(text="t" * 25_000), _without_image(text="t" * 25_000)):
+        err = _reject(_pack(doc))
+        assert type(err) is TextTooLong and err.reason == "text_too_long"
+        assert "25000" in str(err) and "20000" in str(err)
+
+
+@pytest.mark.parametrize("fields", [{"policy": "Bad Policy!"}, {"deadline_ms": -1},
+                                    {"image": b""}, {"colour": "red"}, {"v": 3}])
+def test_a_job_invalid_otherwise_is_refused_for_that_whatever_its_text(
+        fields: dict[str, Any]) -> None:
+    """text_too_long is for valid jobs only: the contract's own reasons come first."""
+    err = _reject(_pack(_job(**{"text": "t" * 25_000, **fields})))
+    assert type(err) in (SchemaViolation, UnsupportedVersion)
 
 
 def test_a_configured_image_limit_cannot_loosen_the_contract() -> None:

@@ -664,6 +664,36 @@ def test_dlq_schema_refuses_a_record_missing_a_required_header(contract: Any) ->
     assert contract.errors("dlq-record", wire) != []
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_model_id_and_engine_hash_describe_what_a_result_not_ok_carries(contract: Any,
+                                                                       version: int) -> None:
+    """An open_nsfw-only worker's expired result names its model and engine (the examples
+    are what it writes); only image-and-text policies write '-'. The descriptions say both."""
+    props = contract.schema(RESULT[version])["properties"]
+    expired = json.loads((SCHEMAS / "examples" / (
+        f"moderation-result{'.v2' if version == 2 else ''}.expired.json")).read_text())
+    assert expired["status"] == "expired" and expired["model_id"] == "open_nsfw"
+    assert expired["engine_hash"] != "-"
+    assert "still names the model it serves (open_nsfw" in props["model_id"]["description"]
+    assert "'-' under an image-and-text policy" in props["engine_hash"]["description"]
+
+
+def test_the_reference_document_s_headers_field_is_described_as_the_count_it_is(
+        contract: Any) -> None:
+    """A by-reference dead letter's ``headers`` is how many headers the source record had
+    (they are left out), not a list: the contract says so, as a reader must parse it."""
+    from worker.wire.dlq import dead_letter_by_reference
+
+    src = SourceRecord("t", 0, 5, key=b"k", value=b"v" * 10,
+                       headers=[("a", b"1"), ("traceparent", b"00-abc-01"), ("b", None)],
+                       timestamp_ms=None)
+    ref = json.loads(dead_letter_by_reference(src, SchemaViolation("x"), "w").value or b"")
+    assert type(ref["headers"]) is int and ref["headers"] == 3
+    description = contract.schema("dlq-record")["description"]
+    assert "headers (an integer, not a list: how many headers the source record had" in \
+        description
+
+
 @pytest.mark.parametrize("path", DLQ_EXAMPLES, ids=_ids(DLQ_EXAMPLES))
 def test_dlq_example_is_what_the_worker_writes_for_its_payload(
     contract: Any, path: Path
@@ -824,7 +854,8 @@ _PLAUSIBLE = {
     "id": st.text(min_size=1, max_size=300),
     "image": st.binary(min_size=1, max_size=64),
     "text": st.one_of(st.none(), st.text(max_size=50),
-                      st.text(alphabet=" \t\n\u3000\u00a0x", max_size=4)),  # blank or nearly
+                      # blank, nearly, or blank only to Python (U+001C, U+0085) or ECMA (U+FEFF)
+                      st.text(alphabet=" \t\n\u3000\u00a0\x1c\x85\ufeffx", max_size=4)),
     "policy": st.one_of(st.none(), _POLICY),
     "deadline_ms": st.one_of(st.none(), st.integers(min_value=-5, max_value=2**64 - 1)),
 }

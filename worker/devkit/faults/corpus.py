@@ -106,7 +106,7 @@ def _class_builders(jpeg: bytes) -> dict[str, tuple[str, Builder]]:
         "unknown_field": ("schema", lambda i, r: _pack(
             {"v": 1, "id": i, "image": jpeg, "colour": "red"})),
         "zero_byte_image": ("schema", lambda i, r: _pack({"v": 1, "id": i, "image": b""})),
-        "huge_text": ("schema", lambda i, r: encode_job(i, jpeg, text="x" * 30_000)),
+        "huge_text": ("text_too_long", lambda i, r: encode_job(i, jpeg, text="x" * 30_000)),
         "unknown_policy": ("unknown_policy", lambda i, r: encode_job(i, jpeg, policy="nope")),
         "tombstone": ("schema", lambda i, r: None),
         "oversized_message": ("oversized", lambda i, r: b"\x00" * (70 * 1024)),

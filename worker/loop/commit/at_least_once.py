@@ -34,6 +34,7 @@ import structlog
 from worker.config import WorkerConfig
 from worker.exceptions import DeliveryFailed, KafkaIOError
 from worker.kafka import Consumer, Producer, producer_settings
+from worker.loop.commit.marks import CommitMarks, marker
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.hops import HopTimes
 from worker.loop.output import Output, OutputBuilder, by_record, reported, stand_in
@@ -74,7 +75,7 @@ class _Sent:
         if err is None:
             self.owner._acked = True  # readiness: the broker is taking records
             if self.owner._failing:
-                self.owner._failing.pop(msg.topic(), None)
+                self.owner._failing.pop(msg.topic() or "", None)
         else:
             self.failed.append((err, msg))
         self.left -= 1
@@ -113,6 +114,8 @@ class AtLeastOnce:
         self._hops = hops or HopTimes()
         self._producer = Producer(producer_settings(cfg))
         self._tracker = OffsetTracker()
+        # Commit metadata: the crash-loop breaker's attempt counts (worker/loop/poison.py).
+        self.marks = CommitMarks(marker(1) if cfg.processing.poison_max_attempts else "")
         self.fatal: BaseException | None = None
         self.transactional_id: str | None = None
         # Never called: the consumer commits, and its statistics see its commits.
@@ -291,7 +294,8 @@ class AtLeastOnce:
         self.retries += len(due)
         self.emit(due)
 
-    def _commit(self, *, force: bool, only: Iterable[TopicPartitionKey] | None = None) -> None:
+    def _commit(self, *, force: bool, only: Iterable[TopicPartitionKey] | None = None,
+                release: bool = False) -> None:
         now = time.monotonic()
         if not force and (now - self._last_commit) * 1e3 < self.cfg.commit.interval_ms:
             return
@@ -299,10 +303,10 @@ class AtLeastOnce:
         if not force and self._commit_sent is not None \
                 and now - self._commit_sent < ASYNC_COMMIT_STALE_S:
             return  # the previous commit is still unanswered: don't queue more behind it
-        positions = self._tracker.committable(only)
+        positions = self._releasing(only) if release else self._tracker.committable(only)
         if not positions:
             return
-        offsets = [ck.TopicPartition(t, p, o) for (t, p), o in positions.items()]
+        offsets = self.marks.offsets(positions, set(positions) if release else frozenset())
         try:
             if not force:
                 self._consumer.commit_async(offsets)
@@ -334,11 +338,46 @@ class AtLeastOnce:
                                                      for tp in partitions if tp.error])
         log.debug("committed", offsets={f"{t}[{p}]": o for (t, p), o in accepted.items()})
 
+    def _releasing(self, keys: Iterable[TopicPartitionKey] | None = None
+                   ) -> dict[TopicPartitionKey, int]:
+        """Positions to commit when giving partitions up cleanly: the ones that moved, and,
+        while commits carry marks, the unmoved ones too, whose mark must go (a clean handover
+        is no crash: see worker/loop/commit/marks.py)."""
+        positions = self._tracker.committable(keys)
+        if self.marks.default or self.marks.sticky:
+            for key in self._tracker.partitions() if keys is None else keys:
+                pos = self._tracker.position(key)
+                if pos is not None:
+                    positions.setdefault(key, pos)
+        return positions
+
+    def track(self, key: TopicPartitionKey, committed: int) -> None:
+        self._tracker.start(key, committed)
+
+    def position(self, key: TopicPartitionKey) -> int | None:
+        return self._tracker.position(key)
+
+    def commit_marks(self, keys: Iterable[TopicPartitionKey]) -> bool:
+        """Commit these partitions' positions with their marks now, synchronously (the
+        breaker's mark must be in Kafka before the record it counts is processed); False if
+        the coordinator did not take it."""
+        positions = {k: pos for k in keys if (pos := self._tracker.position(k)) is not None}
+        if not positions:
+            return True
+        try:
+            self._consumer.commit(self.marks.offsets(positions))
+        except KafkaIOError as exc:
+            log.warning("commit_failed", error=str(exc), recoverable=exc.recoverable,
+                        marks=True)
+            return False
+        self._tracker.mark_committed(positions)
+        return True
+
     def revoked(self, keys: set[TopicPartitionKey]) -> None:
         self._flush()
         if self._closing:
             return  # drain() committed (or gave up on a coordinator that does not answer)
-        self._commit(force=True, only=keys)
+        self._commit(force=True, only=keys, release=True)
 
     def lost(self, keys: set[TopicPartitionKey]) -> None:
         """Never commit lost partitions; their late outcomes are discarded."""
@@ -373,11 +412,10 @@ class AtLeastOnce:
     def _commit_bounded(self, wait_s: float) -> None:
         """An async commit of every advanced position, and callbacks served until it (and any
         earlier one) is answered or ``wait_s`` passed."""
-        positions = self._tracker.committable()
+        positions = self._releasing()
         if positions:
             try:
-                self._consumer.commit_async(
-                    [ck.TopicPartition(t, p, o) for (t, p), o in positions.items()])
+                self._consumer.commit_async(self.marks.offsets(positions, set(positions)))
             except KafkaIOError as exc:
                 log.warning("commit_failed", error=str(exc), recoverable=exc.recoverable)
                 return

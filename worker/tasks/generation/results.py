@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from worker.exceptions import Transient
 from worker.tasks.generation.blobs import BlobStore, blob_key
 from worker.wire.generation_codec import encode_generation_result
 from worker.wire.generation_jobs import GeneratedImage, GenerationResult
@@ -24,7 +25,13 @@ def fit_result(result: GenerationResult, limit: int, blobs: BlobStore,
     images = []
     for im in result.images:
         assert im.png is not None
-        ref = blobs.put(blob_key(result.id, im.index, im.seed, im.png), im.png, "image/png")
+        try:
+            ref = blobs.put(blob_key(result.id, im.index, im.seed, im.png), im.png,
+                            "image/png")
+        except Exception as exc:
+            # Never the job's fault (its images are made): an outage of the store, a full
+            # disk, a revoked credential. The batch waits and runs again (worker.tasks.batched).
+            raise Transient(f"blob store: {type(exc).__name__}: {exc}") from exc
         images.append(replace(im, png=None, blob=ref))
     timings = dict(result.timings_ms)
     timings["blob"] = (clock() - started) * 1e3

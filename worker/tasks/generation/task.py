@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engines.exceptions import InferenceFailed
 from engines.models.sd.engines import SdEngines
 from engines.profiles import RangeProfile
 from worker.config.generation import GenerationSettings
@@ -163,11 +162,10 @@ class GenerationTask(BatchedTask[GenerationPending]):
     def _run(self, batch: Batch[GenerationPending]) -> list[GenerationOutcome]:
         items = batch.items
         started = time.monotonic()
-        try:
-            stamps, pngs = self._generate(items, started)
-        except InferenceFailed as exc:
-            return [GenerationOutcome(p, self._result(p, Status.ERROR, error=str(exc)))
-                    for p in items]
+        # An engine failure is raised, never answered "error": out of memory waits and runs
+        # again (an outage), anything else is split down to the job that fails alone, which
+        # is dead-lettered (worker.tasks.batched).
+        stamps, pngs = self._generate(items, started)
         outcomes = []
         for pos, p in enumerate(items):
             timings = {"queue": (started - p.consumed_at) * 1e3, **stamps,

@@ -22,11 +22,20 @@ from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 from worker.bundled import samples_dir
 from worker.config import WorkerConfig
-from worker.exceptions import JobRejected, NothingToScore, UnknownPolicy, one_line
+from worker.exceptions import (
+    JobRejected,
+    NothingToScore,
+    TaskFailed,
+    UnknownPolicy,
+    is_transient,
+    one_line,
+)
 from worker.tasks.batched import BatchedTask, QueuedJob, sticky_device_error
 from worker.tasks.batcher import Batch
+from worker.tasks.moderation.images.budgets import guard_for
 from worker.tasks.moderation.images.cpu import (
     CROP,
+    RESIZE,
     ImageLimits,
     decode_image,
     decode_views,
@@ -128,7 +137,8 @@ class OpenNsfwTask(BatchedTask[Pending]):
         self._decode_limits = DecodeLimits(cfg.limits.max_image_bytes, cfg.limits.max_text_chars)
         self._headers: dict[int, Headers] = {}  # by contract version
         self.input_name, self.output_name = spec.inputs[0].name, spec.outputs[0].name
-        self._limits = ImageLimits(cfg.limits.max_image_pixels, cfg.limits.max_image_side)
+        self._limits = ImageLimits(cfg.limits.max_image_pixels, cfg.limits.max_image_side,
+                                   guard_for(cfg))
         self._decode_pool = ThreadPoolExecutor(cfg.model.decode_threads,
                                                thread_name_prefix="decode")
         # One orchestrating thread per batch in flight; the runner serialises the compute.
@@ -216,7 +226,8 @@ class OpenNsfwTask(BatchedTask[Pending]):
         if p.job.image is None:  # check_policy refuses these at intake; never crash on one
             return no_image(p.job)
         try:
-            views = decode_views(p.job.image, self._limits)
+            views = decode_views(p.job.image, self._limits, draft_side=RESIZE
+                                 if self.cfg.moderation.jpeg_dct_scaling else None)
         except JobRejected as exc:
             return exc
         roundtrip = self.cfg.model.jpeg_roundtrip
@@ -229,8 +240,11 @@ class OpenNsfwTask(BatchedTask[Pending]):
         Engine calls take at most the profile's largest batch (a batch's jobs can bring more
         rows than jobs: several views each). A call that fails is halved and retried (an out
         of memory on a large batch), down to the one row that keeps failing, so one bad input
-        or a tight moment answers its own job ``error``, not the batch. A CUDA error other than
-        out-of-memory is sticky (every later call fails): it is raised, which stops the worker
+        fails its own job, not the batch: that job is dead-lettered (``internal_error``), never
+        answered ``error`` (a consumer that fails open would publish it unmoderated). A row
+        still out of memory alone is an outage, not the job's fault: it is raised, and the
+        batch waits and runs again (worker.tasks.batched). A CUDA error other than out of
+        memory is sticky (every later call fails): it is raised, which stops the worker
         without committing those jobs."""
         out = np.full((len(rows), len(LABELS)), np.nan, dtype=np.float32)
         failed: dict[int, str] = {}
@@ -248,6 +262,8 @@ class OpenNsfwTask(BatchedTask[Pending]):
                 if sticky_device_error(why):
                     raise
                 if hi - lo == 1:
+                    if is_transient(exc):
+                        raise
                     failed[lo] = why
                     continue
                 log.warning("batch_split_after_failure", rows=hi - lo, error=why)
@@ -278,8 +294,8 @@ class OpenNsfwTask(BatchedTask[Pending]):
         for p, views in good:  # each job's worst view: the highest nsfw score
             errors = [failed[i] for i in range(at, at + len(views)) if i in failed]
             if errors:
-                outcomes.append(Outcome(p, result=self._result(p, Status.ERROR,
-                                                               error=errors[0])))
+                outcomes.append(Outcome(p, rejection=TaskFailed(
+                    f"the engine failed on this job alone: {errors[0]}")))
             else:
                 mine = all_scores[at:at + len(views)]
                 scored.append((p, mine[int(np.argmax(mine[:, NSFW]))]))

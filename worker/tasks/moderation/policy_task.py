@@ -82,6 +82,9 @@ class PolicyModerationTask:
     def ready(self) -> bool:
         return all(model.ready() for model in self.models.by_name.values())
 
+    def unavailable(self) -> str | None:
+        return None  # outages here still answer their parts "error" (worker/tasks/moderation)
+
     def close(self) -> None:
         from worker.tasks.moderation.models import close_models
 

@@ -30,8 +30,9 @@ def topics_create(
                     "default.replication.factor).")] = None,
     topic_config: Annotated[list[str] | None, typer.Option(
         "--topic-config", help="key=value for all three topics, repeatable (e.g. "
-        "retention.ms=604800000). The DLQ's max.message.bytes is always the jobs topic's "
-        "plus 64 KiB.")] = None,
+        "retention.ms=604800000). The jobs topic's max.message.bytes defaults to "
+        "limits.max_message_bytes plus 64 KiB; the DLQ's is always the jobs topic's plus "
+        "64 KiB.")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Show (and have the broker validate) what would be created.")] = False,
     task: TaskOpt = None,
@@ -40,9 +41,11 @@ def topics_create(
 ) -> None:
     """Create the configured jobs, results and DLQ topics (idempotent).
 
-    Existing topics are reported, never altered. The DLQ's max.message.bytes is the jobs
-    topic's effective value (else the broker's message.max.bytes) plus 64 KiB; an existing DLQ
-    below the jobs topic's is reported as a problem (exit 1).
+    Existing topics are reported, never altered. A new jobs topic's max.message.bytes is
+    limits.max_message_bytes plus 64 KiB (for the key and headers), so it takes every job the
+    worker takes; a jobs topic below that is noted. The DLQ's is the jobs topic's effective
+    value plus 64 KiB; an existing DLQ below the jobs topic's is reported as a problem
+    (exit 1).
     """
     from worker.tools.admin.common import load
     from worker.tools.admin.report import print_topics

@@ -8,12 +8,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import confluent_kafka as ck
+import structlog
 
 from worker.config import WorkerConfig
 from worker.exceptions import DeliveryFailed, KafkaIOError
 from worker.kafka import Consumer, Producer, consumer_settings, is_fatal, producer_settings
 from worker.kafka.clients import kafka_io_error
+from worker.kafka.headers import read_headers
 from worker.wire.records import Headers
+
+log = structlog.get_logger("worker.admin")
 
 IDLE_TIMEOUT_S = 60.0  # no record while partitions are left: the broker is not answering
 
@@ -42,8 +46,14 @@ def timestamp_ms(msg: ck.Message) -> int | None:
 
 
 def header_list(msg: ck.Message) -> Headers | None:
-    h = msg.headers()
-    return list(h.items()) if isinstance(h, dict) else h
+    """The record's headers; None, logged, when they cannot be read (a key that is not UTF-8):
+    a DLQ record without readable headers is then reported as no dead letter, and a job
+    fetched by reference is re-sent without them (the worker dead-lettered it for them)."""
+    headers, unreadable = read_headers(msg)
+    if unreadable is not None:
+        log.warning("headers_unreadable", topic=msg.topic(), partition=msg.partition(),
+                    offset=msg.offset(), error=unreadable)
+    return headers
 
 
 def scan_start(committed: int | None, low: int, end: int) -> int:

@@ -1,10 +1,14 @@
 """``topics create``: what to create and what to report about existing topics (pure).
 
-The DLQ must take any job the jobs topic takes: a dead letter is the whole job plus the
-worker's headers. So the DLQ's ``max.message.bytes`` is the jobs topic's effective value (the
-existing topic's, else the value it is created with, else the broker's ``message.max.bytes``)
-plus :data:`HEADROOM_BYTES`. Existing topics are never altered; where they differ from what
-was asked, the difference is reported.
+The jobs topic must take any job the worker takes: a value of up to ``limits.max_message_bytes``
+plus its key and headers. So a new jobs topic's ``max.message.bytes`` is that limit plus
+:data:`HEADROOM_BYTES` (unless ``--topic-config max.message.bytes`` says otherwise); the
+broker's default (1 MB) would refuse most of what the worker is configured for. The DLQ must
+take any job the jobs topic takes: a dead letter is the whole job plus the worker's headers.
+So the DLQ's ``max.message.bytes`` is the jobs topic's effective value (the existing topic's,
+else the value it is created with) plus :data:`HEADROOM_BYTES`. Existing topics are never
+altered; where they differ from what was asked, or are too small for the worker's limit, that
+is reported.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ def parse_topic_configs(items: list[str]) -> dict[str, str]:
     if MAX_BYTES in out and not (out[MAX_BYTES].isdigit() and int(out[MAX_BYTES]) > 0):
         raise BadOption(f"--topic-config {MAX_BYTES}={out[MAX_BYTES]}: expected a byte count")
     return out
+
+
+def jobs_max_message_bytes(limit: int) -> int:
+    """The jobs topic's ``max.message.bytes`` for a worker taking values up to ``limit``
+    (``limits.max_message_bytes``): the broker counts the key, headers and framing too."""
+    return limit + HEADROOM_BYTES
 
 
 def dlq_max_message_bytes(jobs_max: int) -> int:
@@ -83,13 +93,18 @@ class Plan:
 
 
 def plan(names: TaskTopics, existing: dict[str, TopicInfo], broker: BrokerDefaults,
-         req: Request) -> Plan:
+         req: Request, job_limit: int | None = None) -> Plan:
+    """``job_limit``: the worker's ``limits.max_message_bytes``, which sizes a new jobs topic
+    (None: the broker's ``message.max.bytes``, as a topic created without the setting gets)."""
     jobs = existing.get(names.jobs)
     jobs_partitions = jobs.partitions if jobs else req.partitions or broker.partitions
+    jobs_configs = dict(req.configs)
+    if job_limit is not None and MAX_BYTES not in jobs_configs:
+        jobs_configs[MAX_BYTES] = str(jobs_max_message_bytes(job_limit))
     jobs_max = (jobs.max_message_bytes if jobs
-                else int(req.configs.get(MAX_BYTES, broker.max_message_bytes)))
+                else int(jobs_configs.get(MAX_BYTES, broker.max_message_bytes)))
     dlq_configs = {**req.configs, MAX_BYTES: str(dlq_max_message_bytes(jobs_max))}
-    wanted = [("jobs", names.jobs, req.partitions, req.configs),
+    wanted = [("jobs", names.jobs, req.partitions, jobs_configs),
               ("results", names.results, req.results_partitions, req.configs),
               ("dlq", names.dlq, req.dlq_partitions, dlq_configs)]
     out = Plan([], [], jobs_max)
@@ -111,6 +126,21 @@ def plan(names: TaskTopics, existing: dict[str, TopicInfo], broker: BrokerDefaul
             out.notes.append(f"{role} topic {name} exists with {', '.join(diffs)}: "
                              "left unchanged")
     return out
+
+
+def check_jobs(names: TaskTopics, jobs_max: int, job_limit: int) -> list[str]:
+    """Notes about a jobs topic taking records up to ``jobs_max`` bytes for a worker taking
+    values up to ``job_limit``: the broker refuses a larger job at its producer, so the worker
+    never sees it (nor dead-letters it as ``oversized``)."""
+    need = jobs_max_message_bytes(job_limit)
+    if jobs_max >= need:
+        return []
+    return [f"jobs topic {names.jobs} has {MAX_BYTES}={jobs_max}, under the {need} that "
+            f"limits.max_message_bytes={job_limit} needs (a value at the limit plus "
+            f"{HEADROOM_BYTES} bytes for its key and headers): the broker refuses larger jobs "
+            "at their producer. Raise it (kafka-configs --alter --entity-type topics "
+            f"--entity-name {names.jobs} --add-config {MAX_BYTES}={need}, then the DLQ's to "
+            f"{dlq_max_message_bytes(need)}) or lower limits.max_message_bytes"]
 
 
 def check_dlq(names: TaskTopics, dlq_max: int, jobs_max: int) -> tuple[list[str], list[str]]:

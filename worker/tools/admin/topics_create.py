@@ -12,7 +12,14 @@ from worker.config import WorkerConfig
 from worker.exceptions import KafkaIOError
 from worker.kafka.admin import Admin, TopicInfo, wait
 from worker.tools.admin.common import task_topics
-from worker.tools.admin.topics import BrokerDefaults, NewTopicPlan, Request, check_dlq, plan
+from worker.tools.admin.topics import (
+    BrokerDefaults,
+    NewTopicPlan,
+    Request,
+    check_dlq,
+    check_jobs,
+    plan,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +44,9 @@ def create_topics(cfg: WorkerConfig, req: Request, *, dry_run: bool = False) -> 
     roles = {names.jobs: "jobs", names.results: "results", names.dlq: "dlq"}
     admin = Admin(cfg)
     existing = admin.describe(list(roles))
-    the_plan = plan(names, existing, BrokerDefaults.from_configs(admin.broker_configs()), req)
+    limit = cfg.limits.max_message_bytes
+    the_plan = plan(names, existing, BrokerDefaults.from_configs(admin.broker_configs()), req,
+                    job_limit=limit)
     _create(admin, the_plan.create, validate_only=dry_run)
     rows = [Row(roles[t.name], t.name, "exists", t.partitions, t.replication,
                 t.max_message_bytes) for t in existing.values()]
@@ -57,7 +66,7 @@ def create_topics(cfg: WorkerConfig, req: Request, *, dry_run: bool = False) -> 
         dlq_max = final[names.dlq].max_message_bytes
     rows.sort(key=lambda r: ("jobs", "results", "dlq").index(r.role))
     problems, notes = check_dlq(names, dlq_max, jobs_max) if dlq_max is not None else ([], [])
-    return Outcome(rows, the_plan.notes + notes, problems)
+    return Outcome(rows, the_plan.notes + check_jobs(names, jobs_max, limit) + notes, problems)
 
 
 def _create(admin: Admin, topics: list[NewTopicPlan], *, validate_only: bool) -> None:
