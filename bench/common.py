@@ -77,3 +77,42 @@ def write(name: str, record: dict[str, Any], out_dir: Path | None = None) -> Pat
     path = folder / f"{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=True))
     return path
+
+
+def provenance() -> dict[str, Any]:
+    """What a CPU bench record needs to be compared with another: commit and whether the tree
+    had uncommitted changes, library versions (missing ones as null), the CPU model."""
+    import importlib.metadata as md
+
+    def version(dist: str) -> str | None:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, check=False,
+                             cwd=Path(__file__).parent)
+        dirty: bool | None = bool(out.stdout.strip()) if out.returncode == 0 else None
+    except OSError:
+        dirty = None
+    cpu_model = platform.processor() or None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    rec: dict[str, Any] = {"commit": commit(), "dirty": dirty, "cpu_model": cpu_model,
+                           "cpus": os.cpu_count(), "python": platform.python_version()}
+    for dist in ("torch", "torchvision", "onnxruntime", "pillow", "confluent-kafka"):
+        rec[dist.replace("-", "_")] = version(dist)
+    try:
+        import confluent_kafka
+
+        rec["librdkafka"] = confluent_kafka.libversion()[0]
+    except ImportError:
+        rec["librdkafka"] = None
+    return rec

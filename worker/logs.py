@@ -22,10 +22,13 @@ _SHARED: list[structlog.typing.Processor] = [
 
 
 def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
+    # Tracebacks never show local variables: a frame's locals can hold the client settings,
+    # secrets in the clear (structlog's console default, a rich traceback, shows them).
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
+        else structlog.dev.ConsoleRenderer(colors=False,
+                                           exception_formatter=structlog.dev.plain_traceback)
     )
     structlog.configure(
         processors=[
@@ -46,7 +49,10 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-            foreign_pre_chain=[count_foreign_events, *_SHARED],
+            # A standard-library record's exception becomes a plain traceback string here,
+            # as the worker's own events' do, before either renderer sees it.
+            foreign_pre_chain=[count_foreign_events, *_SHARED,
+                               structlog.processors.format_exc_info],
         )
     )
     root = logging.getLogger()

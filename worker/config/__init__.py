@@ -24,7 +24,7 @@ from pydantic_settings import (
 from worker.config.batch import BatchSettings, LimitsSettings
 from worker.config.engines import EngineSettings
 from worker.config.generation import GenerationSettings
-from worker.config.kafka import KafkaSettings, TopicsSettings
+from worker.config.kafka import ConfigWarning, KafkaSettings, TopicsSettings, is_secret_key
 from worker.config.model import BACKEND_PRECISIONS, ModelSettings, ProfileSettings, Thresholds
 from worker.config.moderation import ModerationSettings
 from worker.config.observe import MetricsSettings, TracingSettings
@@ -32,11 +32,12 @@ from worker.config.processing import CommitSettings, GcSettings, LogSettings, Pr
 from worker.exceptions import ConfigError
 
 __all__ = [
-    "BACKEND_PRECISIONS", "BatchSettings", "CommitSettings", "EngineSettings", "GcSettings",
+    "BACKEND_PRECISIONS", "BatchSettings", "CommitSettings", "ConfigWarning", "EngineSettings",
+    "GcSettings",
     "GenerationSettings", "KafkaSettings", "LimitsSettings", "LogSettings", "MetricsSettings",
     "ModelSettings",
     "ModerationSettings", "ProcessingSettings", "ProfileSettings", "Thresholds",
-    "TopicsSettings", "TracingSettings", "WorkerConfig", "load_config",
+    "TopicsSettings", "TracingSettings", "WorkerConfig", "is_secret_key", "load_config",
 ]
 
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("ktw_config_file", default=None)
@@ -45,6 +46,8 @@ _CONFIG_FILE: ContextVar[Path | None] = ContextVar("ktw_config_file", default=No
 class WorkerConfig(BaseSettings):
     model_config = SettingsConfigDict(
         frozen=True, extra="forbid", env_prefix="KTW_", env_nested_delimiter="__",
+        # The input of an error is the whole config as given, secrets in the clear.
+        hide_input_in_errors=True,
     )
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)

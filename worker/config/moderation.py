@@ -66,11 +66,32 @@ def _increasing(name: str, values: list[int], *, hi: int) -> None:
         raise ValueError(f"{name} must be strictly increasing, within 1..{hi}")
 
 
+# Decoded pixels every thread decoding images in one process may hold at once
+# (worker/tasks/moderation/images/budgets.py). At least the largest still image the default
+# limits admit (limits.max_image_pixels, 40M), so no such image is refused by default; a job
+# whose decode needs more than the whole budget is refused. Measured with decode_views on the
+# 2-core VM: a 40M-pixel RGB JPEG peaked at 7 bytes a pixel (0.27 GB), an RGBA PNG with alpha
+# (two views) at 20: 64M pixels bound decoding to roughly 0.45-1.3 GB whatever decode_threads
+# is, where 2 threads on two such images could take 1.5 GB before and 16 threads 12 GB.
+DECODE_PIXEL_BUDGET = 64_000_000
+# Per job, from the moment it holds its pixels: the largest images the limits admit took 1.1 s
+# (40M-pixel progressive JPEG) and 2.3 s (40M-pixel RGBA PNG) alone on the 2-core VM; 10 s
+# leaves room for a loaded machine. A backstop for what the header counts miss (see budgets.py
+# for what it can and cannot stop), not the first defence.
+DECODE_TIME_LIMIT_S = 10.0
+
+
 class ModerationSettings(Section):
     text: TextSettings = Field(default_factory=TextSettings)
     clip: ClipSettings = Field(default_factory=ClipSettings)
+    decode_pixel_budget: int = Field(DECODE_PIXEL_BUDGET, ge=1_000_000)
+    decode_time_limit_s: float = Field(DECODE_TIME_LIMIT_S, gt=0, le=600)
     # Image-and-text policies by name; a name here replaces the same name in model.policies.
     policies: dict[str, PolicySettings] = Field(default_factory=dict)
+    # CPU open_nsfw: libjpeg decodes a JPEG at 1/2, 1/4 or 1/8 size (never below the 256 resize)
+    # before the resize: a 1080p frame's decode + resize ~4x faster, but scores move (up to
+    # 0.047 on real 720p/1080p frames, bench/NOTES.md "DCT scaling"), so it is opt-in.
+    jpeg_dct_scaling: bool = False
 
     @model_validator(mode="after")
     def _resolvable(self) -> ModerationSettings:

@@ -41,6 +41,10 @@ class ProcessingSettings(Section):
     # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches
     # are logged as errors.
     max_batch_ms: float = Field(10_000.0, gt=0)
+    # Crash-loop breaker (worker/loop/poison.py): a record that killed this many processes
+    # (an OOM kill, a native crash, a sticky CUDA error) is dead-lettered by reference with
+    # reason ``poison``; the count is kept in the offset commits' metadata. 0 turns it off.
+    poison_max_attempts: int = Field(3, ge=0, le=1000)
 
 
 class GcSettings(Section):

@@ -22,14 +22,14 @@ from worker.exceptions import KafkaIOError, UnknownTopic
 
 # The settings every client of the worker shares (brokers, client id, security, kafka.extra)
 # and librdkafka's error classification: the worker's own clients are built from the same.
-from worker.kafka.clients import common_settings, kafka_io_error
+from worker.kafka.clients import ClientSettings, common_settings, kafka_io_error
 
 _COORDINATOR_BUSY = frozenset({ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                                ck.KafkaError.COORDINATOR_NOT_AVAILABLE,
                                ck.KafkaError.NOT_COORDINATOR})
 
 
-def admin_settings(cfg: WorkerConfig) -> dict[str, Any]:
+def admin_settings(cfg: WorkerConfig) -> ClientSettings:
     return common_settings(cfg.kafka)
 
 

@@ -15,14 +15,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import confluent_kafka as ck
 import structlog
 
 from worker.config import KafkaSettings, WorkerConfig
+from worker.config.kafka import is_secret_key, revealed
 from worker.exceptions import KafkaIOError, ProducerFenced, TransactionError
+from worker.kafka.headers import read_headers
 from worker.wire.records import Headers, SourceRecord
 
 RebalanceCallback = Callable[[Any, list[ck.TopicPartition]], None]
@@ -35,14 +37,30 @@ log = structlog.get_logger("worker.kafka")
 def source_record(msg: ck.Message, topic: str, partition: int, offset: int) -> SourceRecord:
     """A consumed record as the DLQ keeps it (coordinates already checked by the caller)."""
     ts_type, ts = msg.timestamp()
-    headers = msg.headers()
-    return SourceRecord(topic, partition, offset, msg.key(), msg.value(),
-                        list(headers.items()) if isinstance(headers, dict) else headers,
-                        ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else None)
+    headers, headers_error = read_headers(msg)
+    return SourceRecord(topic, partition, offset, msg.key(), msg.value(), headers,
+                        ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else None, headers_error)
 
 
-def common_settings(k: KafkaSettings) -> dict[str, Any]:
-    conf: dict[str, Any] = {
+class ClientSettings(dict[str, Any]):
+    """A client's librdkafka settings: the dict confluent-kafka takes, secrets in the clear
+    (kafka.sasl_password, a pass-through table's passwords, keys and tokens), which its repr
+    masks: a traceback that shows locals, a debugger or a log line then never prints them.
+    Build one right before the client and keep no other copy (``dict(settings)`` is one)."""
+
+    def __repr__(self) -> str:
+        return repr({key: "**********" if is_secret_key(key) else value
+                     for key, value in self.items()})
+
+    def copy(self) -> ClientSettings:
+        return ClientSettings(self)
+
+    def __or__(self, other: Mapping[str, Any]) -> ClientSettings:  # type: ignore[override]
+        return ClientSettings({**self, **other})
+
+
+def common_settings(k: KafkaSettings) -> ClientSettings:
+    conf = ClientSettings({
         "bootstrap.servers": k.bootstrap_servers,
         "client.id": k.client_id,
         "security.protocol": k.security_protocol,
@@ -57,7 +75,7 @@ def common_settings(k: KafkaSettings) -> dict[str, Any]:
         # came back, a client could otherwise wait that long before trying again, on top of
         # the re-bootstrap above; 2 s keeps recovery after a stall well inside 10 s.
         "reconnect.backoff.max.ms": 2_000,
-    }
+    })
     if k.sasl_mechanism:
         conf["sasl.mechanism"] = k.sasl_mechanism
     if k.sasl_username:
@@ -66,11 +84,11 @@ def common_settings(k: KafkaSettings) -> dict[str, Any]:
         conf["sasl.password"] = k.sasl_password.get_secret_value()
     if k.ssl_ca_location:
         conf["ssl.ca.location"] = k.ssl_ca_location
-    conf.update(k.extra)
+    conf.update(revealed(k.extra))
     return conf
 
 
-def consumer_settings(cfg: WorkerConfig) -> dict[str, Any]:
+def consumer_settings(cfg: WorkerConfig) -> ClientSettings:
     k = cfg.kafka
     conf = common_settings(k)
     conf.update(
@@ -93,12 +111,12 @@ def consumer_settings(cfg: WorkerConfig) -> dict[str, Any]:
             "max.partition.fetch.bytes": max(1_048_576, cfg.batch.fetch_queue_kbytes * 256),
         }
     )
-    conf.update(k.consumer_extra)
+    conf.update(revealed(k.consumer_extra))
     return conf
 
 
 def member_consumer_settings(cfg: WorkerConfig, on_stats: Callable[[str], None] | None = None
-                             ) -> dict[str, Any]:
+                             ) -> ClientSettings:
     """The worker's own group member: ``consumer_settings`` plus the guarantee's needs, and
     librdkafka's statistics every ``metrics.statistics_interval_ms`` into ``on_stats`` (the
     consumer lag per partition comes from them)."""
@@ -112,7 +130,7 @@ def member_consumer_settings(cfg: WorkerConfig, on_stats: Callable[[str], None] 
         conf["isolation.level"] = "read_committed"
     if cfg.kafka.static_membership:
         conf["group.instance.id"] = cfg.kafka.instance_id
-    conf.update(cfg.kafka.consumer_extra)
+    conf.update(revealed(cfg.kafka.consumer_extra))
     return conf
 
 
@@ -130,7 +148,7 @@ def transactional_id(cfg: WorkerConfig) -> str:
     return f"{k.transactional_id_prefix}.{k.group_id}.{k.instance_id}"
 
 
-def transactional_producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
+def transactional_producer_settings(cfg: WorkerConfig) -> ClientSettings:
     conf = producer_settings(cfg)
     conf.update(
         {
@@ -139,11 +157,11 @@ def transactional_producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
             "transaction.timeout.ms": cfg.kafka.transaction_timeout_ms,
         }
     )
-    conf.update(cfg.kafka.producer_extra)
+    conf.update(revealed(cfg.kafka.producer_extra))
     return conf
 
 
-def producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
+def producer_settings(cfg: WorkerConfig) -> ClientSettings:
     k = cfg.kafka
     conf = common_settings(k)
     conf.update(
@@ -164,7 +182,7 @@ def producer_settings(cfg: WorkerConfig) -> dict[str, Any]:
             "message.max.bytes": max(1_048_576, cfg.limits.max_message_bytes + 65_536),
         }
     )
-    conf.update(k.producer_extra)
+    conf.update(revealed(k.producer_extra))
     return conf
 
 
@@ -224,7 +242,8 @@ def is_fatal(err: ck.KafkaError) -> bool:
 
 class Producer:
     def __init__(self, settings: dict[str, Any]) -> None:
-        self._settings = dict(settings)
+        # Kept until open(): a copy whose repr masks the secrets.
+        self._settings = ClientSettings(settings)
         self._settings.setdefault("error_cb", self._on_error)
         self._client: ck.Producer | None = None
         self.fatal_reason: str | None = None  # the error callback's report of a fatal error

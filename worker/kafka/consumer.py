@@ -14,14 +14,19 @@ import confluent_kafka as ck
 import structlog
 
 from worker.exceptions import KafkaIOError
-from worker.kafka.clients import CommitCallback, RebalanceCallback, kafka_io_error
+from worker.kafka.clients import (
+    ClientSettings,
+    CommitCallback,
+    RebalanceCallback,
+    kafka_io_error,
+)
 
 log = structlog.get_logger("worker.kafka")
 
 
 class Consumer:
     def __init__(self, settings: dict[str, Any]) -> None:
-        self._settings = dict(settings)
+        self._settings = ClientSettings(settings)  # its repr masks the secrets
         self._client: ck.Consumer | None = None
         self._deferred: KafkaIOError | None = None  # take()'s failure after a record
 
@@ -33,7 +38,7 @@ class Consumer:
 
     def open(self, on_commit: CommitCallback | None = None) -> None:
         if self._client is None:
-            settings = dict(self._settings)
+            settings = self._settings.copy()
             if on_commit is not None:
                 settings["on_commit"] = on_commit
             self._on_commit = on_commit
@@ -152,11 +157,29 @@ class Consumer:
 
     def committed(self, partitions: list[ck.TopicPartition], timeout: float
                   ) -> list[ck.TopicPartition]:
-        """The group's committed positions as the coordinator has them (offset < 0: none)."""
+        """The group's committed positions as the coordinator has them (offset < 0: none),
+        with their commit metadata."""
         try:
             return list(self.client.committed(partitions, timeout=timeout))
         except ck.KafkaException as exc:
             raise kafka_io_error(exc, "committed offsets unavailable") from exc
+
+    def incremental_assign(self, partitions: list[ck.TopicPartition]) -> None:
+        """Add partitions to the assignment (from the assign callback, which then leaves it
+        to us: confluent-kafka assigns only what the callback did not)."""
+        try:
+            self.client.incremental_assign(partitions)
+        except ck.KafkaException as exc:
+            raise kafka_io_error(exc, "incremental_assign failed") from exc
+
+    def watermarks(self, partition: ck.TopicPartition, timeout: float) -> tuple[int, int]:
+        """The partition's low and high watermarks, asked of its leader."""
+        try:
+            low, high = self.client.get_watermark_offsets(partition, timeout=timeout)
+        except ck.KafkaException as exc:
+            where = f"{partition.topic}[{partition.partition}]"
+            raise kafka_io_error(exc, f"watermarks of {where} unavailable") from exc
+        return int(low), int(high)
 
     def group_metadata(self) -> object:
         """The member's group metadata (group, generation, member id) for

@@ -319,6 +319,7 @@ def test_empty_topic_name_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_sasl_password_is_loaded_but_never_printed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KTW_KAFKA__SASL_PASSWORD", SECRET)
     monkeypatch.setenv("KTW_KAFKA__SASL_USERNAME", "svc-moderation")
+    monkeypatch.setenv("KTW_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
     cfg = load_config()
     assert cfg.kafka.sasl_password is not None
     assert cfg.kafka.sasl_password.get_secret_value() == SECRET
@@ -329,7 +330,7 @@ def test_sasl_password_is_loaded_but_never_printed(monkeypatch: pytest.MonkeyPat
 
 
 def test_sasl_password_from_the_file_is_not_printed(tmp_path: Path) -> None:
-    path = _toml(tmp_path, f'[kafka]\nsasl_password = "{SECRET}"\n')
+    path = _toml(tmp_path, f'[kafka]\nsecurity_protocol = "SASL_SSL"\nsasl_password = "{SECRET}"\n')
     cfg = load_config(path)
     assert cfg.kafka.sasl_password is not None
     assert cfg.kafka.sasl_password.get_secret_value() == SECRET

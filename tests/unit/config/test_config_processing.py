@@ -52,11 +52,10 @@ def test_exactly_once_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_extra_settings_win_over_defaults_but_not_over_the_guarantees() -> None:
     cfg = load_config(None, processing={"guarantee": "exactly-once"},
-                      kafka={"producer_extra": {"transaction.timeout.ms": "90000",
-                                                "linger.ms": "1"}})
+                      kafka={"producer_extra": {"linger.ms": "1"}})
     assert member_consumer_settings(cfg)["isolation.level"] == "read_committed"
-    assert transactional_producer_settings(cfg)["transaction.timeout.ms"] == "90000"
     assert producer_settings(cfg)["linger.ms"] == "1"
+    assert transactional_producer_settings(cfg)["linger.ms"] == "1"
     for table, key, value in (("consumer_extra", "isolation.level", "read_uncommitted"),
                               ("consumer_extra", "enable.auto.commit", "true"),
                               ("producer_extra", "acks", "1"),

@@ -1,0 +1,346 @@
+"""CPU worker under live load: the default worker (`python -m worker run`, ONNX Runtime CPU)
+against a local Kafka, fed by an open-loop producer process at fixed offered rates, one frame
+class at a time (bench/frames.py's corpus of real photographs).
+
+Per run: fresh topics and group, one worker process; a warm-up of jobs it must answer before
+timing starts; then each offered rate in ascending order: the producer process sends a job
+every 1/rate s on schedule (it never waits for answers: open loop) for ``--warmup-s`` +
+``--steady-s``; latencies count the jobs scheduled in the steady window, from the scheduled
+send time (so a producer that falls behind cannot hide queueing) to the result's arrival at
+this script's reader (one host clock). The backlog (jobs scheduled minus answered) is sampled
+every 0.5 s; a rate is *bounded* when, over the steady window, the backlog grows by no more
+than 5% of the rate per second and ends under 2 s worth of jobs. The jobs left are drained
+before the next rate; the first unbounded rate ends the run (higher ones cannot be bounded).
+The sustained rate of a run is its highest bounded offered rate.
+
+Latencies are HdrHistograms (``hdrhistogram``, microseconds, 3 significant digits), stored
+encoded in the record so they pool across runs (decode and add): per run and rate, and pooled
+per rate. ``--repeats`` (>= 3 for medians and spread) repeats the whole run.
+
+python bench/frames_e2e.py --frames 1080p --quality 85 --rates 30,40,50 --repeats 3 \
+    [--set moderation.jpeg_dct_scaling=true] [--label after]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import frames as frame_corpus
+from bench.common import environment, provenance, write
+from bench.cpu_e2e import (
+    REPO,
+    WORKER_STOP_TIMEOUT_S,
+    BenchFailed,
+    Reader,
+    create_topics,
+    kill_worker,
+    local_kafka_class,
+    log_tail,
+    produce_jobs,
+    stop_worker,
+    worker_env,
+)
+
+HIST_MAX_US = 600_000_000  # 10 minutes
+SAMPLE_S = 0.5
+GROWTH_BOUND = 0.05  # backlog growth per second, as a fraction of the offered rate
+END_BOUND_S = 2.0  # backlog left at the end of the steady window, in seconds of jobs
+WARMUP_JOBS = 24
+
+
+def _histogram() -> Any:
+    from hdrh.histogram import HdrHistogram
+
+    return HdrHistogram(1, HIST_MAX_US, 3)
+
+
+def hist_summary(h: Any) -> dict[str, Any]:
+    if h.get_total_count() == 0:
+        return {"n": 0}
+    return {"n": h.get_total_count(),
+            **{f"p{q:g}_ms": round(h.get_value_at_percentile(q) / 1e3, 2)
+               for q in (50, 90, 99, 99.9)},
+            "max_ms": round(h.get_max_value() / 1e3, 2)}
+
+
+def producer_main(bootstrap: str, topic: str, frames: list[bytes], rate: float, seconds: float,
+                  prefix: str, start_at: float, out: Any) -> None:
+    """Open loop: job i is due at start_at + i / rate (wall clock) and sent then, never later
+    because of answers. Reports (scheduled count, sent count, worst send lateness s)."""
+    import confluent_kafka as ck
+    import msgpack
+
+    p = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all",
+                     "enable.idempotence": True, "queue.buffering.max.kbytes": 1 << 21,
+                     "log_level": 3})
+    n = int(rate * seconds)
+    errors: list[str] = []
+
+    def delivered(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    late = 0.0
+    sent = 0
+    for i in range(n):
+        due = start_at + i / rate
+        wait = due - time.time()
+        if wait > 0:  # sleep, never spin: the worker needs the cores
+            p.poll(0)
+            time.sleep(wait)
+        late = max(late, time.time() - due)
+        job_id = f"{prefix}{i}"
+        frame = frames[i % len(frames)]
+        value = msgpack.packb({"v": 1, "id": job_id, "image": frame}, use_bin_type=True)
+        try:
+            p.produce(topic, key=job_id.encode(), value=value, on_delivery=delivered)
+            sent += 1
+        except BufferError:
+            errors.append("local queue full")
+        p.poll(0)
+    left = p.flush(60)
+    out.put({"scheduled": n, "sent": sent, "undelivered": left, "errors": errors[:5],
+             "n_errors": len(errors), "max_send_late_s": round(late, 4)})
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    if len(points) < 2:
+        return 0.0
+    return statistics.linear_regression([t for t, _ in points], [b for _, b in points]).slope
+
+
+def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], rate: float,
+             args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    seconds = args.warmup_s + args.steady_s
+    start_at = time.time() + 1.0
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=producer_main, daemon=True, name="open-loop-producer",
+                       args=(bootstrap, topic, frames, rate, seconds, prefix, start_at, q))
+    proc.start()
+    steady_from, steady_to = start_at + args.warmup_s, start_at + seconds
+    n = int(rate * seconds)
+    backlog: list[tuple[float, float]] = []
+    try:
+        while time.time() < steady_to:
+            time.sleep(SAMPLE_S)
+            now = time.time()
+            due = min(n, max(0, int((now - start_at) * rate) + 1))
+            with reader.lock:
+                done = sum(1 for k in reader.results if k.startswith(prefix))
+            if now >= steady_from:
+                backlog.append((now - steady_from, due - done))
+        report = q.get(timeout=120)
+        proc.join(30)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+    bounded_growth = _slope(backlog) <= GROWTH_BOUND * rate
+    bounded_end = bool(backlog) and backlog[-1][1] <= END_BOUND_S * rate
+    # drain: wait for the rest (bounded), so the next rate starts on an empty queue
+    deadline = time.monotonic() + args.drain_s
+    while time.monotonic() < deadline:
+        with reader.lock:
+            done = sum(1 for k in reader.results if k.startswith(prefix))
+        if done >= n:
+            break
+        time.sleep(0.2)
+    hist = _histogram()
+    answered_steady = 0
+    with reader.lock:
+        results = {k: v for k, v in reader.results.items() if k.startswith(prefix)}
+        dlq = {k: v for k, v in reader.dlq.items() if k.startswith(prefix)}
+    for key, (arrival, _create) in results.items():
+        due_s = start_at + int(key[len(prefix):]) / rate
+        if steady_from <= due_s < steady_to:
+            hist.record_value(max(1, min(HIST_MAX_US, round((arrival - due_s) * 1e6))))
+        if steady_from <= arrival < steady_to:
+            answered_steady += 1
+    return {"offered_rate": rate, "producer": report,
+            "answered": len(results), "dead_lettered": len(dlq), "drained": len(results) >= n,
+            "throughput_steady": round(answered_steady / args.steady_s, 2),
+            "backlog_growth_per_s": round(_slope(backlog), 3),
+            "backlog_end": backlog[-1][1] if backlog else None,
+            "backlog_max": max((b for _, b in backlog), default=None),
+            "bounded": bounded_growth and bounded_end and not dlq,
+            "latency": hist_summary(hist), "latency_hdr": hist.encode().decode()}
+
+
+def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argparse.Namespace,
+            index: int, logs: Path) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:8]
+    topics = {"jobs": f"frames-e2e-jobs-{tag}", "results": f"frames-e2e-results-{tag}",
+              "dlq": f"frames-e2e-dlq-{tag}"}
+    create_topics(bootstrap, {topics["jobs"]: args.partitions, topics["results"]: 1,
+                              topics["dlq"]: 1})
+    reader = Reader(bootstrap, topics["results"], topics["dlq"])
+    reader.start()
+    if not reader.ready.wait(30) or reader.error:
+        reader.halt.set()
+        raise BenchFailed(reader.error or "results reader not ready after 30 s")
+    env, _dropped = worker_env(bootstrap, topics, f"frames-e2e-{tag}", args.overrides)
+    log_path = logs / f"worker-{index + 1}.log"
+    import subprocess
+
+    proc: subprocess.Popen[bytes] | None = None
+    steps: list[dict[str, Any]] = []
+    try:
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], cwd=REPO, env=env,
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        produce_jobs(bootstrap, topics["jobs"], frames[0], WARMUP_JOBS, "w-")
+        deadline = time.monotonic() + args.start_timeout
+        while reader.answered() < WARMUP_JOBS:
+            if proc.poll() is not None or reader.error or time.monotonic() > deadline:
+                raise BenchFailed(f"warm-up not answered ({reader.answered()}/{WARMUP_JOBS}); "
+                                  f"{reader.error or ''} log {log_path}:\n{log_tail(log_path)}")
+            time.sleep(0.1)
+        for k, rate in enumerate(rates):
+            step = one_rate(bootstrap, topics["jobs"], reader, frames, rate, args, f"r{k}-")
+            steps.append(step)
+            lat = step["latency"]
+            print(f"  run {index + 1} rate {rate:g}/s: {step['throughput_steady']}/s answered, "
+                  f"backlog end {step['backlog_end']} growth {step['backlog_growth_per_s']}/s, "
+                  f"p50 {lat.get('p50_ms')} p99 {lat.get('p99_ms')} ms, "
+                  f"{'bounded' if step['bounded'] else 'UNBOUNDED'}", flush=True)
+            if proc.poll() is not None:
+                raise BenchFailed(f"worker exited with {proc.returncode}; log {log_path}:\n"
+                                  f"{log_tail(log_path)}")
+            if not step["bounded"] or not step["drained"]:
+                break
+        rc = stop_worker(proc, WORKER_STOP_TIMEOUT_S)
+    finally:
+        if proc is not None:
+            kill_worker(proc)
+        reader.halt.set()
+        reader.join(15)
+    bounded = [s["offered_rate"] for s in steps if s["bounded"]]
+    return {"run": index + 1, "steps": steps, "worker_exit_code": rc,
+            "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
+            "sustained_rate": max(bounded) if bounded else None, "worker_log": str(log_path)}
+
+
+def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    from hdrh.histogram import HdrHistogram
+
+    out: dict[str, Any] = {}
+    by_rate: dict[float, list[dict[str, Any]]] = {}
+    for r in runs:
+        for s in r["steps"]:
+            by_rate.setdefault(s["offered_rate"], []).append(s)
+    for rate, steps in sorted(by_rate.items()):
+        h = _histogram()
+        for s in steps:
+            h.add(HdrHistogram.decode(s["latency_hdr"]))
+        tp = [s["throughput_steady"] for s in steps]
+        out[f"{rate:g}"] = {
+            "runs": len(steps), "bounded_runs": sum(s["bounded"] for s in steps),
+            "throughput_median": statistics.median(tp), "throughput_min": min(tp),
+            "throughput_max": max(tp),
+            "p99_ms_per_run": [s["latency"].get("p99_ms") for s in steps],
+            "latency_pooled": hist_summary(h), "latency_pooled_hdr": h.encode().decode()}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--frames", default="1080p",
+                    choices=[*frame_corpus.CLASSES, "mixed"],
+                    help="frame class; mixed: 720p with a 4K still every 30th")
+    ap.add_argument("--quality", type=int, default=85, choices=frame_corpus.QUALITIES)
+    ap.add_argument("--rates", required=True, help="offered rates, jobs/s, comma separated")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup-s", type=float, default=5.0)
+    ap.add_argument("--steady-s", type=float, default=30.0)
+    ap.add_argument("--drain-s", type=float, default=30.0)
+    ap.add_argument("--start-timeout", type=float, default=180.0)
+    ap.add_argument("--partitions", type=int, default=3)
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="SECTION.KEY=VALUE", help="worker config override (repeatable)")
+    ap.add_argument("--label", default="", help="added to the record's file name")
+    ap.add_argument("--cache", type=Path, default=frame_corpus.DEFAULT_CACHE)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    rates = sorted(float(r) for r in args.rates.split(","))
+    args.overrides = dict(kv.split("=", 1) for kv in args.overrides)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)  # unwinds the finally blocks: worker and broker stop
+
+    signal.signal(signal.SIGTERM, on_term)
+    manifest = frame_corpus.build(args.cache)
+    if args.frames == "mixed":
+        frames = frame_corpus.mixed_stream(240, args.quality, cache=args.cache)
+    else:
+        frames = frame_corpus.load(args.frames, args.quality, args.cache)
+    logs = Path(tempfile.mkdtemp(prefix="ktw-frames-e2e-"))
+    print(f"{len(frames)} {args.frames} q{args.quality} frames "
+          f"{frame_corpus.stream_record(frames)}; rates {rates}; logs {logs}", flush=True)
+    started = time.monotonic()
+    kafka = local_kafka_class()()
+    runs: list[dict[str, Any]] = []
+    try:
+        bootstrap = kafka.start(timeout=180)
+        try:
+            for i in range(args.repeats):
+                runs.append(one_run(bootstrap, frames, rates, args, i, logs))
+        finally:
+            broker_version = getattr(kafka, "version", None)
+            kafka.stop()
+    except BenchFailed as exc:
+        print(f"FAIL: {exc}", file=sys.stderr)
+        return 1
+    sustained = [r["sustained_rate"] for r in runs]
+    known = [s for s in sustained if s is not None]
+    record: dict[str, Any] = {
+        "bench": "frames-e2e", "env": environment(),
+        "provenance": {**provenance(), "broker": "local Kafka (KRaft, worker.devkit)",
+                       "broker_version": broker_version,
+                       "machine_shared": "2-core VM shared with ~7 other engineers working "
+                                         "at the same time: figures are noisy, low-side"},
+        "params": {"frames": args.frames, "quality": args.quality, "rates": rates,
+                   "repeats": args.repeats, "warmup_s": args.warmup_s,
+                   "steady_s": args.steady_s, "partitions": args.partitions,
+                   "worker_config_overrides": args.overrides, "warmup_jobs": WARMUP_JOBS,
+                   "worker_command": "python -m worker run (CPU default: onnxruntime)"},
+        "frames": frame_corpus.stream_record(frames), "frames_manifest": manifest,
+        "method": {"open_loop": "a producer process sends job i at start + i/rate",
+                   "latency": "result arrival at the reader - scheduled send time, jobs "
+                              "scheduled in the steady window; HdrHistogram (us), encoded",
+                   "bounded": f"backlog growth <= {GROWTH_BOUND} x rate per s over the "
+                              f"steady window and backlog at its end <= {END_BOUND_S} s of "
+                              "jobs, no dead letters",
+                   "sustained_rate": "highest bounded offered rate of a run; rates above "
+                                     "the first unbounded one are not tried"},
+        "runs": runs,
+        "sustained_rate": {"per_run": sustained,
+                           "median": statistics.median(known) if known else None,
+                           "min": min(known) if known else None,
+                           "max": max(known) if known else None},
+        "per_rate": pooled(runs), "wall_s": round(time.monotonic() - started, 1),
+    }
+    name = f"frames-e2e-{args.frames}-q{args.quality}" + (f"-{args.label}" if args.label else "")
+    path = write(name, record, args.out)
+    for rate, s in record["per_rate"].items():
+        print(f"rate {rate}/s: bounded {s['bounded_runs']}/{s['runs']}, throughput median "
+              f"{s['throughput_median']} ({s['throughput_min']}-{s['throughput_max']}), pooled "
+              f"{s['latency_pooled']}")
+    print(f"sustained rate per run {sustained}; record {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
