@@ -22,8 +22,10 @@ from rich.table import Table
 from worker.bundled import samples_dir
 from worker.config import WorkerConfig
 from worker.kafka import consumer_settings
+from worker.kafka.headers import read_headers
 from worker.loop.worker import Worker
 from worker.tools.produce import encode_job, produce_folder
+from worker.tools.replay.headers import as_dict
 from worker.wire.moderation_codec import decode_result
 
 
@@ -102,7 +104,8 @@ def run_demo(cfg: WorkerConfig, *, images: Path | None, timeout_s: float) -> boo
                           *(f"{t.get(k, 0.0):.1f}" for k in ("queue", "decode", "infer", "total")))
         console.print(table)
         for key, msg in dead.items():
-            hdrs = {k: (v or b"").decode() for k, v in msg.headers() or []}
+            hdrs = {k: v.decode("utf-8", "replace")
+                    for k, v in as_dict(read_headers(msg)[0]).items()}
             console.print(f"DLQ: {key}: {hdrs.get('ktw.dlq.error.reason')}: "
                           f"{hdrs.get('ktw.dlq.error.message')}")
         answered = sum(1 for s in sent if s.id in results)

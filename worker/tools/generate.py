@@ -22,6 +22,7 @@ import confluent_kafka as ck
 from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, JobRejected, KafkaIOError
 from worker.kafka import consumer_settings
+from worker.kafka.headers import read_headers
 from worker.tools.produce import send_jobs as send_records
 from worker.tools.replay.headers import as_dict
 from worker.wire.generation_codec import encode_generation_job
@@ -143,7 +144,7 @@ class AnswerReader:
                     out.arrived.setdefault(key, time.monotonic())
                 else:
                     h = {k: v.decode("utf-8", "replace")
-                         for k, v in as_dict(msg.headers()).items()}
+                         for k, v in as_dict(read_headers(msg)[0]).items()}
                     out.dead[key] = (f"{h.get('ktw.dlq.error.reason', '?')}: "
                                      f"{h.get('ktw.dlq.error.message', '')}")
         return out

@@ -23,6 +23,9 @@ class SourceRecord:
     value: bytes | None
     headers: Headers | None
     timestamp_ms: int | None
+    # Why its headers could not be read (a key that is not UTF-8: worker.kafka.headers), then
+    # ``headers`` is None: the record is dead-lettered by reference, reason ``bad_headers``.
+    headers_error: str | None = None
 
 
 # Not frozen (see SourceRecord), hashable all the same.

@@ -27,6 +27,7 @@ from worker.devkit.workers import (
     produce_records,
     worker_config,
 )
+from worker.kafka.headers import read_headers
 
 
 def _offsets_behind(bootstrap: str, topics: Any, partitions: int) -> dict[int, int]:
@@ -343,7 +344,7 @@ def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
         b = by_key.get(m.key().decode())
         if b is None:
             continue
-        h = {k: (v or b"").decode("utf-8", "replace") for k, v in (m.headers() or [])}
+        h = {k: (v or b"").decode("utf-8", "replace") for k, v in (read_headers(m)[0] or [])}
         if h.get("ktw.dlq.error.reason") != b.reason or not h.get("ktw.dlq.error.message"):
             wrong_reason[f"{b.klass}:{h.get('ktw.dlq.error.reason')}"] += 1
         if m.value() != b.value or h.get("origin") != "flood":

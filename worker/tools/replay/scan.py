@@ -17,6 +17,7 @@ from typing import Any
 import confluent_kafka as ck
 
 from worker.exceptions import JobRejected
+from worker.kafka.headers import read_headers
 from worker.tools.replay.headers import parse_written
 from worker.tools.replay.kafka import Admin, read_to_end
 from worker.tools.replay.state import ReplayState
@@ -35,7 +36,7 @@ def recover_written(admin: Admin, consumer_conf: dict[str, Any], state: ReplaySt
 
     def on_message(msg: ck.Message) -> None:
         nonlocal found
-        w = parse_written(msg.headers())
+        w = parse_written(read_headers(msg)[0])  # unreadable: not the replay's output
         if w is None or w.replay_id != state.replay_id:
             return
         ledger = state.partitions.get(w.partition)

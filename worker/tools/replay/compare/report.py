@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from worker.exceptions import JobRejected
+from worker.kafka.headers import read_headers
 from worker.tools.replay.compare.histogram import write_histogram
 from worker.tools.replay.compare.maths import Comparison, ResultView, compare, view_of
 from worker.tools.replay.exceptions import ReplayError
@@ -48,7 +49,8 @@ def read_results(admin: Admin, conf: dict[str, Any], topic: str,
     out: dict[str, ResultView] = {}
 
     def on_message(msg: ck.Message) -> None:
-        if replay_id is not None and as_dict(msg.headers()).get(REPLAY_ID) != replay_id.encode():
+        if replay_id is not None and (as_dict(read_headers(msg)[0]).get(REPLAY_ID)
+                                      != replay_id.encode()):
             return
         try:
             view = view_of(decode_result(msg.value() or b""))
