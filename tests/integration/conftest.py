@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker.devkit.local_kafka import LocalKafka, kafka_from_env_or_local
+from worker.devkit.local_kafka import LocalKafka, Security, kafka_from_env_or_local
 
 RETENTION_CHECK = {"log.retention.check.interval.ms": "1000"}
 
@@ -44,3 +44,15 @@ def local_kafka(_local_kafka_session: LocalKafka) -> Iterator[LocalKafka]:
     yield broker
     if broker.paused:  # a failed stall test must not leave the session broker frozen
         broker.resume()
+
+
+@pytest.fixture(scope="session")
+def secured_kafka() -> Iterator[LocalKafka]:
+    """A LocalKafka with SASL_SSL (SCRAM-SHA-512) and mTLS listeners and StandardAuthorizer
+    (nothing allowed without an ACL): ``add_principal()``, ``client_settings()``, and its ACL
+    helper ``.acls``. Its ``bootstrap_servers`` is the devkit's own super-user listener."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip():
+        pytest.skip("the secured broker is a LocalKafka; KAFKA_BOOTSTRAP_SERVERS points at an "
+                    "external cluster")
+    with LocalKafka(security=Security(sasl_ssl=True, mtls=True)) as broker:
+        yield broker

@@ -43,3 +43,31 @@ def test_a_broker_that_does_not_answer_is_not_an_error() -> None:
         check_authorized(_Admin(KafkaIOError("timed out")),  # type: ignore[arg-type]
                          {"jobs": "READ"})
     assert [e["event"] for e in logs] == ["topic_acls_not_checked"]
+
+
+def test_a_topic_refused_even_to_describe_is_named_with_why() -> None:
+    import confluent_kafka as ck
+
+    class _Refusing(_Admin):
+        def authorized_operations(self, names: list[str]) -> dict[str, frozenset[str] | None]:
+            if "dlq" in names:  # as Admin: the first failed description fails the call
+                raise KafkaIOError("Topic authorization failed",
+                                   code=ck.KafkaError.TOPIC_AUTHORIZATION_FAILED)
+            return dict.fromkeys(names, frozenset({"ALL"}))
+
+    with pytest.raises(TopicNotAuthorized, match=r"this client WRITE on dlq \(not even "
+                                                 r"DESCRIBE; it may not exist either\): grant"):
+        check_authorized(_Refusing({}), {"jobs": "READ", "dlq": "WRITE"})  # type: ignore[arg-type]
+
+
+def test_only_init_transactions_refusal_is_reported_as_a_missing_grant() -> None:
+    import confluent_kafka as ck
+
+    from worker.kafka.topics import transactional_id_refused
+
+    refused = transactional_id_refused(
+        KafkaIOError("x", code=ck.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED), "ktw.g.i")
+    assert isinstance(refused, TopicNotAuthorized)
+    assert "WRITE on transactional id ktw.g.i: grant it" in str(refused)
+    assert transactional_id_refused(
+        KafkaIOError("x", code=ck.KafkaError.PRODUCER_FENCED), "ktw.g.i") is None

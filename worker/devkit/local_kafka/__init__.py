@@ -14,11 +14,14 @@ from typing import Any
 from .broker import LocalKafka
 from .errors import LocalKafkaError
 from .jars import DEFAULT_VERSION, ensure_jars, jar_cache_root
+from .security import Principal, Security
 
 __all__ = [
     "DEFAULT_VERSION",
     "LocalKafka",
     "LocalKafkaError",
+    "Principal",
+    "Security",
     "ensure_jars",
     "jar_cache_root",
     "kafka_from_env_or_local",

@@ -14,6 +14,7 @@ from types import FrameType
 from .broker import LocalKafka
 from .errors import LocalKafkaError
 from .jars import DEFAULT_VERSION, ensure_jars
+from .security import Protocol, Security
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--partitions", type=int, default=1, help="default partitions per topic")
     run.add_argument("--topic", action="append", default=[], help="topic to create (repeatable)")
     run.add_argument("--timeout", type=float, default=90.0, help="start timeout in seconds")
+    run.add_argument("--sasl-ssl", action="store_true",
+                     help="add a SASL_SSL (SCRAM-SHA-512) listener and an authorizer")
+    run.add_argument("--mtls", action="store_true",
+                     help="add an mTLS listener (client certificates) and an authorizer")
     return parser
 
 
@@ -40,14 +45,26 @@ def _run(args: argparse.Namespace) -> int:
     # SIGTERM must unwind through stop() just like Ctrl-C so the JVM is not orphaned.
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    security = (Security(sasl_ssl=args.sasl_ssl, mtls=args.mtls)
+                if args.sasl_ssl or args.mtls else None)
     broker = LocalKafka(version=args.version, workdir=args.workdir, cache_dir=args.cache_dir,
-                        num_partitions=args.partitions)
+                        num_partitions=args.partitions, security=security)
     started = time.monotonic()
     try:
         broker.start(timeout=args.timeout)
         if args.topic:
             broker.create_topics(args.topic, partitions=args.partitions)
         print(broker.bootstrap_servers, flush=True)
+        if security is not None:
+            su = broker.super_principal
+            assert su is not None
+            protocols: list[Protocol] = ["SASL_SSL"] if security.sasl_ssl else []
+            protocols += ["SSL"] if security.mtls else []
+            listeners = ", ".join(f"{p} {broker.secure_bootstrap(p)}" for p in protocols)
+            scram = f"; SCRAM super user {su.name} / {su.password}" if security.sasl_ssl else ""
+            print(f"# secured listeners: {listeners}; CA {broker.ca_location}; the listener "
+                  f"above is the super user's{scram}",
+                  file=sys.stderr, flush=True)
         print(f"# ready in {time.monotonic() - started:.1f}s; log: {broker.log_path}; "
               "Ctrl-C to stop", file=sys.stderr, flush=True)
         while not stop.wait(1.0):

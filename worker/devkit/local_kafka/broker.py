@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import signal
 import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from . import config, process, workspace
+from . import security as sec
 from .errors import LocalKafkaError
 from .jars import DEFAULT_VERSION, ensure_jars
+from .security import Principal, Protocol, Security
+
+if TYPE_CHECKING:
+    from .acls import Acls
 
 log = logging.getLogger(__name__)
 BIND_ATTEMPTS = 3  # free_port() is racy; retry with new ports on a bind clash
@@ -30,7 +37,11 @@ class LocalKafka:
         extra_config: dict[str, str] | None = None,
         extra_listeners: dict[str, tuple[int, int]] | None = None,
         keep_logs_on_failure: bool = True,
+        security: Security | None = None,
     ) -> None:
+        """``security``: also open SASL_SSL (SCRAM-SHA-512) and/or mTLS listeners with an
+        authorizer (see security.py); ``bootstrap_servers`` stays the devkit's own PLAINTEXT
+        listener (a super user), ``secure_bootstrap()`` gives the others."""
         self.version = version
         self.cache_dir = cache_dir
         self.num_partitions = num_partitions
@@ -45,6 +56,13 @@ class LocalKafka:
         self._proc: subprocess.Popen[bytes] | None = None
         self._bootstrap: str | None = None
         self._failed = False
+        self.security = security
+        self._ports: dict[str, int] = {}
+        self._certs: sec.Certificates | None = None
+        self._broker_store: Path | None = None
+        self._acls: Acls | None = None
+        self.super_principal: Principal | None = (
+            Principal(security.super_user, secrets.token_hex(16)) if security else None)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -80,6 +98,8 @@ class LocalKafka:
         self._failed = False
         deadline = time.monotonic() + timeout
         try:
+            if self.security is not None:
+                self._make_certificates()
             for attempt in range(1, BIND_ATTEMPTS + 1):
                 offset = process.file_size(self.log_path)
                 try:
@@ -98,14 +118,31 @@ class LocalKafka:
 
     def _start_once(self, libs: Path, attempt: int, timeout: float) -> str:
         started = time.monotonic()
-        port, props, log4j = config.write_attempt_files(
-            self.workdir, self.log_path, attempt, self.num_partitions, self.extra_config,
-            self.extra_listeners)
-        process.format_storage(libs, log4j, props, config.random_cluster_id(), self.log_path)
+        extra = self.extra_config
+        secured: tuple[str, ...] = ()
+        format_args: tuple[str, ...] = ()
+        if self.security is not None:
+            assert self._certs is not None and self._broker_store is not None
+            extra = {**sec.broker_properties(self.security, self._certs,
+                                                  self._broker_store), **extra}
+            secured = tuple(name for name, on in ((sec.SASL_LISTENER, self.security.sasl_ssl),
+                                                  (sec.SSL_LISTENER, self.security.mtls))
+                            if on)
+            if self.security.sasl_ssl:
+                su = self.super_principal
+                assert su is not None
+                format_args = ("--add-scram",
+                               f"{sec.MECHANISM}=[name={su.name},password={su.password}]")
+        ports, props, log4j = config.write_attempt_files(
+            self.workdir, self.log_path, attempt, self.num_partitions, extra,
+            self.extra_listeners, secured)
+        process.format_storage(libs, log4j, props, config.random_cluster_id(), self.log_path,
+                               format_args)
         self._proc = process.launch_broker(libs, log4j, props, self.log_path)
-        bootstrap = f"127.0.0.1:{port}"
+        bootstrap = f"127.0.0.1:{ports['PLAINTEXT']}"
         process.wait_ready(self._proc, bootstrap, self.log_path, timeout)
         self._bootstrap = bootstrap
+        self._ports = ports
         log.info("local Kafka %s up at %s in %.1fs (pid %s, log %s)", self.version, bootstrap,
                  time.monotonic() - started, self._proc.pid, self.log_path)
         return bootstrap
@@ -120,6 +157,8 @@ class LocalKafka:
                 log.warning("local Kafka did not stop within %.0fs; killed", timeout)
         self._proc = None
         self._bootstrap = None
+        self._ports = {}
+        self._acls = None
         self.paused = False
         self._cleanup()
 
@@ -156,6 +195,59 @@ class LocalKafka:
         from .admin import create_topics  # lazy: imports confluent_kafka
 
         create_topics(self.bootstrap_servers, names, partitions, config)
+
+    # -- security (LocalKafka(security=Security(...))) ---------------------------------------
+    def _make_certificates(self) -> None:
+        t = time.monotonic()
+        self._certs = sec.Certificates(self.workdir / "tls")
+        self._certs.make_ca()
+        self._broker_store = self._certs.issue("broker", "localhost", self._certs.password,
+                                               san="ip:127.0.0.1,dns:localhost")
+        log.info("local Kafka certificates made in %.1fs", time.monotonic() - t)
+
+    def _secured(self) -> tuple[Security, sec.Certificates]:
+        if self.security is None or self._certs is None or self._bootstrap is None:
+            raise LocalKafkaError("LocalKafka not started with security=Security(...)")
+        return self.security, self._certs
+
+    @property
+    def ca_location(self) -> Path:
+        """The CA certificate (PEM) that signed the broker's and the clients' certificates."""
+        return self._secured()[1].ca_pem
+
+    def secure_bootstrap(self, protocol: Protocol = "SASL_SSL") -> str:
+        self._secured()
+        if protocol not in self._ports:
+            raise LocalKafkaError(f"LocalKafka has no {protocol} listener (see Security)")
+        return f"127.0.0.1:{self._ports[protocol]}"
+
+    def add_principal(self, name: str) -> Principal:
+        """A new identity ``User:<name>`` with no ACL: a SCRAM-SHA-512 user on the SASL_SSL
+        listener and a client certificate (CN=<name>) for the mTLS one, as the broker has
+        them. Valid until stop()."""
+        wanted, certs = self._secured()
+        password = secrets.token_hex(16)
+        keystore = certs.issue(f"client-{name}", name, password) if wanted.mtls else None
+        if wanted.sasl_ssl:
+            sec.create_scram_users(self.bootstrap_servers, {name: password})
+        return Principal(name, password, keystore)
+
+    def client_settings(self, principal: Principal, protocol: Protocol = "SASL_SSL"
+                        ) -> dict[str, Any]:
+        """librdkafka settings (bootstrap.servers included) for ``principal`` on ``protocol``'s
+        listener; security.sec.java_client_properties() turns them into the Java client's."""
+        return sec.client_settings(principal, protocol, self.secure_bootstrap(protocol),
+                                        self.ca_location)
+
+    @property
+    def acls(self) -> Acls:
+        """Grant and revoke ACLs as the super user (see acls.Acls)."""
+        self._secured()
+        if self._acls is None:
+            from .acls import Acls  # lazy: imports confluent_kafka
+
+            self._acls = Acls(self.bootstrap_servers)
+        return self._acls
 
     def __enter__(self) -> LocalKafka:
         self.start()

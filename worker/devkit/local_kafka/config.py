@@ -41,8 +41,12 @@ def server_properties(
     num_partitions: int,
     extra: Mapping[str, str] | None = None,
     extra_listeners: Mapping[str, tuple[int, int]] | None = None,
+    secured_listeners: Mapping[str, int] | None = None,
 ) -> dict[str, str]:
-    """``extra_listeners``: more PLAINTEXT listeners, name -> (port bound, port advertised),
+    """``secured_listeners``: name -> port of listeners whose security protocol is their name
+    (SASL_SSL, SSL; their settings come in ``extra``, see security.py).
+
+    ``extra_listeners``: more PLAINTEXT listeners, name -> (port bound, port advertised),
     e.g. one advertised at a proxy's port so clients that bootstrap through the proxy keep
     talking through it (the broker answers metadata with the listener's advertised address)."""
     host = "127.0.0.1"
@@ -81,6 +85,10 @@ def server_properties(
         props["listeners"] += f",{name}://{host}:{bound}"
         props["advertised.listeners"] += f",{name}://{host}:{advertised}"
         props["listener.security.protocol.map"] += f",{name}:PLAINTEXT"
+    for name, port in (secured_listeners or {}).items():
+        props["listeners"] += f",{name}://{host}:{port}"
+        props["advertised.listeners"] += f",{name}://{host}:{port}"
+        props["listener.security.protocol.map"] += f",{name}:{name}"
     props.update(extra or {})
     return props
 
@@ -117,28 +125,33 @@ logger.statechange.level = WARN
 def write_attempt_files(
     workdir: Path, log_file: Path, attempt: int, num_partitions: int, extra: Mapping[str, str],
     extra_listeners: Mapping[str, tuple[int, int]] | None = None,
-) -> tuple[int, Path, Path]:
+    secured_names: tuple[str, ...] = (),
+) -> tuple[dict[str, int], Path, Path]:
     """Pick ports and write server.properties + log4j2.properties for one start attempt.
 
-    Returns (broker_port, properties_file, log4j2_file). Each attempt gets its own
+    Returns ({listener: port} for PLAINTEXT and ``secured_names``, properties_file,
+    log4j2_file). Each attempt gets its own
     data dir because a `--standalone` format records the controller endpoint.
     """
-    broker_port = free_port()
-    controller_port = free_port()
-    while controller_port == broker_port:
-        controller_port = free_port()
+    ports: dict[str, int] = {}
+    for name in ("PLAINTEXT", "CONTROLLER", *secured_names):
+        port = free_port()
+        while port in ports.values():
+            port = free_port()
+        ports[name] = port
     data_dir = workdir / f"data-{attempt}"
     shutil.rmtree(data_dir, ignore_errors=True)  # a reused workdir holds an old format
     props = server_properties(
-        broker_port=broker_port,
-        controller_port=controller_port,
+        broker_port=ports["PLAINTEXT"],
+        controller_port=ports.pop("CONTROLLER"),
         data_dir=data_dir,
         num_partitions=num_partitions,
         extra=extra,
         extra_listeners=extra_listeners,
+        secured_listeners={name: ports[name] for name in secured_names},
     )
     props_file = workdir / "server.properties"
     props_file.write_text(render_properties(props))
     log4j_file = workdir / "log4j2.properties"
     log4j_file.write_text(log4j2_properties(log_file))
-    return broker_port, props_file, log4j_file
+    return ports, props_file, log4j_file

@@ -55,11 +55,13 @@ def _java_cmd(libs: Path, log4j_conf: Path, main: str, *args: str) -> list[str]:
     ]
 
 
-def format_storage(libs: Path, log4j_conf: Path, props: Path, cluster_id: str, log: Path) -> None:
-    """`kafka-storage.sh format --standalone`: in 4.x the class is still kafka.tools.StorageTool."""
+def format_storage(libs: Path, log4j_conf: Path, props: Path, cluster_id: str, log: Path,
+                   extra_args: tuple[str, ...] = ()) -> None:
+    """`kafka-storage.sh format --standalone`: in 4.x the class is still kafka.tools.StorageTool.
+    ``extra_args``: e.g. ``--add-scram`` (a SCRAM user in the metadata from the first start)."""
     cmd = _java_cmd(
         libs, log4j_conf, "kafka.tools.StorageTool",
-        "format", "--standalone", "-t", cluster_id, "-c", str(props),
+        "format", "--standalone", "-t", cluster_id, "-c", str(props), *extra_args,
     )
     with open(log, "ab") as out:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, check=False)

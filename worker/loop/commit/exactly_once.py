@@ -19,7 +19,7 @@ outage, is never needed.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import confluent_kafka as ck
 import structlog
@@ -27,9 +27,11 @@ import structlog
 from worker.config import WorkerConfig
 from worker.exceptions import KafkaIOError, TransactionError
 from worker.kafka import Consumer, Producer, transactional_id, transactional_producer_settings
+from worker.kafka.topics import transactional_id_refused
 from worker.loop.assignment import Assignment
 from worker.loop.commit.at_least_once import REFUSED_AS_IS
 from worker.loop.commit.base import DropWork
+from worker.loop.commit.marks import CommitMarks, marker
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.commit.ordered import OrderedRelease
 from worker.loop.commit.transactions import Transactions
@@ -98,6 +100,8 @@ class ExactlyOnce:
         self._producer = Producer(transactional_producer_settings(cfg))
         self._txn = Transactions(self._producer, timeout_ms=cfg.kafka.transaction_timeout_ms)
         self._tracker = OffsetTracker()
+        # Commit metadata: the crash-loop breaker's attempt counts (worker/loop/poison.py).
+        self.marks = CommitMarks(marker(1) if cfg.processing.poison_max_attempts else "")
         self._release = OrderedRelease(self._tracker)
         self.fatal: BaseException | None = None
         self.transactional_id: str | None = transactional_id(cfg)
@@ -119,7 +123,16 @@ class ExactlyOnce:
         self._producer.open()
         # Fences an earlier incarnation of this instance and aborts its open transaction, so
         # its uncommitted outputs never become visible and its offsets are released.
-        self._txn.init()
+        try:
+            self._txn.init()
+        except TransactionError as exc:
+            # No broker reports authorized operations on a transactional id, so the start-up
+            # check (worker.kafka.topics) leaves WRITE on it to this call, run before the
+            # group is joined; its refusal names the id and operation as the check's do.
+            refused = transactional_id_refused(exc, transactional_id(self.cfg))
+            if refused is None:
+                raise
+            raise refused from exc
 
     def begin(self, topic: str, partition: int, offset: int, size: int = 0) -> None:
         if self._tracker.begin(topic, partition, offset, size):
@@ -338,17 +351,28 @@ class ExactlyOnce:
             self._hold_until = time.monotonic() + hold
             log.warning("rewind_hold", aborts_in_a_row=self._aborts_in_a_row, hold_s=hold)
 
-    def _commit(self) -> None:
+    def _commit(self, *, release: Iterable[TopicPartitionKey] = (),
+                marks: Iterable[TopicPartitionKey] = ()) -> bool:
+        """Commit the open transaction with the positions that moved. ``marks``: partitions
+        whose position goes in with its mark even when unmoved, in an otherwise empty
+        transaction if none is open; ``release``: the same, given up cleanly (no mark).
+        False if it did not commit."""
         txn = self._txn
         reason = self._abort_request or txn.failed
         if reason is not None:
             self._abort_request = None
             self._abort(reason)
-            return
+            return False
+        released = set(release) if self.marks.default or self.marks.sticky else set()
+        extra = {key: pos for key in (*released, *marks)
+                 if (pos := self._tracker.position(key)) is not None}
         if not txn.open:
-            return
-        positions = self._tracker.committable()
-        offsets = [ck.TopicPartition(t, p, o) for (t, p), o in positions.items()]
+            # (Nothing produced since the last commit: only marks to write, or nothing.)
+            if not extra or self._outage is not None or txn.needs_init:
+                return not extra
+            txn.begin()
+        positions = {**extra, **self._tracker.committable()}
+        offsets = self.marks.offsets(positions, released)
         if txn.age_s * 1e3 > self.cfg.kafka.transaction_timeout_ms / 2:
             log.warning("transaction_long", age_s=round(txn.age_s, 1),
                         transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
@@ -359,7 +383,7 @@ class ExactlyOnce:
             if exc.fatal:
                 raise
             self._abort(f"commit failed: {exc}")
-            return
+            return False
         self._tracker.mark_committed(positions)
         self._settle_too_large(positions)
         done = time.monotonic()
@@ -370,6 +394,27 @@ class ExactlyOnce:
         self._aborts_in_a_row, self._failing_since = 0, None
         log.debug("transaction_committed", records=records,
                   offsets={f"{t}[{p}]": o for (t, p), o in positions.items()})
+        return True
+
+    def track(self, key: TopicPartitionKey, committed: int) -> None:
+        self._tracker.start(key, committed)
+
+    def position(self, key: TopicPartitionKey) -> int | None:
+        return self._tracker.position(key)
+
+    def commit_marks(self, keys: Iterable[TopicPartitionKey]) -> bool:
+        """Commit the open transaction now (an empty one if none is open) with these
+        partitions' positions and marks: the breaker's mark must be in Kafka before the record
+        it counts is processed. False if it did not commit (tried again by the caller)."""
+        if self._outage is not None or self._txn.needs_init or self._rewind_needed:
+            return False
+        try:
+            return self._commit(marks=list(keys))
+        except TransactionError as exc:
+            if exc.fatal:
+                raise
+            self._abort(f"commit failed: {exc}")
+            return False
 
     def _settle_too_large(self, positions: dict[TopicPartitionKey, int]) -> None:
         """Forget the marks of sources now committed (below their partition's position)."""
@@ -384,7 +429,7 @@ class ExactlyOnce:
     def revoked(self, keys: set[TopicPartitionKey]) -> None:
         # One transaction covers every partition: it commits with all their positions (if
         # that fails it is aborted and the new owner redoes the work).
-        self._commit()
+        self._commit(release=keys)
 
     def lost(self, keys: set[TopicPartitionKey]) -> None:
         if self._txn.open:
@@ -401,7 +446,7 @@ class ExactlyOnce:
         if not failed:
             # Commits the last transaction (or aborts a failed one: its work is redone by the
             # partitions' next owner).
-            self._commit()
+            self._commit(release=self._tracker.partitions())
 
     def close(self, *, failed: bool) -> None:
         if failed:

@@ -26,6 +26,7 @@ from worker.exceptions import (
     JobRejected,
     NothingToScore,
     TaskFailed,
+    Transient,
     UnknownPolicy,
     is_transient,
     one_line,
@@ -271,6 +272,10 @@ class OpenNsfwTask(BatchedTask[Pending]):
                 spans += [(mid, hi), (lo, mid)]
                 continue
             out[lo:hi] = scores[self.output_name][: hi - lo]
+        if len(rows) > 1 and len(failed) == len(rows):
+            # Every row failed alone: the engine, not an input, is at fault (nothing to pin on
+            # one job). Waited out like any outage rather than dead-lettering the batch.
+            raise Transient(f"the engine failed on every row of the batch: {failed[0]}")
         return out, failed
 
     def _run(self, batch: Batch[Pending]) -> list[Outcome]:

@@ -16,7 +16,14 @@ from engines.backends.onnxruntime import OrtRunner
 from engines.exceptions import InferenceFailed
 from engines.profiles import StaticProfile
 from worker.config import WorkerConfig, load_config
-from worker.exceptions import ImageRejected, JobRejected, NothingToScore, UnknownPolicy
+from worker.exceptions import (
+    ImageRejected,
+    JobRejected,
+    NothingToScore,
+    TaskFailed,
+    Transient,
+    UnknownPolicy,
+)
 from worker.tasks.batcher import Batch, DynamicBatcher
 from worker.tasks.moderation.engine_setup.open_nsfw import EnginePlan, engine_plan
 from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
@@ -362,29 +369,19 @@ def test_pending_exposes_what_the_batcher_needs(plan: EnginePlan) -> None:
 # --- engine failure -----------------------------------------------------------------------------
 
 
-def test_inference_failure_answers_every_good_job_with_status_error(
-    cfg: WorkerConfig, plan: EnginePlan, mixed: list[Pending], contract: Any
+def test_an_engine_failing_every_row_is_an_outage_not_an_answer(
+    cfg: WorkerConfig, plan: EnginePlan, mixed: list[Pending]
 ) -> None:
+    """Every row failing alone pins nothing on a job: the batch raises Transient (it waits and
+    runs again, worker.tasks.batched), where every job used to be answered ``status: error``
+    and committed (a consumer failing open then published unmoderated content)."""
     with _ScriptedRunner(lambda x: "device lost") as failing:
         task = OpenNsfwTask(cfg, failing, plan.spec)
         try:
-            outcomes = task.submit(_batch(plan, mixed)).result(timeout=120)
+            with pytest.raises(Transient, match=r"every row.*device lost"):
+                task.submit(_batch(plan, mixed)).result(timeout=120)
         finally:
             task.close()
-    assert len(outcomes) == len(mixed)
-    for o in outcomes:
-        if o.pending.job.id == "corrupt":
-            assert isinstance(o.rejection, ImageRejected)
-            continue
-        assert o.result is not None and o.rejection is None
-        assert o.result.status is Status.ERROR
-        assert o.result.verdict is None
-        assert o.result.error is not None and "device lost" in o.result.error
-        assert contract.errors("moderation-result", result_to_dict(o.result)) == []
-        o.result.schema_version = 2  # what a v2 job's error result would be
-        doc = decode_result(task.encode(o.result)[0])
-        assert (doc["rule"], doc["models"]) == ("none", [])
-        assert contract.errors("moderation-result.v2", doc) == []
 
 
 def _nsfw_of(runner: OrtRunner, plan: EnginePlan, img: Any) -> float:
@@ -506,7 +503,7 @@ def test_a_batch_that_runs_out_of_memory_is_split_until_it_fits(
     assert len({o.result.scores["nsfw"] for o in outcomes if o.result}) > 1
 
 
-def test_only_the_job_whose_row_keeps_failing_is_answered_error(
+def test_only_the_job_whose_row_keeps_failing_is_dead_lettered(
         cfg: WorkerConfig, plan: EnginePlan, sample_paths: list[Path]) -> None:
     items = _images(sample_paths, 6)
     with _ScriptedRunner(lambda x: None) as probe:
@@ -516,8 +513,10 @@ def test_only_the_job_whose_row_keeps_failing_is_answered_error(
                           if any(np.array_equal(r, poison[0]) for r in x) else None)
     outcomes = _outcomes(cfg, bad, plan, items)
     status = {o.pending.job.id: o.result.status for o in outcomes if o.result}
-    assert status.pop("j4") is Status.ERROR
-    assert set(status.values()) == {Status.OK}
+    assert "j4" not in status and set(status.values()) == {Status.OK}
+    [failed] = [o for o in outcomes if o.result is None]
+    assert failed.pending.job.id == "j4" and isinstance(failed.rejection, TaskFailed)
+    assert "kernel failed on this input" in str(failed.rejection)
 
 
 def test_a_sticky_cuda_error_stops_the_batch_instead_of_answering_it(
