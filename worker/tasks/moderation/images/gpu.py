@@ -19,8 +19,11 @@ from typing import Any
 import numpy as np
 
 from worker.exceptions import JobRejected
+from worker.tasks.moderation.images.budgets import admit, default_guard
 from worker.tasks.moderation.images.cpu import (
     CROP,
+    MAX_FRAMES,
+    MAX_SAMPLED_FRAMES,
     RESIZE,
     ImageLimits,
     check_dimensions,
@@ -43,6 +46,11 @@ def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
             dims = jpeg_dimensions(data)
             if dims is not None:
                 check_dimensions(*dims, limits)
+                # The CPU path's checks before decoding (scans, the decode budget's size):
+                # nvJPEG must not take what the CPU refuses.
+                admit(data, "JPEG", dims, 1, max_pixels=limits.max_pixels,
+                      max_frames=MAX_FRAMES, sampled=MAX_SAMPLED_FRAMES,
+                      guard=limits.guard or default_guard())
                 jpeg_idx.append(i)
                 continue
             open_checked(data, limits)  # not a clean JPEG header: let Pillow judge it

@@ -39,6 +39,21 @@ HUFFMAN_FRAMES = frozenset({0xC0, 0xC1, 0xC2})
 # file is not "plain" and Pillow judges it. (cpu._segments' header walk has the same bound.)
 MAX_SEGMENTS = 1024
 _NEXT_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")  # after entropy-coded data
+# Scans a JPEG may have, counted from its markers before it is decoded. Each scan of a
+# progressive JPEG is a pass over every block of the components it codes, however few bytes it
+# takes: 3,000 scans that code nothing (end-of-band runs) made a 357 KB 6000x6000 grey JPEG
+# hold a decode thread 5.8 s on the 2-core VM. Real encoders write few: libjpeg-turbo's
+# progressive script (what Pillow's progressive=True and cjpeg -progressive write) has 6 scans
+# for grey, 10 for YCbCr and 18 for CMYK, hand-tuned scripts (jpegtran -scans, mozjpeg's scan
+# search) a few dozen at most, and a sequential JPEG one per component. 100 is over five times
+# the largest standard script; 100 empty scans of a 40M-pixel image cost about 0.2 s.
+MAX_SCANS = 100
+# Marker segments the exact count walks (restart markers and fill bytes are not segments): real
+# files have dozens (APPn, tables, a DHT per scan), a few hundred with an ICC profile split
+# over APP2 segments. More is refused: the walk is a Python loop, a flood of tiny segments
+# would hold the thread for seconds.
+MAX_COUNTED_SEGMENTS = 10_000
+_MARKER = re.compile(rb"\xff+([^\x00\xd0-\xd7\xff])")  # a marker, its fill bytes skipped
 # Markers a plain JPEG may have between its start and end: frames and tables (0xC0-0xCF),
 # scans, restart intervals, APPn, comments.
 _KNOWN = frozenset([*range(0xC0, 0xD0), 0xD9, 0xDA, 0xDB, 0xDD, *range(0xE0, 0xF0), 0xFE])
@@ -55,6 +70,49 @@ _RESUME_ENTRIES, _RESUME_BYTES = 256, 4096
 
 class _Unsound(Exception):
     """Internal: the walk stops; the image is not plain."""
+
+
+def count_scans(data: bytes, most: int = MAX_SCANS) -> int:
+    """The start-of-scan markers libjpeg reads in ``data`` up to its end-of-image (or a second
+    start-of-image, where libjpeg stops), counted up to ``most`` + 1. Bytes between segments
+    that are not a marker are skipped to the next marker, as libjpeg skips them (with a
+    warning), and so is each scan's entropy-coded data. Raises ValueError past
+    :data:`MAX_COUNTED_SEGMENTS` segments; 0 for data that does not start a JPEG."""
+    if data[:2] != b"\xff\xd8":
+        return 0
+    i, scans, segments, n = 2, 0, 0, len(data)
+    while scans <= most:
+        found = _MARKER.search(data, i)
+        if found is None:
+            break
+        marker, i = found.group(1)[0], found.end()
+        if marker in (0xD8, 0xD9):
+            break
+        segments += 1
+        if segments > MAX_COUNTED_SEGMENTS:
+            raise ValueError(f"JPEG with over {MAX_COUNTED_SEGMENTS} marker segments")
+        if marker == 0x01:  # TEM: no length
+            continue
+        if i + 2 > n:
+            break
+        scans += marker == 0xDA
+        i += (data[i] << 8) | data[i + 1]
+    return scans
+
+
+def too_many_scans(data: bytes, most: int = MAX_SCANS) -> str | None:
+    """A one-line reason when the JPEG has more than ``most`` scans (:func:`count_scans`), else
+    None. The bytes of a start-of-scan marker occurring at most ``most`` times anywhere is
+    answer enough (a search at memory speed: 3-7 ms for a 10 MB photo); only more are walked."""
+    if data.count(b"\xff\xda") <= most:
+        return None
+    try:
+        scans = count_scans(data, most)
+    except ValueError as exc:
+        return str(exc)
+    if scans > most:
+        return f"JPEG with over {most} scans (each a pass over the whole image)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +150,7 @@ class _Walk:
         self.blocks = 0  # blocks per MCU of an interleaved scan
         self.frame = 0
         self.scanned: frozenset[int] = frozenset()  # components some scan has coded
+        self.scans = 0  # over MAX_SCANS: the CPU path refuses it, so it is not plain
         self.exif: list[bytes] = []
 
     def _resume(self) -> int:
@@ -232,6 +291,9 @@ class _Walk:
                                    or (ss and n != 1) or (ah and al != ah - 1) or al > 13):
             raise _Unsound
         if n > 1 and self.blocks > 10:  # libjpeg's D_MAX_BLOCKS_IN_MCU
+            raise _Unsound
+        self.scans += 1
+        if self.scans > MAX_SCANS:
             raise _Unsound
         self.scanned |= ids
 

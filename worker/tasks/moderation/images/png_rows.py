@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from worker.exceptions import one_line
@@ -56,6 +56,21 @@ def _chunks(data: bytes) -> Iterator[tuple[bytes, bytes]]:
         i += 12 + length
 
 
+def count_frames(data: bytes, most: int) -> int:
+    """The frame controls (fcTL chunks) of a PNG up to IEND, counted up to ``most`` + 1,
+    whether or not an acTL chunk makes the file an APNG: Pillow shows one frame of a PNG
+    without acTL, yet every frame it carries is data a reader that animates may decode (and the
+    header rows' check of older versions inflated). Only chunk headers are read."""
+    i, n, frames = len(SIGNATURE), len(data), 0
+    while i + 8 <= n and frames <= most:
+        length, kind = struct.unpack_from(">I4s", data, i)
+        if kind == b"IEND":
+            break
+        frames += kind == b"fcTL"
+        i += 12 + length
+    return frames
+
+
 @dataclass
 class _Image:
     label: str
@@ -67,7 +82,9 @@ class _Image:
 def _images(data: bytes) -> tuple[int, bool, list[_Image]]:
     """Bits per pixel, interlacing, and the images Pillow would decode with their compressed
     data: the default image (the first run of IDAT chunks; at its fcTL's size when one comes
-    before it, as Pillow reads it) and the animation frames up to the count acTL declares."""
+    before it, as Pillow reads it) and the animation frames up to the count acTL declares.
+    Pillow reads acTL only before the image data: without one there, the file is one image and
+    its frames (fdAT) are never decoded, so they are not inflated here either."""
     chunks = _chunks(data)
     for kind, ihdr in chunks:  # (Pillow skips chunks before IHDR; so does this)
         if kind == b"IHDR" and len(ihdr) >= 13:
@@ -85,7 +102,7 @@ def _images(data: bytes) -> tuple[int, bool, list[_Image]]:
     for kind, body in chunks:
         if idat == "in" and kind != b"IDAT":
             idat = "after"
-        if kind == b"acTL" and len(body) >= 8:
+        if kind == b"acTL" and len(body) >= 8 and idat == "before":
             declared = struct.unpack(">I", body[:4])[0]
         elif kind == b"fcTL" and len(body) >= 20:
             controls += 1
@@ -103,7 +120,7 @@ def _images(data: bytes) -> tuple[int, bool, list[_Image]]:
                 images.append(_Image(label, *(frame or (width, height))))
                 idat, frame = "in", None
             images[-1].parts.append(body)
-        elif kind == b"fdAT":
+        elif kind == b"fdAT" and declared is not None:
             if frame is not None:
                 images.append(_Image(f"frame {controls - 1}", *frame))
                 frame = None
@@ -112,19 +129,22 @@ def _images(data: bytes) -> tuple[int, bool, list[_Image]]:
     return depth * _CHANNELS[colour], interlace == 1, images
 
 
-def _inflated_size(parts: list[bytes], limit: int) -> int:
+def _inflated_size(parts: list[bytes], limit: int, tick: Callable[[], None]) -> int:
     """Bytes the zlib stream in ``parts`` inflates to, counted up to ``limit`` and no further
-    (nothing past the declared rows is inflated: neither a bomb nor an error there counts)."""
+    (nothing past the declared rows is inflated: neither a bomb nor an error there counts).
+    ``tick`` is called before each step's inflate (a time limit may raise there)."""
     inflater = zlib.decompressobj()
     total = 0
     for part in parts:
         pending = part
         while pending and total < limit and not inflater.eof:
+            tick()
             total += len(inflater.decompress(pending, min(_STEP, limit - total)))
             pending = inflater.unconsumed_tail
     while total < limit and not inflater.eof:
         # Input used up while the output was capped: what zlib still holds (the rest of a
         # match, bits already read) is output too.
+        tick()
         more = inflater.decompress(b"", min(_STEP, limit - total))
         if not more:
             break
@@ -132,16 +152,21 @@ def _inflated_size(parts: list[bytes], limit: int) -> int:
     return total
 
 
-def short_image_data(data: bytes) -> str | None:
+def _no_tick() -> None:
+    pass
+
+
+def short_image_data(data: bytes, tick: Callable[[], None] = _no_tick) -> str | None:
     """A one-line reason when the PNG's default image or one of its frames holds fewer pixel
     bytes than its header declares (or its image data does not inflate, or a frame lies
     outside the canvas), else None. Call it after the image's size, frame count and pixel
-    budget are checked: it inflates at most what the decode would."""
+    budget are checked: it inflates at most what the decode would. ``tick`` is called before
+    each megabyte inflated (the decode's time limit: it may raise)."""
     try:
         bits, interlaced, images = _images(data)
         for img in images:
             want = expected_bytes(img.width, img.height, bits, interlaced)
-            got = _inflated_size(img.parts, want)
+            got = _inflated_size(img.parts, want, tick)
             if got < want:
                 return (f"corrupt image data: the PNG's {img.label} holds {got} of the {want} "
                         "bytes of pixel rows its header declares")

@@ -18,6 +18,7 @@ from worker.config import WorkerConfig
 from worker.exceptions import JobRejected, NothingToScore
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.engine_setup.clip import ClipEngines
+from worker.tasks.moderation.images.budgets import guard_for
 from worker.tasks.moderation.images.clip import preprocess_clip
 from worker.tasks.moderation.images.cpu import ImageLimits, decode_image
 from worker.tasks.moderation.models.base import (
@@ -40,7 +41,8 @@ class ClipModel(ModerationModel):
     def __init__(self, cfg: WorkerConfig, engines: ClipEngines,
                  banks: Mapping[str, PromptBank]) -> None:
         self.engines, self.banks = engines, dict(banks)
-        self._limits = ImageLimits(cfg.limits.max_image_pixels, cfg.limits.max_image_side)
+        self._limits = ImageLimits(cfg.limits.max_image_pixels, cfg.limits.max_image_side,
+                                   guard_for(cfg))
         self._decode = ThreadPoolExecutor(cfg.model.decode_threads,
                                           thread_name_prefix="clip-dec")
 
