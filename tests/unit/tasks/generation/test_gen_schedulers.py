@@ -113,9 +113,10 @@ def test_unknown_scheduler_and_bad_steps_are_refused() -> None:
 
 # --- diffusers, where installed -----------------------------------------------------------------
 
+# diffusers' schedulers compute in torch, which the dev extra alone does not bring.
 needs_diffusers = pytest.mark.skipif(
-    importlib.util.find_spec("diffusers") is None,
-    reason="diffusers not installed (the dev extra): cross-check skipped")
+    importlib.util.find_spec("diffusers") is None or importlib.util.find_spec("torch") is None,
+    reason="diffusers (the dev extra) or torch (the gpu extra) not installed: cross-check skipped")
 SD15 = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
         "num_train_timesteps": 1000}
 

@@ -2,7 +2,7 @@
 compiler), verify, time, bundle, cache, load without compiling, serve padded batches.
 
 A tiny convolutional network keeps the compiles to seconds; open_nsfw on CUDA is in the
-conformance test and the benchmarks (bench/aoti_bench.py).
+conformance test and the benchmarks (bench/aoti/aoti_bench.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every model's native network compiles as AOTInductor packages and answers like the torch
 engine: MiniLM (the real weights), CLIP's two towers and the three SD nets (tiny random
-configs), on the CPU in fp32. open_nsfw on CUDA: the conformance test and bench/aoti_bench.py.
+configs), on the CPU in fp32. open_nsfw on CUDA: the conformance test and bench/aoti/aoti_bench.py.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
 pytest.importorskip("diffusers", reason="the references need the dev extra")
 pytest.importorskip("transformers", reason="the references need the dev extra")
 

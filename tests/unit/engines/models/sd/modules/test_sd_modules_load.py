@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
 pytest.importorskip("diffusers", reason="the references need the dev extra")
+pytest.importorskip("safetensors", reason="safetensors is not installed (the gen extra)")
 pytest.importorskip("transformers", reason="the references need the dev extra")
 
 import torch

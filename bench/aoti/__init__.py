@@ -1,0 +1,1 @@
+"""The compiled (AOTInductor) engines: builds, loads and per-shape timings."""

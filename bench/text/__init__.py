@@ -1,0 +1,1 @@
+"""Text moderation and CLIP engines: MiniLM per token profile, CLIP's image tower."""
