@@ -293,7 +293,7 @@ def test_an_outage_waits_and_runs_the_whole_batch_again_never_dead_letters(
     task = _task(delay_s=60.0)
     task.admit(_batch(_record(0), _record(1), _record(2)))
     task.schedule(2.0, NOW_MS, free=1, force=True)
-    for attempt in range(5):
+    for _ in range(5):
         fut, batch = task.futures[-1]
         assert len(batch.items) == 3  # never split
         fut.set_exception(error)
