@@ -30,13 +30,14 @@ $(STAMP): $(CORE)
 	touch $(STAMP)
 
 .PHONY: lock
-lock:  ## constraints.txt from a throwaway venv with every extra, at the newest allowed versions
+lock:  ## constraints.txt from a throwaway venv with every extra, at the newest allowed versions; then the images' hashed locks
 	rm -rf .lock-venv
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install -q uv
 	.lock-venv/bin/uv pip install -q --python .lock-venv/bin/python -e '.[$(EXTRAS)]'
 	{ sed -n '/^#/p' $(CONSTRAINTS); .lock-venv/bin/uv pip freeze --python .lock-venv/bin/python --exclude-editable; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	CONSTRAINTS=$(CONSTRAINTS) PYTHON=.lock-venv/bin/python bash deploy/docker/lock.sh .lock-venv/bin/uv
 	rm -rf .lock-venv
 
 jars: $(CORE)  ## resolve the Kafka broker jars from Maven Central (cached; not with an external cluster)

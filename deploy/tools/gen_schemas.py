@@ -41,6 +41,7 @@ KINDS = [
     "deployment-apps-v1",
     "statefulset-apps-v1",
     "poddisruptionbudget-policy-v1",
+    "networkpolicy-networking-v1",
     "horizontalpodautoscaler-autoscaling-v2",
 ]
 

@@ -52,7 +52,7 @@ def test_lint_strict(helm: Helm, values: Path) -> None:
 def test_ci_value_sets_cover_the_modes() -> None:
     names = {p.stem for p in CI_VALUES}
     assert {"default-values", "exactly-once-values", "static-membership-values", "gpu-values",
-            "keda-values", "full-values", "generation-values"} <= names
+            "keda-values", "full-values", "generation-values", "secure-values"} <= names
 
 
 def test_install_dry_run_renders_the_notes(tmp_path: Path) -> None:
@@ -72,7 +72,8 @@ def test_install_dry_run_renders_the_notes(tmp_path: Path) -> None:
 def test_default_is_an_at_least_once_deployment(helm: Helm, tmp_path: Path,
                                                 clean_env: pytest.MonkeyPatch) -> None:
     m = helm.render()
-    assert m.kinds() == ["ConfigMap", "Deployment", "Service", "ServiceAccount"]
+    assert m.kinds() == ["ConfigMap", "Deployment", "NetworkPolicy", "PodDisruptionBudget",
+                         "Service", "ServiceAccount"]
     dep = m.one("Deployment")
     assert dep["spec"]["replicas"] == 1
     pod = m.pod()
@@ -109,11 +110,14 @@ def test_default_is_an_at_least_once_deployment(helm: Helm, tmp_path: Path,
     assert volumes["config"]["configMap"]["name"] == m.one("ConfigMap")["metadata"]["name"]
     assert "emptyDir" in volumes["engine-cache"] and "emptyDir" in volumes["tmp"]
 
-    # The engine cache is built by an init container with the same config, env and mounts.
+    # The engine cache is built by an init container with the same config, env and mounts,
+    # but for the cache, which only the init container may write.
     init = m.container("engines-build")
     assert init["args"] == ["engines", "build", "--config", "/etc/trt-worker/config.toml"]
     assert env_of(init) == env
-    assert init["volumeMounts"] == c["volumeMounts"]
+    writable = {"name": "engine-cache", "mountPath": "/var/cache/trt-worker", "readOnly": False}
+    assert init["volumeMounts"] == [writable if v["name"] == "engine-cache" else v
+                                    for v in c["volumeMounts"]]
 
     # The metrics Service reaches the pods' metrics port.
     svc = m.one("Service")
@@ -181,7 +185,8 @@ def test_gpu_gets_one_gpu_per_pod(helm: Helm) -> None:
 
 def test_gpu_resource_name_is_configurable(helm: Helm) -> None:
     m = helm.render("--set", "gpu.enabled=true", "--set", "gpu.resourceName=amd.com/gpu")
-    assert m.container()["resources"] == {"limits": {"amd.com/gpu": 1}}
+    assert m.container()["resources"]["limits"]["amd.com/gpu"] == 1
+    assert "nvidia.com/gpu" not in m.container()["resources"]["limits"]
 
 
 def test_keda_scaled_object(helm: Helm) -> None:

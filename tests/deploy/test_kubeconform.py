@@ -69,11 +69,21 @@ def test_the_custom_resources_are_validated(helm: Helm, versions: list[str],
     assert statuses["StatefulSet"] == "statusValid"
 
 
+def test_the_network_policy_is_validated(helm: Helm, versions: list[str],
+                                         tmp_path: Path) -> None:
+    m = helm.render("-f", str(CHART / "ci" / "secure-values.yaml"))
+    for version in versions:
+        result = kubeconform(m.text, version, tmp_path)
+        statuses = {r["kind"]: r["status"] for r in result["resources"]}
+        assert statuses["NetworkPolicy"] == "statusValid", (version, result)
+
+
 @pytest.mark.parametrize(("kind", "field", "wrong"), [
     ("ScaledObject", "maxReplicaCount", "maxReplicas"),
     ("PodMonitor", "podMetricsEndpoints", "podMetricEndpoints"),
     ("StatefulSet", "serviceName", "serviceNam"),
     ("Service", "clusterIP", "clusterIp"),
+    ("NetworkPolicy", "policyTypes", "policyType"),
 ])
 def test_the_schemas_catch_a_misspelt_field(helm: Helm, versions: list[str], tmp_path: Path,
                                             kind: str, field: str, wrong: str) -> None:

@@ -15,9 +15,10 @@ from tests.deploy.conftest import REPO, SCHEMAS, TOOLS, missing, run, tool
 
 INSTALL = TOOLS / "install.sh"
 INSTALL_PROMETHEUS = TOOLS / "install_prometheus.sh"  # (make dashboard-check; not run in CI)
+LOCK = TOOLS.parent / "docker" / "lock.sh"  # (make lock)
 
 
-@pytest.mark.parametrize("script", [INSTALL, INSTALL_PROMETHEUS], ids=lambda p: p.name)
+@pytest.mark.parametrize("script", [INSTALL, INSTALL_PROMETHEUS, LOCK], ids=lambda p: p.name)
 def test_install_script_passes_shellcheck(script: Path) -> None:
     proc = run([tool("shellcheck"), "--severity=style", str(script)])
     assert proc.returncode == 0, proc.stdout

@@ -60,8 +60,9 @@ class Admin:
 
     def __init__(self, cfg: WorkerConfig, timeout: float = 30.0) -> None:
         self.timeout = timeout
+        self._settings = admin_settings(cfg)
         try:
-            self.client = AdminClient(admin_settings(cfg))
+            self.client = AdminClient(self._settings)
         except ck.KafkaException as exc:
             raise kafka_io_error(exc, "could not create the admin client") from exc
 
@@ -121,22 +122,35 @@ class Admin:
 
     def committed(self, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
         """The group's committed offset per partition (None: no commit). A coordinator that
-        is still loading (a broker just started) or moving is asked again."""
-        request = ck.ConsumerGroupTopicPartitions(
-            group, [ck.TopicPartition(topic, p) for p in partitions])
+        is still loading (a broker just started) or moving is asked again.
+
+        Asked through a consumer of the group that never joins it, not the admin API's
+        ListConsumerGroupOffsets: librdkafka's admin client crashes the process (SIGSEGV in
+        rd_kafka_cgrp_op, librdkafka issue 5040) when that request meets NOT_COORDINATOR,
+        as it does on a freshly started broker; a consumer has the group machinery it
+        needs."""
+        settings = self._settings | {"group.id": group, "enable.auto.commit": False}
+        try:
+            consumer = ck.Consumer(settings)
+        except ck.KafkaException as exc:
+            raise kafka_io_error(exc, "could not create a consumer to read committed offsets"
+                                 ) from exc
         deadline = time.monotonic() + self.timeout
-        while True:
-            futures = self.client.list_consumer_group_offsets([request],
-                                                              request_timeout=self.timeout)
-            try:
-                got = wait(futures[group], f"list offsets of group {group!r}", self.timeout)
-                break
-            except KafkaIOError as exc:
-                if exc.code not in _COORDINATOR_BUSY or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        try:
+            while True:
+                try:
+                    got = consumer.committed([ck.TopicPartition(topic, p) for p in partitions],
+                                             timeout=max(1.0, deadline - time.monotonic()))
+                    break
+                except ck.KafkaException as exc:
+                    err = kafka_io_error(exc, f"committed offsets of group {group!r}")
+                    if err.code not in _COORDINATOR_BUSY or time.monotonic() > deadline:
+                        raise err from exc
+                    time.sleep(0.2)
+        finally:
+            consumer.close()
         out: dict[int, int | None] = dict.fromkeys(partitions)
-        for tp in got.topic_partitions:
+        for tp in got:
             if tp.error is not None:
                 raise KafkaIOError(f"committed offset of {group!r} on {topic}[{tp.partition}]: "
                                    f"{tp.error.str()}", code=tp.error.code())

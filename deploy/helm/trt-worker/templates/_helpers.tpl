@@ -38,10 +38,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* <repository>@<digest> when image.digest is set (the tag is then ignored), else
+     <repository>:<tag>. */}}
 {{- define "trt-worker.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- $flavour := ternary "cuda" "cpu" (.Values.gpu.enabled | default false) }}
 {{- $tag := .Values.image.tag | default (printf "%s-%s" .Chart.AppVersion $flavour) }}
 {{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
 {{- end }}
 
 {{/* "true" when pods need stable names: exactly-once (transactional.id) or static membership. */}}
@@ -105,6 +111,59 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $k.bootstrap_servers | default "" }}
 {{- end }}
 
+{{/* The paths (a.b[0].c) of the keys under (list path node) that name a secret, one a line.
+     The worker's own rule for librdkafka settings (worker/config/kafka.py is_secret_key), with
+     "token" only at the end of a key: the text engines' token_buckets and overlap_tokens are
+     not secrets. */}}
+{{- define "trt-worker.secretPaths" -}}
+{{- $path := index . 0 }}{{ $node := index . 1 }}
+{{- if kindIs "map" $node }}
+{{- range $k, $v := $node }}
+{{- $p := ternary $k (printf "%s.%s" $path $k) (eq $path "") }}
+{{- if regexMatch "(?i)(password|passphrase|secret|key\\.pem|token$)" $k }}
+{{- printf "%s\n" $p }}
+{{- end }}
+{{- include "trt-worker.secretPaths" (list $p $v) }}
+{{- end }}
+{{- else if kindIs "slice" $node }}
+{{- range $i, $v := $node }}
+{{- include "trt-worker.secretPaths" (list (printf "%s[%d]" $path $i) $v) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The TLS files as the worker container sees them (tls.enabled). */}}
+{{- define "trt-worker.tlsFiles" -}}
+{{- $dir := .Values.tls.mountPath | trimSuffix "/" }}
+{{- if .Values.tls.caKey }}
+ca: {{ printf "%s/ca.crt" $dir }}
+{{- end }}
+{{- if .Values.tls.certKey }}
+cert: {{ printf "%s/client.crt" $dir }}
+key: {{ printf "%s/client.key" $dir }}
+{{- end }}
+{{- end }}
+
+{{/* The worker's config file: `config`, with the TLS files' paths when tls.enabled. */}}
+{{- define "trt-worker.config" -}}
+{{- $config := deepCopy (.Values.config | default dict) }}
+{{- if .Values.tls.enabled }}
+{{- $files := include "trt-worker.tlsFiles" . | fromYaml }}
+{{- $kafka := get $config "kafka" | default dict }}
+{{- if $files.ca }}
+{{- $_ := set $kafka "ssl_ca_location" $files.ca }}
+{{- end }}
+{{- if $files.cert }}
+{{- $extra := get $kafka "extra" | default dict }}
+{{- $_ := set $extra "ssl.certificate.location" $files.cert }}
+{{- $_ := set $extra "ssl.key.location" $files.key }}
+{{- $_ := set $kafka "extra" $extra }}
+{{- end }}
+{{- $_ := set $config "kafka" $kafka }}
+{{- end }}
+{{- toToml $config }}
+{{- end }}
+
 {{/* Render-time checks of values the worker cannot see (it validates its own config). */}}
 {{- define "trt-worker.validate" -}}
 {{- if not (has .Values.guarantee (list "at-least-once" "exactly-once")) }}
@@ -142,6 +201,57 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and (eq $cache "volumeClaimTemplate") (not (include "trt-worker.stateful" .)) }}
 {{- fail "engineCache.type volumeClaimTemplate needs a StatefulSet (guarantee: exactly-once or staticMembership: true); use emptyDir or pvc" }}
 {{- end }}
+{{- $secrets := include "trt-worker.secretPaths" (list "config" (.Values.config | default dict)) | trim }}
+{{- if $secrets }}
+{{- fail (printf "%s: secrets may not go in `config`, which is rendered into a ConfigMap; take them from a Secret with existingSecret (or env valueFrom.secretKeyRef)" ($secrets | replace "\n" ", ")) }}
+{{- end }}
+{{- $es := .Values.existingSecret }}
+{{- $esKeys := or $es.saslUsernameKey $es.saslPasswordKey (not (empty $es.extra)) }}
+{{- if and $es.name (not $esKeys) }}
+{{- fail "existingSecret.name is set, but no key of it is used: set saslPasswordKey, saslUsernameKey or extra" }}
+{{- end }}
+{{- if and $esKeys (not $es.name) }}
+{{- fail "existingSecret's keys are set, but not existingSecret.name (the Secret to take them from)" }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+{{- if not .Values.tls.secretName }}
+{{- fail "tls.enabled needs tls.secretName (the Secret with the CA and the client certificate and key)" }}
+{{- end }}
+{{- if and (not .Values.tls.caKey) (not .Values.tls.certKey) }}
+{{- fail "tls.enabled with neither tls.caKey nor tls.certKey: nothing to mount" }}
+{{- end }}
+{{- if and .Values.tls.certKey (not .Values.tls.keyKey) }}
+{{- fail "tls.certKey needs tls.keyKey (the client certificate's private key)" }}
+{{- end }}
+{{- if not (has ($kafka.security_protocol | default "PLAINTEXT") (list "SSL" "SASL_SSL")) }}
+{{- fail (printf "tls.enabled needs config.kafka.security_protocol SSL or SASL_SSL, not %s: the certificates would not be used" ($kafka.security_protocol | default "PLAINTEXT")) }}
+{{- end }}
+{{- $extra := $kafka.extra | default dict }}
+{{- if and .Values.tls.caKey (hasKey $kafka "ssl_ca_location") }}
+{{- fail "config.kafka.ssl_ca_location is set by the chart with tls.enabled (the mounted tls.caKey)" }}
+{{- end }}
+{{- if .Values.tls.certKey }}
+{{- range $k := list "ssl.certificate.location" "ssl.key.location" }}
+{{- if hasKey $extra $k }}
+{{- fail (printf "config.kafka.extra.%s is set by the chart with tls.enabled (the mounted tls.certKey / tls.keyKey)" $k) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and (not .Values.engineCache.prebuild) (eq $cache "emptyDir") (ne (toString $engines.use_cache) "false") }}
+{{- fail "engineCache.prebuild is false with an emptyDir cache: nothing would build the engines, and the worker mounts the cache read-only; keep prebuild, use a pvc built beforehand, or set config.engines.use_cache=false" }}
+{{- end }}
+{{- if eq (include "trt-worker.task" .) "generation" }}
+{{- $gen := include "trt-worker.section" (list . "generation") | fromYaml }}
+{{- $blob := $gen.blob | default dict }}
+{{- if eq ($blob.kind | default "local") "local" }}
+{{- $dir := $blob.local_dir | default "" | toString }}
+{{- $cacheDir := .Values.engineCache.mountPath | trimSuffix "/" }}
+{{- if or (not $dir) (eq $dir $cacheDir) (hasPrefix (printf "%s/" $cacheDir) $dir) }}
+{{- fail (printf "generation.blob.kind local needs config.generation.blob.local_dir on a writable volume (extraVolumes / extraVolumeMounts), not in the engine cache (%s), which the worker mounts read-only; or use generation.blob.kind s3" $cacheDir) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- $_ := include "trt-worker.grace" . }}
 {{- end }}
 
@@ -172,6 +282,29 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The worker's credentials, from existingSecret: references, never values. librdkafka's
+     setting names are lower case; the worker reads environment names case-blind. */}}
+{{- define "trt-worker.secretEnv" -}}
+{{- $es := .Values.existingSecret }}
+{{- if $es.name }}
+{{- if $es.saslUsernameKey }}
+- name: KTW_KAFKA__SASL_USERNAME
+  valueFrom:
+    secretKeyRef: {name: {{ $es.name | quote }}, key: {{ $es.saslUsernameKey | quote }}}
+{{- end }}
+{{- if $es.saslPasswordKey }}
+- name: KTW_KAFKA__SASL_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ $es.name | quote }}, key: {{ $es.saslPasswordKey | quote }}}
+{{- end }}
+{{- range $setting, $key := $es.extra }}
+- name: {{ printf "KTW_KAFKA__EXTRA__%s" (upper $setting) | quote }}
+  valueFrom:
+    secretKeyRef: {name: {{ $es.name | quote }}, key: {{ $key | quote }}}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "trt-worker.resources" -}}
 {{- $res := deepCopy (.Values.resources | default dict) }}
 {{- if .Values.gpu.enabled }}
@@ -182,17 +315,28 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- toYaml $res }}
 {{- end }}
 
+{{/* (dict "root" $ "builder" bool): the engine cache is writable for the builder only; the
+     worker loads code from it (shared libraries it dlopens), so a compromised worker must not
+     be able to change what it, or another pod sharing the cache, loads next. The TLS files go
+     to the worker only (the build does not talk to Kafka). */}}
 {{- define "trt-worker.volumeMounts" -}}
+{{- $root := .root -}}
 - name: config
   mountPath: /etc/trt-worker
   readOnly: true
 - name: engine-cache
-  mountPath: {{ .Values.engineCache.mountPath }}
+  mountPath: {{ $root.Values.engineCache.mountPath }}
+  readOnly: {{ not .builder }}
+{{- if and $root.Values.tls.enabled (not .builder) }}
+- name: kafka-tls
+  mountPath: {{ $root.Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
 - name: tmp
   mountPath: /tmp
 - name: home
   mountPath: /home/worker
-{{- with .Values.extraVolumeMounts }}
+{{- with $root.Values.extraVolumeMounts }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
@@ -265,7 +409,7 @@ spec:
       resources:
         {{- include "trt-worker.resources" . | nindent 8 }}
       volumeMounts:
-        {{- include "trt-worker.volumeMounts" . | nindent 8 }}
+        {{- include "trt-worker.volumeMounts" (dict "root" . "builder" true) | nindent 8 }}
   {{- end }}
   containers:
     - name: worker
@@ -274,6 +418,9 @@ spec:
       args: ["run", "--config", "/etc/trt-worker/config.toml"]
       env:
         {{- include "trt-worker.env" . | nindent 8 }}
+        {{- with include "trt-worker.secretEnv" . | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
       {{- with .Values.envFrom }}
       envFrom:
         {{- toYaml . | nindent 8 }}
@@ -293,7 +440,7 @@ spec:
       resources:
         {{- include "trt-worker.resources" . | nindent 8 }}
       volumeMounts:
-        {{- include "trt-worker.volumeMounts" . | nindent 8 }}
+        {{- include "trt-worker.volumeMounts" (dict "root" . "builder" false) | nindent 8 }}
   volumes:
     - name: config
       configMap:
@@ -306,6 +453,21 @@ spec:
     - name: engine-cache
       persistentVolumeClaim:
         claimName: {{ .Values.engineCache.existingClaim }}
+    {{- end }}
+    {{- if .Values.tls.enabled }}
+    - name: kafka-tls
+      secret:
+        secretName: {{ .Values.tls.secretName }}
+        # 0440: the key readable by the pod's group (fsGroup) only, never written.
+        defaultMode: 288
+        items:
+          {{- with .Values.tls.caKey }}
+          - {key: {{ . | quote }}, path: ca.crt}
+          {{- end }}
+          {{- with .Values.tls.certKey }}
+          - {key: {{ . | quote }}, path: client.crt}
+          - {key: {{ $.Values.tls.keyKey | quote }}, path: client.key}
+          {{- end }}
     {{- end }}
     - name: tmp
       emptyDir:
