@@ -228,7 +228,10 @@ class TorchRunner(Runner):
             self.compile_cache_error = str(exc)
             return
         if saved is not None:
-            write_verified(cache, saved[0])
+            try:
+                write_verified(cache, saved[0])
+            except OSError as exc:  # a cache mounted read-only (the chart's worker): time only
+                self.compile_cache_error = str(exc)
 
     def _infer(self, feeds: Mapping[str, np.ndarray], stream: Any) -> InferHandle:
         try:
