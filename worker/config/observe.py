@@ -10,6 +10,10 @@ from worker.config.base import Section
 class MetricsSettings(Section):
     # One HTTP port serves /metrics (Prometheus), /healthz and /readyz; 0 turns it off.
     port: int = Field(9464, ge=0, le=65_535)
+    # Every interface by default, so Prometheus and the kubelet reach it in any setup. In a
+    # pod, bind the pod's own address (KTW_METRICS__HOST from the downward API's
+    # status.podIP): not the host's interfaces under hostNetwork, not a sidecar's loopback.
+    # An IPv6 address (with a ':') is served over IPv6.
     host: str = "0.0.0.0"
     # /healthz fails once the loop has not stepped for this long (a step returns within
     # batch.poll_timeout_ms, a rebalance's flush within commit.drain_timeout_s).

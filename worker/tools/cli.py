@@ -19,6 +19,7 @@ import typer
 from worker.config import WorkerConfig, load_config
 from worker.exceptions import ConfigError, WorkerError
 from worker.logs import configure_logging
+from worker.observe.stacks import install_stack_dump, write_stacks
 from worker.tools.options import ConfigOpt
 
 # Locals stay out of tracebacks whatever typer's default: a frame's locals can hold the client
@@ -53,15 +54,16 @@ BACKSTOP_S = 10.0
 
 def _exit_after(timeout_s: float) -> None:
     """A drain that hangs ends with every thread's stack on stderr and exit code 1. The stacks
-    are dumped while this thread holds the GIL, so no other thread's Python frames change
-    meanwhile: faulthandler's own watchdog reads them without the GIL, and in CI it crashed
-    (exit -11) on the frame of a decode thread that was still running."""
+    are read by this thread holding the GIL (worker.observe.stacks): faulthandler's own
+    watchdog reads them without it, and in CI it crashed (exit -11) on the frame of a decode
+    thread that was still running."""
     time.sleep(timeout_s)
-    # The header faulthandler's watchdog writes (log readers look for it).
-    sys.stderr.write(f"Timeout ({datetime.timedelta(seconds=timeout_s)})!\n")
-    sys.stderr.flush()
-    faulthandler.dump_traceback(all_threads=True)
-    os._exit(1)
+    try:
+        # The header faulthandler's watchdog writes (log readers look for it).
+        sys.stderr.write(f"Timeout ({datetime.timedelta(seconds=timeout_s)})!\n")
+        write_stacks("Stacks at the shutdown timeout", current=threading.get_ident())
+    finally:
+        os._exit(1)
 
 
 def _install_stop_handlers(stop: Any, shutdown_timeout_s: float) -> None:
@@ -77,7 +79,7 @@ def _install_stop_handlers(stop: Any, shutdown_timeout_s: float) -> None:
     signal.signal(signal.SIGINT, handler)
     # `kill -USR1 <pid>` prints every thread's stack to stderr and the worker runs on: the
     # first thing to look at when a worker stops making progress or does not stop.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    install_stack_dump(signal.SIGUSR1)
 
 
 @app.command()

@@ -3,6 +3,7 @@ tests/integration/delivery/test_orphaned_partitions.py."""
 
 from __future__ import annotations
 
+import random
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -11,14 +12,35 @@ import confluent_kafka as ck
 import pytest
 
 from worker.loop import orphans
-from worker.loop.orphans import MIN_GAP_S, OrphanWatch, orphaned, persist_threshold
+from worker.loop.orphans import (
+    JITTER_FRACTION,
+    MIN_GAP_S,
+    POLLERS,
+    SURVEY_EVERY_S,
+    OrphanWatch,
+    orphaned,
+    persist_threshold,
+)
 
 SESSION_MS = 10_000
 P = persist_threshold(SESSION_MS)
 
 
-def _watch(member: str | None = "m-1") -> OrphanWatch:
-    w = OrphanWatch({"bootstrap.servers": "unused:9"}, "g", "jobs", SESSION_MS)
+class _Draws(random.Random):
+    """Every jitter draw at ``fraction`` of its range (0: none, 1: the most)."""
+
+    def __init__(self, fraction: float) -> None:
+        super().__init__(0)
+        self.fraction = fraction
+
+    def uniform(self, a: float, b: float) -> float:
+        return a + self.fraction * (b - a)
+
+
+def _watch(member: str | None = "m-1", rng: random.Random | None = None) -> OrphanWatch:
+    # Without jitter unless asked: the decisions below are about the threshold.
+    w = OrphanWatch({"bootstrap.servers": "unused:9"}, "g", "jobs", SESSION_MS,
+                    rng=rng or _Draws(0.0))
     w.note_member(member)
     return w
 
@@ -124,10 +146,12 @@ def test_after_a_rejoin_the_orphans_must_persist_again_and_the_gap_holds() -> No
     assert w.due(later) and w.rejoins == 2
 
 
-def _group(state: Any, members: list[tuple[str, list[tuple[str, int]]]]) -> Any:
+def _group(state: Any, members: list[tuple[str, list[tuple[str, int]]]],
+           instances: dict[str, str] | None = None) -> Any:
     return SimpleNamespace(state=state, members=[
-        SimpleNamespace(member_id=mid, assignment=SimpleNamespace(topic_partitions=[
-            SimpleNamespace(topic=t, partition=p) for t, p in parts]))
+        SimpleNamespace(member_id=mid, group_instance_id=(instances or {}).get(mid),
+                        assignment=SimpleNamespace(topic_partitions=[
+                            SimpleNamespace(topic=t, partition=p) for t, p in parts]))
         for mid, parts in members])
 
 
@@ -145,6 +169,9 @@ class FakeAdmin:
         meta = SimpleNamespace(partitions=dict.fromkeys(range(self.partitions)),
                                error=self.error)
         return SimpleNamespace(topics={topic: meta})
+
+    def poll(self, timeout: float) -> int:
+        return 0
 
 
 def _admin(group: Any, error: Any = None) -> Any:
@@ -193,3 +220,125 @@ def test_a_failing_check_resets_the_clock_and_the_watch_goes_on(
     assert w.failures >= 3
     w.observe({0}, ["m-1"], P)
     assert not w.due(P), "the check before the failures no longer counts"
+
+
+# -- jitter: members that see the same orphans do not all rejoin at once --------------------
+
+def test_the_jitter_is_drawn_per_member_within_its_bound() -> None:
+    bound = JITTER_FRACTION * P
+    draws = []
+    for seed in range(50):  # fifty members, each its own random source
+        w = _watch(rng=random.Random(seed))
+        w.observe({0}, ["m-1"], 0.0)
+        draws.append(w.jitter_s)
+    assert all(0.0 <= d <= bound for d in draws), (min(draws), max(draws), bound)
+    assert max(draws) - min(draws) > bound / 2, "the members' delays spread over the range"
+
+
+@pytest.mark.parametrize(("member", "tier"), [("m-1", 1), ("m-2", 2)])
+def test_a_member_acts_only_after_the_threshold_plus_its_own_jitter(member: str,
+                                                                    tier: int) -> None:
+    w = _watch(member, rng=_Draws(1.0))  # the longest delay there is
+    members = ["m-1", "m-2"]  # m-1 acts after the threshold, m-2 after twice that
+    w.observe({0}, members, 0.0)
+    acts = tier * P + JITTER_FRACTION * P
+    w.observe({0}, members, acts - 0.5)
+    assert not w.due(acts - 0.5)
+    w.observe({0}, members, acts)
+    assert w.due(acts)
+
+
+def test_members_that_see_the_same_orphans_rejoin_in_different_check_intervals() -> None:
+    # Twenty members none of which is first (they act at twice the threshold), checking
+    # every CHECK_EVERY_S: without jitter all would rejoin in the same interval.
+    # With the defaults' threshold (45 s session, 80 s revoke bound: 90 s).
+    members = ["first", *(f"m-{i:02d}" for i in range(20))]
+    acted_at: list[float] = []
+    for i in range(20):
+        w = OrphanWatch({}, "g", "jobs", 45_000, 80.0, rng=random.Random(i))
+        assert w.persist_s == 90.0
+        w.note_member(f"m-{i:02d}")
+        t = 0.0
+        while True:
+            w.observe({3}, members, t)
+            if w.due(t):
+                acted_at.append(t)
+                break
+            t += orphans.CHECK_EVERY_S
+    assert min(acted_at) >= 2 * 90.0
+    assert max(acted_at) <= 2 * 90.0 + JITTER_FRACTION * 90.0 + orphans.CHECK_EVERY_S
+    assert len(set(acted_at)) >= 3, acted_at
+
+
+# -- who polls: a few members, not every one ------------------------------------------------
+
+IDS = [f"w{i}" for i in range(6)]
+# Member ids sort the other way round from instance ids: the ranking must use the latter.
+MEMBER_IDS = {i: f"{chr(ord('z') - n)}-{i}-member" for n, i in enumerate(IDS)}
+
+
+def _six_members() -> Any:
+    return _group(ck.ConsumerGroupState.STABLE,
+                  [(MEMBER_IDS[i], [("jobs", n)]) for n, i in enumerate(IDS)],
+                  instances={m: i for i, m in MEMBER_IDS.items()})
+
+
+def test_only_the_first_members_by_instance_id_keep_polling() -> None:
+    watches = {i: _watch(MEMBER_IDS[i]) for i in IDS}
+    for w in watches.values():
+        found, members = w._check(FakeAdmin(_six_members(), partitions=6))
+        assert found == set() and sorted(members) == IDS
+        w.observe(found, members, 0.0)
+    polling = [i for i, w in watches.items() if w.polls(orphans.CHECK_EVERY_S)]
+    assert polling == IDS[:POLLERS]
+    assert [w.rank for w in watches.values()] == list(range(6))
+    # The others look again at their survey.
+    assert all(w.polls(SURVEY_EVERY_S) for w in watches.values())
+
+
+def test_a_member_polls_until_it_knows_where_it_stands_and_after_its_rebalances() -> None:
+    w = _watch(MEMBER_IDS["w4"])
+    assert w.polls(0.0), "not known yet"
+    w.observe(set(), [], 1.0)  # the group was not Stable: no member list
+    assert w.polls(2.0)
+    w._check(FakeAdmin(_six_members(), partitions=6))
+    w.observe(set(), IDS, 3.0)
+    assert not w.polls(4.0)
+    w.forget()  # its rebalance callback: members may have come or gone
+    assert w.polls(4.0)
+
+
+def test_a_member_restarted_under_its_instance_id_keeps_its_place() -> None:
+    # The orphaning case: the static member comes back with a new member id and no
+    # rebalance. Ranked by instance id, neither it nor the others see the order change.
+    w = _watch(MEMBER_IDS["w0"])
+    w.observe(set(), w._check(FakeAdmin(_six_members(), partitions=6))[1], 0.0)
+    assert w.rank == 0
+    restarted = {**MEMBER_IDS, "w0": "a-w0-new-member"}
+    group = _group(ck.ConsumerGroupState.STABLE,
+                   [(restarted[i], [("jobs", n)]) for n, i in enumerate(IDS)],
+                   instances={m: i for i, m in restarted.items()})
+    w.note_member("a-w0-new-member")
+    found, members = w._check(FakeAdmin(group, partitions=6))
+    w.observe(found, members, 1.0)
+    assert w.rank == 0 and sorted(members) == IDS
+
+
+def test_the_watch_thread_checks_only_while_this_member_polls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(orphans, "CHECK_EVERY_S", 0.01)
+    monkeypatch.setattr(orphans, "AdminClient",
+                        lambda settings: FakeAdmin(_six_members(), partitions=6))
+    first, fourth = _watch(MEMBER_IDS["w0"]), _watch(MEMBER_IDS["w3"])
+    for w in (first, fourth):
+        w.start()
+    try:
+        deadline = time.monotonic() + 5
+        while first.checks < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        for w in (first, fourth):
+            w.stop()
+    assert first.checks >= 20
+    assert fourth.checks == 1, "after one check it knows it is not among the pollers"
+    assert first.failures == fourth.failures == 0
