@@ -225,6 +225,15 @@ def test_disruption_budget_is_on_by_default(helm: Helm) -> None:
         "PodDisruptionBudget")
 
 
+def test_the_metrics_server_listens_on_the_pod_ip_only(helm: Helm) -> None:
+    """The worker's metrics.host defaulted to every address of the pod; the chart binds it to
+    the pod's IP (probes and the PodMonitor dial that), unless bindPodIP is turned off."""
+    env = env_of(helm.render().container())
+    assert env["KTW_METRICS__HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    off = env_of(helm.render("--set", "metrics.bindPodIP=false").container())
+    assert "KTW_METRICS__HOST" not in off
+
+
 @pytest.mark.parametrize("values", CI_VALUES, ids=[p.stem for p in CI_VALUES])
 def test_every_container_has_cpu_and_memory_requests_and_limits(helm: Helm,
                                                                 values: Path) -> None:

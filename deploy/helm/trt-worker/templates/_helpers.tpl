@@ -271,6 +271,12 @@ key: {{ printf "%s/client.key" $dir }}
   value: {{ .Values.guarantee | quote }}
 - name: KTW_METRICS__PORT
   value: {{ .Values.metrics.port | quote }}
+{{- if .Values.metrics.bindPodIP }}
+- name: KTW_METRICS__HOST
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- end }}
 - name: KTW_CACHE_DIR
   value: {{ .Values.engineCache.mountPath | quote }}
 - name: KTW_ENGINES__CACHE_DIR
