@@ -1,7 +1,8 @@
 """The intake room: the records of one consume (or, on an idle worker, one
 :meth:`worker.kafka.Consumer.take`) become a :class:`ConsumedBatch` for the task.
 
-Consumer errors are logged (or stop the worker when librdkafka calls them fatal), records of
+Consumer errors are logged (or stop the worker when librdkafka calls them fatal; a refusal by
+the broker's ACLs is also kept for readiness: :mod:`worker.loop.refusal`), records of
 partitions this member no longer owns are skipped, and every other record's offset is handed
 to the committer before the task sees it.
 """
@@ -17,6 +18,7 @@ from worker.exceptions import KafkaIOError
 from worker.kafka import Consumer, is_fatal, source_record
 from worker.loop.assignment import Assignment
 from worker.loop.commit.base import Committer
+from worker.loop.refusal import Refusal
 from worker.loop.stats import Stats
 from worker.tasks.protocol import ConsumedBatch
 from worker.wire.records import SourceRecord
@@ -29,6 +31,9 @@ class Intake:
                  stats: Stats) -> None:
         self._consumer, self._assignment = consumer, assignment
         self._committer, self._stats = committer, stats
+        # Refusals by the broker's ACLs, until a record is consumed after them or the broker
+        # allows READ again (read by readiness and the metrics).
+        self.refusal = Refusal(stats)
 
     def consume(self, room: int, timeout_s: float, *, prompt: bool = False) -> ConsumedBatch:
         """``prompt``: return as soon as a record is there (an idle worker, whose wait is the
@@ -49,6 +54,7 @@ class Intake:
                     # instance id): stop, so the process is restarted, instead of idling.
                     raise KafkaIOError(f"fatal consumer error: {err.str()}")
                 log.warning("consumer_error", error=err.str(), code=err.code())
+                self.refusal.note(err.code(), err.str())
                 continue
             topic, partition, offset = _coordinates(msg)
             if (topic, partition) not in owned:

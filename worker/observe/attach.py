@@ -6,6 +6,7 @@ from typing import Any
 
 import structlog
 
+from worker.loop.refusal import watch_refusal
 from worker.observe.collector import WorkerCollector
 from worker.observe.health import Health
 from worker.observe.server import ObserveServer
@@ -15,12 +16,13 @@ log = structlog.get_logger("worker")
 
 def health_of(worker: Any) -> Health:
     m = worker.cfg.metrics
+    refused = watch_refusal(worker)  # READ on the jobs topic or the group (the ACLs)
     return Health(worker.vitals, heartbeat_timeout_s=m.heartbeat_timeout_s,
                   delivery_stall_s=m.delivery_stall_s,
                   fatal=lambda: worker.fatal_error,
                   oldest_unacked_s=worker.committer.unacked_for_s,
                   blocked=lambda: (worker.committer.blocked() or worker.hold.reason()
-                                   or worker.task.unavailable()))
+                                   or worker.task.unavailable() or refused()))
 
 
 def observe(worker: Any) -> ObserveServer | None:

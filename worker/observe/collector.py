@@ -21,6 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from worker.loop.refusal import RESOURCES, refusal_of
 from worker.observe import events, gpu
 from worker.observe.buckets import Buckets
 from worker.observe.health import Health
@@ -117,6 +118,13 @@ class WorkerCollector(Collector):
         yield _gauge("outputs_blocked", "1 while outputs cannot go out: the cluster does not "
                      "answer, or an output topic refuses records (ACLs, deleted).",
                      float(w.committer.blocked() is not None))
+        refused = GaugeMetricFamily(f"{PREFIX}_consumer_refused", "1 while the broker's ACLs "
+                                    "refuse the consumer READ on the jobs topic or on the group "
+                                    "(worker.loop.refusal).", labels=["resource"])
+        now_refused = (r.refused() if (r := refusal_of(w)) is not None else {})
+        for resource in RESOURCES:
+            refused.add_metric([resource], float(resource in now_refused))
+        yield refused
         rebalances = CounterMetricFamily(f"{PREFIX}_rebalances", "Rebalance events.",
                                          labels=["event"])
         for event in ("assigned", "revoked", "lost"):
