@@ -113,6 +113,14 @@ class TaskFailed(JobRejected):
     reason = "internal_error"
 
 
+class PoisonRecord(JobRejected):
+    """The record killed the worker process ``processing.poison_max_attempts`` times (counted
+    across processes and members in the offset commits' metadata: worker/loop/poison.py):
+    dead-lettered by reference, unprocessed, to be redriven once the cause is fixed."""
+
+    reason = "poison"
+
+
 class OversizedMessage(JobRejected):
     """The Kafka record is larger than the configured maximum job size."""
 

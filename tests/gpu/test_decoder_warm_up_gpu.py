@@ -11,13 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.unit.tasks.moderation.parts_support import run_batch
+
 
 def _task(monkeypatch: pytest.MonkeyPatch, gate: threading.Event | None = None,
           fail: bool = False) -> tuple[Any, Any, Any]:
     from worker.config import load_config
-    from worker.tasks.moderation.engine_setup.open_nsfw import make_runner
     from worker.tasks.moderation.images import gpu, jpeg_ops
-    from worker.tasks.moderation.open_nsfw_gpu import OpenNsfwGpuTask
+    from worker.tasks.moderation.models.open_nsfw.engine import make_runner
+    from worker.tasks.moderation.models.open_nsfw.gpu import OpenNsfwGpuModel
 
     real_prepare, real_decode = gpu.prepare_batch, jpeg_ops.decode_jpegs
     calls = {"gpu": 0, "warm": 0}
@@ -45,26 +47,21 @@ def _task(monkeypatch: pytest.MonkeyPatch, gate: threading.Event | None = None,
                       engines={"use_cache": False})
     runner, plan = make_runner(cfg)
     runner.activate()
-    task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
+    task = OpenNsfwGpuModel(cfg, runner, plan.spec, plan.profiles)
     task.warm_up(plan.profiles)
     return task, plan, calls
 
 
 def _batch(plan: Any, n: int = 8) -> Any:
+    from tests.unit.tasks.moderation.parts_support import image_batch
     from worker.devkit.conformance_inputs import synthetic_images
-    from worker.tasks.batcher import Batch
-    from worker.tasks.moderation.open_nsfw import Pending
-    from worker.wire.moderation_jobs import ModerationJob
-    from worker.wire.records import SourceRecord, SourceRef
 
-    items = [Pending(SourceRef("t", 0, i), ModerationJob(f"j{i}", img), 0.0,
-                     SourceRecord("t", 0, i, None, None, None, None))
-             for i, img in enumerate([*synthetic_images(n - 1, 5, fmt="JPEG"), b"no image"])]
-    return Batch(plan.profiles[0], items, n)
+    images: list[bytes | None] = [*synthetic_images(n - 1, 5, fmt="JPEG"), b"no image"]
+    return image_batch(plan.profiles[0], images, n)
 
 
 def _nsfw(outcomes: list[Any]) -> np.ndarray:
-    return np.array([o.result.scores["nsfw"] for o in outcomes[:-1]])
+    return np.array([o.scores["nsfw"] for o in outcomes[:-1]])
 
 
 def test_batches_before_the_decoder_is_warm_are_decoded_on_the_cpu_alike(
@@ -75,11 +72,11 @@ def test_batches_before_the_decoder_is_warm_are_decoded_on_the_cpu_alike(
         # Warm enough to serve (warm_up returned) but not at full speed yet: ready() says so.
         assert not task.wait_for_gpu_decoder(0.5) and not task.ready()
         batch = _batch(plan)
-        early = task._run(batch)
+        early = run_batch(task, batch)
         assert calls == {"gpu": 0, "warm": 1}
         gate.set()
         assert task.wait_for_gpu_decoder(120) and task.ready()
-        late = task._run(batch)
+        late = run_batch(task, batch)
         assert calls["gpu"] == 1
     finally:
         gate.set()
@@ -97,10 +94,10 @@ def test_a_decoder_that_cannot_start_leaves_the_cpu_decoding(
     try:
         assert not task.wait_for_gpu_decoder(120)
         assert task.ready()  # as fast as it will get: the CPU decodes from now on
-        outcomes = task._run(_batch(plan))
+        outcomes = run_batch(task, _batch(plan))
     finally:
         task.close()
         task.runner.deactivate()
     assert calls == {"gpu": 0, "warm": 1}
-    assert all(o.result is not None for o in outcomes[:-1])
+    assert all(o.scores is not None for o in outcomes[:-1])
     assert outcomes[-1].rejection is not None

@@ -108,18 +108,15 @@ def _rss_kb() -> int:
                          [("torch", "cpu"), ("torch", "gpu"), ("aoti", "gpu")])
 def test_gpu_task_scores_match_the_cpu_reference(backend: str, preprocess: str,
                                                  tmp_path: Path) -> None:
-    """The GPU task on the eager network and on AOTInductor packages (compiled here without
+    """The GPU model on the eager network and on AOTInductor packages (compiled here without
     max-autotune, for the default batch sizes: the pipeline captures them under its graphs)."""
     from engines.backends.onnxruntime import OrtRunner
+    from tests.unit.tasks.moderation.parts_support import image_batch, run_batch
     from worker.config import load_config
     from worker.devkit.conformance_inputs import synthetic_images
-    from worker.tasks.batcher import Batch
-    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan, make_runner
     from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
-    from worker.tasks.moderation.open_nsfw import Pending
-    from worker.tasks.moderation.open_nsfw_gpu import OpenNsfwGpuTask
-    from worker.wire.moderation_jobs import ModerationJob
-    from worker.wire.records import SourceRecord, SourceRef
+    from worker.tasks.moderation.models.open_nsfw.engine import engine_plan, make_runner
+    from worker.tasks.moderation.models.open_nsfw.gpu import OpenNsfwGpuModel
 
     cfg = load_config(model={"backend": backend, "preprocess": preprocess,
                              "jpeg_roundtrip": False},
@@ -127,15 +124,12 @@ def test_gpu_task_scores_match_the_cpu_reference(backend: str, preprocess: str,
                                "autotune": False})
     runner, plan = make_runner(cfg)
     runner.activate()
-    task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
+    task = OpenNsfwGpuModel(cfg, runner, plan.spec, plan.profiles)
     task.warm_up(plan.profiles)
     # Until nvJPEG has warmed up the CPU decodes: wait, so the GPU path is what is tested.
     assert task.wait_for_gpu_decoder(120) == (preprocess == "gpu")
-    images = [*synthetic_images(21, 24, fmt="JPEG"), b"not an image"]
-    items = [Pending(SourceRef("t", 0, i), ModerationJob(f"j{i}", img), 0.0,
-                     SourceRecord("t", 0, i, None, None, None, None))
-             for i, img in enumerate(images)]
-    outcomes = task._run(Batch(plan.profiles[0], items, 32))
+    images: list[bytes] = [*synthetic_images(21, 24, fmt="JPEG"), b"not an image"]
+    outcomes = run_batch(task, image_batch(plan.profiles[0], list(images), 32))
     task.close()
     runner.deactivate()
     ref_x = np.stack([preprocess_open_nsfw(decode_image(b), jpeg_roundtrip=False)
@@ -143,7 +137,7 @@ def test_gpu_task_scores_match_the_cpu_reference(backend: str, preprocess: str,
     with OrtRunner(engine_plan(load_config()).spec) as ort_runner:
         ref = ort_runner.infer({"input:0": ref_x}).result()["outputs"]
     assert outcomes[-1].rejection is not None
-    got = np.array([[o.result.scores["sfw"], o.result.scores["nsfw"]]  # type: ignore[union-attr]
+    got = np.array([[o.scores["sfw"], o.scores["nsfw"]]  # type: ignore[index]
                     for o in outcomes[:-1]])
     diff = np.abs(got - ref)
     print(f"{preprocess} preprocessing: max |diff| {diff.max():.2e}, mean {diff.mean():.2e}")

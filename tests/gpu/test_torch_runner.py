@@ -93,7 +93,7 @@ def test_cached_torch_artifact_loads_and_refuses_another_device(tmp_path: Path) 
     from engines.cache import ArtifactMismatch, EngineCache, check_entry
     from engines.device import DeviceFingerprint
     from worker.config import load_config
-    from worker.tasks.moderation.engine_setup.open_nsfw import (
+    from worker.tasks.moderation.models.open_nsfw.engine import (
         engine_loader,
         engine_plan,
         make_runner,

@@ -46,21 +46,19 @@ def _cases() -> dict[str, bytes]:
 
 
 def _gpu_outcomes(cases: dict[str, bytes], preprocess: str) -> dict[str, Any]:
-    """Each case's outcome from the GPU task (open_nsfw on the torch backend, no engine cache),
-    run in batches of at most 8 jobs, by case name."""
+    """Each case's outcome from the GPU model (open_nsfw on the torch backend, no engine
+    cache), run in batches of at most 8 jobs, by case name."""
+    from tests.unit.tasks.moderation.parts_support import image_part, run_batch
     from worker.config import load_config
     from worker.tasks.batcher import Batch
-    from worker.tasks.moderation.engine_setup.open_nsfw import make_runner
-    from worker.tasks.moderation.open_nsfw import Pending
-    from worker.tasks.moderation.open_nsfw_gpu import OpenNsfwGpuTask
-    from worker.wire.moderation_jobs import ModerationJob
-    from worker.wire.records import SourceRecord, SourceRef
+    from worker.tasks.moderation.models.open_nsfw.engine import make_runner
+    from worker.tasks.moderation.models.open_nsfw.gpu import OpenNsfwGpuModel
 
     cfg = load_config(model={"backend": "torch", "preprocess": preprocess,
                              "jpeg_roundtrip": False}, engines={"use_cache": False})
     runner, plan = make_runner(cfg)
     runner.activate()
-    task = OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles)  # type: ignore[arg-type]
+    task = OpenNsfwGpuModel(cfg, runner, plan.spec, plan.profiles)
     task.warm_up(plan.profiles)
     names = list(cases)
     outcomes: dict[str, Any] = {}
@@ -68,10 +66,9 @@ def _gpu_outcomes(cases: dict[str, bytes], preprocess: str) -> dict[str, Any]:
         # Until nvJPEG has warmed up the CPU decodes: wait, so the GPU path is what is tested.
         assert task.wait_for_gpu_decoder(120) == (preprocess == "gpu")
         for start in range(0, len(names), 8):
-            items = [Pending(SourceRef("t", 0, i), ModerationJob(name, cases[name]), 0.0,
-                             SourceRecord("t", 0, i, None, None, None, None))
+            parts = [image_part(name, cases[name], i)
                      for i, name in enumerate(names[start:start + 8])]
-            outcomes |= {o.pending.job.id: o for o in task._run(Batch(plan.profiles[0], items, 8))}
+            outcomes |= {o.job_id: o for o in run_batch(task, Batch(plan.profiles[0], parts, 8))}
     finally:
         task.close()
         runner.deactivate()
@@ -83,8 +80,8 @@ def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -
     from engines.backends.onnxruntime import OrtRunner
     from worker.config import load_config
     from worker.exceptions import JobRejected
-    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan
     from worker.tasks.moderation.images.cpu import decode_views, preprocess_open_nsfw
+    from worker.tasks.moderation.models.open_nsfw.engine import engine_plan
 
     cases = _cases()
     names = list(cases)
@@ -98,11 +95,11 @@ def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -
     with OrtRunner(engine_plan(load_config()).spec) as ort:
         for name in names:
             o = outcomes[name]
-            assert o.rejection is None and o.result is not None, (name, o.rejection)
+            assert o.rejection is None and o.scores is not None, (name, o.rejection)
             rows = np.stack([preprocess_open_nsfw(v, jpeg_roundtrip=False)
                              for v in decode_views(cases[name])])
             ref = float(ort.infer({"input:0": rows}).result()["outputs"][:, 1].max())
-            got = o.result.scores["nsfw"]
+            got = o.scores["nsfw"]
             print(f"{preprocess} {name}: gpu {got:.4f} cpu fp32 {ref:.4f}")
             # fp16 engine, and nvJPEG's IDCT on the gpu path for the plain JPEG.
             assert abs(got - ref) < 3e-2, (name, got, ref)

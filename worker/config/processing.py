@@ -43,8 +43,16 @@ class ProcessingSettings(Section):
     max_batch_ms: float = Field(10_000.0, gt=0)
     # Crash-loop breaker (worker/loop/poison.py): a record that killed this many processes
     # (an OOM kill, a native crash, a sticky CUDA error) is dead-lettered by reference with
-    # reason ``poison``; the count is kept in the offset commits' metadata. 0 turns it off.
+    # reason ``poison``; the count is kept in the offset commits' metadata. 0 turns it off;
+    # 1 is refused: the first death is ambiguous (whatever was in flight), only isolated
+    # deaths name the record.
     poison_max_attempts: int = Field(3, ge=0, le=1000)
+
+    @model_validator(mode="after")
+    def _poison_attempts(self) -> ProcessingSettings:
+        if self.poison_max_attempts == 1:
+            raise ValueError("poison_max_attempts must be 0 (off) or at least 2")
+        return self
 
 
 class GcSettings(Section):

@@ -18,8 +18,11 @@ task's queued work is dropped and the committer makes sure nothing of theirs is 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -48,12 +51,13 @@ from worker.loop.hops import HopTimes
 from worker.loop.intake import Intake
 from worker.loop.orphans import OrphanWatch
 from worker.loop.output import CloudEvents, OutputBuilder
+from worker.loop.poison import PoisonGuard
 from worker.loop.rejoin import ClusterProbe, Rejoin
 from worker.loop.stats import Stats
 from worker.observe.spans import make_spans
 from worker.observe.vitals import Vitals, process_age_s
-from worker.tasks.protocol import Answer, Task
-from worker.wire.records import TopicPartitionKey
+from worker.tasks.protocol import Answer, ConsumedBatch, Task
+from worker.wire.records import SourceRecord, TopicPartitionKey
 
 log = structlog.get_logger("worker")
 # The longest a step blocks waiting for records while the task holds jobs (see _consume_timeout).
@@ -62,6 +66,8 @@ WORK_TICK_S = 0.001
 HOLD_CHECK_S = 0.05
 # The longest wait between two start-up checks of a topic that is missing or refused.
 TOPICS_RETRY_MAX_S = 30.0
+# A step that takes no record (the crash-loop breaker's isolated record is in flight).
+_NOTHING = ConsumedBatch([], {}, 0.0)
 
 
 class Worker:
@@ -105,6 +111,14 @@ class Worker:
                                         self.hops, self._outputs)
         self.committer.on_committed = self.vitals.note_committed  # (exactly-once: the lag)
         self._intake = Intake(self._consumer, self.assignment, self.committer, self.stats)
+        # A record that kills the process is dead-lettered after so many deaths (poison.py).
+        self._poison = (PoisonGuard(cfg.processing.poison_max_attempts,
+                                    cfg.batch.max_batch_size * cfg.batch.max_in_flight_batches,
+                                    self._consumer, self.committer, self._outputs)
+                        if cfg.processing.poison_max_attempts else None)
+        # TEST HOOK, set only by tests (tests/integration/faults/test_poison.py): the process
+        # kills itself (SIGKILL, as a cgroup OOM kill does) when it takes a job with this key.
+        self._kill_on_key = (os.environ.get("KTW_TEST_KILL_ON_KEY") or "").encode() or None
         self.backpressure = Backpressure(cfg.batch, self.stats)
         self.hold = PartitionHold(self._consumer.pause, self._consumer.resume,
                                   max_uncommitted=cfg.batch.max_uncommitted_per_partition)
@@ -130,6 +144,7 @@ class Worker:
                 "slow_batches": self.slow_batches, "consumer_reopens": self._rejoin.reopens,
                 "orphan_rejoins": self._orphans.rejoins if self._orphans is not None else 0,
                 "partition_holds": self.hold.holds,
+                "poison_isolations": self._poison.isolated if self._poison is not None else 0,
                 **self.committer.totals()}
 
     def run(self) -> None:
@@ -243,21 +258,33 @@ class Worker:
             # it takes at most one record.
             pending = self.committer.pending()
             room = 1 if self.backpressure.paused else self.cfg.batch.high_watermark - pending
+            guard = self._poison if self._poison is not None and self._poison.active else None
+            take = True
+            if guard is not None:  # isolating a partition: one record at a time, alone
+                take, room = guard.steer(pending), 1
+                if not guard.active:  # (isolation over: the next step is a normal one)
+                    guard = None
             timeout = self._consume_timeout(pending)
             # Idle (nothing pending): the wait is the whole poll timeout, so a job is taken
             # when it arrives, not when the timeout ends.
-            batch = self._intake.consume(room, timeout, prompt=pending == 0)
+            batch = (self._intake.consume(room, timeout, prompt=pending == 0) if take
+                     else _NOTHING)
+            if guard is not None:
+                batch = guard.screen(batch)
             if batch.records:
+                if self._kill_on_key is not None:
+                    _kill_on(batch.records, self._kill_on_key)
                 rejected = self.task.admit(batch)
                 self.hops.add("intake", time.monotonic() - batch.consumed_at)
                 self._emit(rejected)
-            elif timeout == 0.0:  # every slot busy: what matters next is a batch finishing
+            elif timeout == 0.0 or not take:  # what matters next is a batch finishing
                 self._idle()
         else:
             self._idle()
         # Finished batches first: the slots they free are refilled in this same step.
         self._emit(self.task.collect(block=False))
-        self._schedule(force=False)
+        # An isolated record (poison.py) runs at once: no batch fills up behind it.
+        self._schedule(force=self._poison is not None and self._poison.active)
         pending, held_bytes = self.committer.pending(), self.committer.held_bytes()
         self.backpressure.update(pending, held_bytes)
         self.committer.tick()
@@ -371,6 +398,8 @@ class Worker:
     def _on_assign(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         self.assignment.owned |= _keys(partitions)
         self._rebalanced("assigned", partitions)
+        if self._poison is not None:  # (assigns them itself, once their marks are written)
+            self._poison.assigned(partitions)
         self._rejoin.assigned()
         if self._orphans is not None:  # (read here, on the loop thread: see loop/orphans.py)
             self._orphans.note_member(self._consumer.member_id())
@@ -418,6 +447,8 @@ class Worker:
         self.hold.forget(keys)
         self.vitals.forget(keys)
         self.assignment.bump(keys)
+        if self._poison is not None:
+            self._poison.forget(keys)
 
     def _callback_failed(self, where: str, exc: BaseException) -> None:
         # Recoverable Kafka errors are logged; anything else stops the loop with it.
@@ -435,3 +466,9 @@ def _keys(partitions: list[ck.TopicPartition]) -> set[TopicPartitionKey]:
 
 def _names(partitions: list[ck.TopicPartition]) -> list[str]:
     return [f"{tp.topic}[{tp.partition}]" for tp in partitions]
+
+
+def _kill_on(records: Sequence[SourceRecord], key: bytes) -> None:
+    """The test hook's check (only while KTW_TEST_KILL_ON_KEY is set)."""
+    if any(r.key == key for r in records):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,19 +1,25 @@
-"""The base of a task with one batcher in front of ``submit(batch) -> Future[list[outcome]]``.
+"""The base of a task with dynamic batchers in front of ``submit(batch) -> Future[outcomes]``.
 
-open_nsfw moderation (:class:`worker.tasks.moderation.open_nsfw.OpenNsfwTask`) and generation
-(:class:`worker.tasks.generation.task.GenerationTask`) subclass :class:`BatchedTask`: they
-implement the job side (decode and check a record, run a batch, answer an expired job, encode
-a result) and inherit the rest of the :class:`worker.tasks.protocol.Task` protocol (admit,
-schedule, collect, remove, ...). Image-and-text moderation batches per engine itself
-(:mod:`worker.tasks.moderation.policy_task`).
+Moderation (:class:`worker.tasks.moderation.task.ModerationTask`, a batcher per part kind) and
+generation (:class:`worker.tasks.generation.task.GenerationTask`, one batcher) subclass
+:class:`BatchedTask`: they implement the job side (decode and check a record, run a batch,
+answer an expired job, encode a result) and inherit the rest of the
+:class:`worker.tasks.protocol.Task` protocol (admit, schedule, collect, remove, ...), batch
+failure isolation included (:meth:`BatchedTask._isolate`, :meth:`BatchedTask._wait_out`).
+
+Items are what the batchers batch. A task whose jobs are one item each (generation) uses the
+defaults; a task whose jobs make several items (moderation: parts) overrides the hooks that
+turn a job into items (:meth:`BatchedTask._queue`) and items back into answers
+(:meth:`BatchedTask._settle`, :meth:`BatchedTask._expire`, :meth:`BatchedTask._reject`).
 """
 
 from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import structlog
@@ -24,6 +30,7 @@ from worker.exceptions import (
     JobRejected,
     SchemaViolation,
     TaskFailed,
+    Transient,
     WorkerError,
     is_transient,
     one_line,
@@ -39,6 +46,7 @@ FAILED_ALONE_LIMIT = 2
 # 30 s, whole: splitting it would only multiply the failing calls.
 TRANSIENT_FIRST_S = 1.0
 TRANSIENT_MAX_S = 30.0
+ONE_KIND = ""  # the batcher's key of a task with one batcher
 
 
 def sticky_device_error(message: str) -> bool:
@@ -78,20 +86,33 @@ class QueuedJob:
         return (self.ref.topic, self.ref.partition)
 
 
+@dataclass(eq=False)
+class _Split(Generic[P]):
+    """The items of a batch that failed as a whole, while its halves run apart. A job that
+    fails alone waits here for the others: if every one of them fails alone, nothing can be
+    pinned on any job (the engine is at fault), and the whole batch waits out an outage."""
+
+    profile: Profile
+    size: int
+    left: int  # items not settled yet (answered, or failed alone for good)
+    failed: list[tuple[P, str]] = field(default_factory=list)
+
+
 class BatchedTask(abc.ABC, Generic[P]):
-    """One :class:`DynamicBatcher` in front of :meth:`submit`, which runs a batch off the loop's
-    thread. Outcomes are anything with ``pending``, ``result`` and ``rejection``; results
-    anything with ``id`` and ``status``; items (``P``) anything with ``ref``, ``record`` and
-    ``epoch`` besides what the batcher needs.
+    """Dynamic batchers (one per item kind) in front of :meth:`submit`, which runs a batch off
+    the loop's thread. Outcomes are whatever :meth:`_settle` reads (by default anything with
+    ``pending``, ``result`` and ``rejection``); results anything with ``id`` and ``status``;
+    items (``P``) anything with ``ref``, ``record`` and ``epoch`` besides what the batcher
+    needs.
 
     A subclass is usable on its own (``submit`` a batch); :meth:`serve` puts the topics and the
-    batcher in front of it, after which it is the :class:`~worker.tasks.protocol.Task` the loop
-    serves (the factories in :mod:`worker.tasks.registry` do that)."""
+    batchers in front of it, after which it is the :class:`~worker.tasks.protocol.Task` the
+    loop serves (the factories in :mod:`worker.tasks.registry` do that)."""
 
     topics: TaskTopics
     # Called with (milliseconds, jobs, profile name, jobs the profile takes) per finished batch.
     on_batch_done: Callable[[float, int, str, int], None] | None = None
-    _batcher: DynamicBatcher[P] | None = None
+    _batchers: dict[str, DynamicBatcher[P]] | None = None
     _max_message_bytes: int = 0
 
     # -- the job side: what a subclass implements ---------------------------------------------
@@ -100,12 +121,14 @@ class BatchedTask(abc.ABC, Generic[P]):
     def engine_hash(self) -> str: ...
 
     @abc.abstractmethod
-    def intake(self, record: SourceRecord, value: bytes, epoch: int, consumed_at: float) -> P:
-        """Decode and check a record's ``value`` into the batcher's item (raise JobRejected)."""
+    def intake(self, record: SourceRecord, value: bytes, epoch: int, consumed_at: float
+               ) -> Any:
+        """Decode and check a record's ``value`` (raise JobRejected) into what :meth:`_queue`
+        queues: by default one batcher item (``P``)."""
 
     @abc.abstractmethod
-    def submit(self, batch: Batch[P]) -> Future[list[Any]]:
-        """Run ``batch`` off the caller's thread: a future of one outcome per item."""
+    def submit(self, batch: Batch[P]) -> Future[Any]:
+        """Run ``batch`` off the caller's thread: a future of its outcomes (:meth:`_settle`)."""
 
     @abc.abstractmethod
     def expired_result(self, p: P, now_ms: int) -> Any:
@@ -124,16 +147,27 @@ class BatchedTask(abc.ABC, Generic[P]):
     def ready(self) -> bool:
         return True
 
+    def kind_of(self, p: P) -> str:
+        """The batcher an item goes to (a task with several overrides this)."""
+        return ONE_KIND
+
     # -- the loop's side ----------------------------------------------------------------------
-    def serve(self, topics: TaskTopics, batcher: DynamicBatcher[P], *,
+    def serve(self, topics: TaskTopics,
+              batchers: DynamicBatcher[P] | Mapping[str, DynamicBatcher[P]], *,
               max_message_bytes: int) -> None:
-        """Read jobs from ``topics`` through ``batcher``: the task is now what the loop serves."""
-        self.topics, self._batcher = topics, batcher
+        """Read jobs from ``topics`` through ``batchers`` (one, or one per item kind): the task
+        is now what the loop serves."""
+        self.topics = topics
+        self._batchers = (dict(batchers) if isinstance(batchers, Mapping)
+                          else {ONE_KIND: batchers})
         self._max_message_bytes = max_message_bytes
         # (future of its outcomes, time.monotonic() at submit, the batch)
-        self._in_flight: list[tuple[Future[list[Any]], float, Batch[P]]] = []
-        # Times a job failed in a batch of its own (poisoned-batch isolation: _isolate).
-        self._failed_alone: dict[SourceRef, int] = {}
+        self._in_flight: list[tuple[Future[Any], float, Batch[P]]] = []
+        # Times an item failed in a batch of its own (poisoned-batch isolation: _isolate), by
+        # (its job's source, the item).
+        self._failed_alone: dict[tuple[SourceRef, int], int] = {}
+        # Items of batches that failed as a whole, by id(item): see _Split.
+        self._split_of: dict[int, _Split[P]] = {}
         # Batches failed by an outage, waiting to run again: (due, attempt, batch). They keep
         # their batch slot, so nothing new is launched into the same outage.
         self._waiting: list[tuple[float, int, Batch[P]]] = []
@@ -141,30 +175,56 @@ class BatchedTask(abc.ABC, Generic[P]):
         self._retry_of: dict[int, int] = {}  # id(future) of a relaunched batch -> its attempt
 
     @property
-    def batcher(self) -> DynamicBatcher[P]:
-        if self._batcher is None:
+    def batchers(self) -> dict[str, DynamicBatcher[P]]:
+        if self._batchers is None:
             raise RuntimeError(f"{type(self).__name__} is not served yet: call serve() first")
-        return self._batcher
+        return self._batchers
+
+    @property
+    def batcher(self) -> DynamicBatcher[P]:
+        """The batcher of a task served with one."""
+        (batcher,) = self.batchers.values()
+        return batcher
 
     def admit(self, batch: ConsumedBatch) -> list[Answer]:
-        batcher = self.batcher
+        self.batchers  # noqa: B018 - raises if not served
 
         def one(record: SourceRecord, value: bytes, epoch: int) -> None:
-            p = self.intake(record, value, epoch, batch.consumed_at)
-            try:
-                batcher.add(p)
-            except NoProfileFits as exc:
-                raise SchemaViolation(str(exc), reason="no_profile") from exc
+            self._queue(self.intake(record, value, epoch, batch.consumed_at))
 
         return admit_each(batch, self._max_message_bytes, one)
+
+    def _queue(self, admitted: Any) -> None:
+        """Queue what :meth:`intake` admitted: by default, it is one item."""
+        self._add([admitted])
+
+    def _add(self, items: Iterable[P]) -> None:
+        """Queue one job's items, all or none: an item no profile fits refuses the job."""
+        batchers = self.batchers
+        added: list[P] = []
+        try:
+            for p in items:
+                batchers[self.kind_of(p)].add(p)
+                added.append(p)
+        except NoProfileFits as exc:
+            if added:
+                ids = {id(p) for p in added}
+                for batcher in batchers.values():
+                    batcher.remove(lambda q: id(q) in ids)
+            raise SchemaViolation(str(exc), reason="no_profile") from exc
 
     def schedule(self, now: float, now_ms: int, *, free: int, force: bool) -> list[Answer]:
         if self._waiting:
             self._relaunch_due(now, force=force)
-        due = self.batcher.schedule(now, now_ms, limit=max(free, 0), force=force)
-        answers = [self._answer(p, self.expired_result(p, now_ms)) for p in due.expired]
-        for batch in due.batches:
-            self._launch(batch)
+        answers: list[Answer] = []
+        free = max(free, 0)
+        for batcher in self.batchers.values():
+            due = batcher.schedule(now, now_ms, limit=free, force=force)
+            if due.expired:
+                answers += self._expire(due.expired, now_ms)
+            for batch in due.batches:
+                self._launch(batch)
+            free -= len(due.batches)
         return answers
 
     def _launch(self, batch: Batch[P]) -> None:
@@ -194,50 +254,108 @@ class BatchedTask(abc.ABC, Generic[P]):
             done = time.monotonic()
             if self.on_batch_done is not None:
                 profile = batch.profile
+                cap = self.batchers[self.kind_of(batch.items[0])].max_batch_size
                 self.on_batch_done((done - started) * 1e3, len(batch.items), profile.name,
-                                   min(self.batcher.max_batch_size, profile.max_batch))
-            for outcome in outcomes:
-                p = outcome.pending
-                if outcome.rejection is not None:
-                    answers.append(Answer(p.ref, p.record, p.epoch, rejection=outcome.rejection))
-                elif outcome.result is not None:
-                    a = self._answer(p, outcome.result)
-                    a.consumed_at, a.batched_at, a.done_at = p.consumed_at, started, done
-                    answers.append(a)
+                                   min(cap, profile.max_batch))
+            if self._split_of or self._failed_alone:
+                answers += self._settled(batch.items)
+            answers += self._settle(outcomes, started, done)
         # Halves resubmitted by _isolate while collecting stay in flight.
         self._in_flight = pending + self._in_flight[in_flight_before:]
         return answers
 
+    # -- from items back to answers: what a task whose jobs make several items overrides ------
+    def _settle(self, outcomes: Any, started: float, done: float) -> list[Answer]:
+        """The answers of a finished batch's outcomes (one per item by default)."""
+        answers: list[Answer] = []
+        for outcome in outcomes:
+            p = outcome.pending
+            if outcome.rejection is not None:
+                answers.append(Answer(p.ref, p.record, p.epoch, rejection=outcome.rejection))
+            elif outcome.result is not None:
+                a = self._answer(p, outcome.result)
+                a.consumed_at, a.batched_at, a.done_at = p.consumed_at, started, done
+                answers.append(a)
+        return answers
+
+    def _expire(self, items: list[P], now_ms: int) -> list[Answer]:
+        """The answers of items the batcher found past their deadline."""
+        return [self._answer(p, self.expired_result(p, now_ms)) for p in items]
+
+    def _reject(self, p: P, rejection: JobRejected) -> list[Answer]:
+        """The answers when item ``p`` is refused after intake (it failed alone)."""
+        q: Any = p  # the task's item: ref, record, epoch (as in _answer)
+        return [Answer(q.ref, q.record, q.epoch, rejection=rejection)]
+
+    # -- batch failures -----------------------------------------------------------------------
     def fatal(self, exc: BaseException) -> bool:
         return stops_the_worker(exc)
 
     def _isolate(self, batch: Batch[P], exc: BaseException) -> list[Answer]:
-        """A batch that failed as a whole (a bug one job triggers, a transient failure): its
-        halves run again, down to single jobs; a job that fails alone ``FAILED_ALONE_LIMIT``
-        times is dead-lettered (``internal_error``, the exception named), so one job cannot
-        stop the worker on every restart nor take its batch-mates with it."""
+        """A batch that failed as a whole (a bug one job triggers): its halves run again, down
+        to single items; an item that fails alone ``FAILED_ALONE_LIMIT`` times has its job
+        dead-lettered (``internal_error``, the exception named), so one job cannot stop the
+        worker on every restart nor take its batch-mates with it. When every item of the batch
+        fails alone, no job is to blame: the batch waits out an outage (see :class:`_Split`)."""
         items = batch.items
         why = one_line(f"{type(exc).__name__}: {exc}")
         if len(items) > 1:
             log.warning("batch_failed_split", jobs=len(items), profile=batch.profile.name,
                         error=why)
+            if id(items[0]) not in self._split_of:
+                new: _Split[P] = _Split(batch.profile, len(items), len(items))
+                for item in items:
+                    self._split_of[id(item)] = new
             mid = len(items) // 2
             for half in (items[:mid], items[mid:]):
                 self._launch(Batch(batch.profile, half, batch.profile.padded(len(half))))
             return []
         p: Any = items[0]  # the task's item: ref, record, epoch (as in _answer)
-        tries = self._failed_alone.get(p.ref, 0) + 1
+        key: tuple[SourceRef, int] = (p.ref, id(p))
+        tries = self._failed_alone.get(key, 0) + 1
         if tries < FAILED_ALONE_LIMIT:
-            self._failed_alone[p.ref] = tries
+            self._failed_alone[key] = tries
             log.warning("job_failed_alone_retried", topic=p.ref.topic,
                         partition=p.ref.partition, offset=p.ref.offset, error=why)
             self._launch(batch)
             return []
-        self._failed_alone.pop(p.ref, None)
+        self._failed_alone.pop(key, None)
+        split = self._split_of.pop(id(p), None)
+        if split is None:
+            return self._dead_letter(p, why, tries)
+        split.failed.append((p, why))
+        split.left -= 1
+        return self._split_done(split)
+
+    def _dead_letter(self, p: Any, why: str, tries: int = FAILED_ALONE_LIMIT) -> list[Answer]:
         log.error("job_failed_alone", topic=p.ref.topic, partition=p.ref.partition,
                   offset=p.ref.offset, attempts=tries, error=why)
-        return [Answer(p.ref, p.record, p.epoch, rejection=TaskFailed(
-            f"the task failed on this job alone {tries} times: {why}"))]
+        return self._reject(p, TaskFailed(f"the task failed on this job alone {tries} times: "
+                                          f"{why}"))
+
+    def _settled(self, items: list[P]) -> list[Answer]:
+        """Items whose batch succeeded: forget their failures, and settle their splits."""
+        answers: list[Answer] = []
+        for item in items:
+            p: Any = item
+            if self._failed_alone:
+                self._failed_alone.pop((p.ref, id(p)), None)
+            split = self._split_of.pop(id(p), None)
+            if split is not None:
+                split.left -= 1
+                answers += self._split_done(split)
+        return answers
+
+    def _split_done(self, split: _Split[P]) -> list[Answer]:
+        if split.left > 0:
+            return []
+        if split.size > 1 and len(split.failed) == split.size:
+            items = [p for p, _ in split.failed]
+            self._wait_out(Batch(split.profile, items, split.profile.padded(len(items))),
+                           Transient(f"every job of the batch failed alone: "
+                                     f"{split.failed[0][1]}"), attempt=1)
+            return []
+        return [a for p, why in split.failed for a in self._dead_letter(p, why)]
 
     def _wait_out(self, batch: Batch[P], exc: BaseException, *, attempt: int) -> None:
         why = one_line(f"{type(exc).__name__}: {exc}")
@@ -256,6 +374,7 @@ class BatchedTask(abc.ABC, Generic[P]):
             if force:
                 log.warning("batch_dropped_in_outage", jobs=len(batch.items),
                             reason="shutting down while its outage lasts; not committed")
+                self._dropped(batch.items)
             elif due <= now:
                 fut = self.submit(batch)
                 self._in_flight.append((fut, time.monotonic(), batch))
@@ -264,8 +383,16 @@ class BatchedTask(abc.ABC, Generic[P]):
                 keep.append((due, attempt, batch))
         self._waiting = keep
 
+    def _dropped(self, items: list[P]) -> None:
+        """Items left unanswered (revoked, or dropped at shutdown): out of their splits."""
+        for p in items:
+            split = self._split_of.pop(id(p), None)
+            if split is not None:
+                split.left -= 1
+                split.size -= 1
+
     def unavailable(self) -> str | None:
-        if self._outage is None or self._batcher is None:
+        if self._outage is None or self._batchers is None:
             return None
         return f"batches wait for an outage to end: {self._outage[:200]}"
 
@@ -274,23 +401,28 @@ class BatchedTask(abc.ABC, Generic[P]):
             kept = []
             for due, attempt, batch in self._waiting:
                 items = [p for p in batch.items if p.partition_key not in keys]
+                self._dropped([p for p in batch.items if p.partition_key in keys])
                 if items:
                     kept.append((due, attempt, Batch(batch.profile, items,
                                                      batch.profile.padded(len(items)))))
             self._waiting = kept
-        self.batcher.remove(lambda p: p.partition_key in keys)
-        self._failed_alone = {r: n for r, n in self._failed_alone.items()
-                              if (r.topic, r.partition) not in keys}
+        for batcher in self.batchers.values():
+            batcher.remove(lambda p: p.partition_key in keys)
+        self._failed_alone = {k: n for k, n in self._failed_alone.items()
+                              if (k[0].topic, k[0].partition) not in keys}
 
     def held(self) -> int:
-        return (len(self.batcher) + sum(len(entry[2].items) for entry in self._in_flight)
-                + sum(len(entry[2].items) for entry in self._waiting))
+        return (sum(len(b) for b in self.batchers.values())
+                + sum(len(entry[2].items) for entry in self._in_flight)
+                + sum(len(entry[2].items) for entry in self._waiting)
+                + sum(len(s.failed) for s in {id(s): s for s in self._split_of.values()}
+                      .values()))
 
     def in_flight(self) -> int:
-        return len(self._in_flight) + len(self._waiting) if self._batcher is not None else 0
+        return len(self._in_flight) + len(self._waiting) if self._batchers is not None else 0
 
     def wait(self, timeout: float) -> None:
-        if self._batcher is None:
+        if self._batchers is None:
             return
         if self._in_flight:
             wait([entry[0] for entry in self._in_flight], timeout=timeout,

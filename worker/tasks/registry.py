@@ -1,10 +1,9 @@
 """Which task a worker process serves: ``processing.task``, looked up in :data:`TASKS`.
 
-- ``"moderation"`` (default): moderation jobs from ``topics``. With no
-  ``[moderation.policies]``, open_nsfw alone (:class:`worker.tasks.moderation.open_nsfw.
-  OpenNsfwTask`, its GPU pipeline subclass on the torch backend); otherwise image-and-text
-  moderation (:class:`worker.tasks.moderation.policy_task.PolicyModerationTask`), every policy
-  (``model.policies`` too) scored by its model plug-ins (:mod:`worker.tasks.moderation.models`).
+- ``"moderation"`` (default): moderation jobs from ``topics``, every policy (``model.policies``
+  and ``moderation.policies``) through one task
+  (:class:`worker.tasks.moderation.task.ModerationTask`), scored by its models' packages
+  (:mod:`worker.tasks.moderation.models`).
 - ``"generation"``: text-to-image jobs from ``generation.topics``.
 
 Each entry names its factory as ``"module:function"``, imported only when that task is served:

@@ -148,7 +148,7 @@ def replay_cli(args: list[str], bootstrap: str, log: Path) -> subprocess.Popen[b
 @pytest.fixture(scope="session")
 def shared_runner() -> Iterator[Any]:
     """One activated open_nsfw runner for the in-process replays (loading it costs ~1 s)."""
-    from worker.tasks.moderation.engine_setup.open_nsfw import make_runner
+    from worker.tasks.moderation.models.open_nsfw.engine import make_runner
 
     runner, _plan = make_runner(load_config(None))
     runner.activate()

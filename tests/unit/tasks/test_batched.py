@@ -319,3 +319,41 @@ def test_a_waiting_batch_is_dropped_at_shutdown_and_on_revoke() -> None:
     assert task.held() == 1  # the revoked partition's job left the waiting batch
     task.schedule(2.0, NOW_MS, free=1, force=True)  # the drain: not waited for, not answered
     assert task.held() == 0 and len(task.futures) == 1
+
+
+def test_a_batch_whose_every_job_fails_alone_waits_as_an_outage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing can be pinned on one job when each fails alone (a broken engine): dead-lettering
+    them all would answer a whole batch for the engine's fault. The batch waits instead."""
+    from worker.tasks import batched
+
+    monkeypatch.setattr(batched, "TRANSIENT_FIRST_S", 60.0)
+    task = _task(delay_s=60.0)
+    task.admit(_batch(*(_record(off, b"poison") for off in range(3))))
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    for _ in range(10):
+        for fut, _batch_ in task.futures:
+            if not fut.done():
+                fut.set_exception(TypeError("engine broken"))
+        assert task.collect(block=True) == []
+    assert task.held() == 3 and len(task._waiting) == 1
+    assert len(task._waiting[0][2].items) == 3
+    reason = task.unavailable()
+    assert reason is not None and "every job of the batch failed alone" in reason
+
+
+def test_several_batchers_batch_their_kinds_apart() -> None:
+    class Kinds(ScriptedTask):
+        def kind_of(self, p: Item) -> str:
+            return "even" if p.ref.offset % 2 == 0 else "odd"
+
+    task = Kinds()
+    task.serve(TOPICS, {k: DynamicBatcher((PROFILE,), max_batch_size=4, max_delay_s=60.0)
+                        for k in ("even", "odd")}, max_message_bytes=MAX_BYTES)
+    task.admit(_batch(*(_record(off) for off in range(4))))
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    assert [[p.ref.offset for p in b.items] for _f, b in task.futures] == [[0, 2]]
+    task.schedule(2.0, NOW_MS, free=1, force=True)
+    assert [[p.ref.offset for p in b.items] for _f, b in task.futures][1] == [1, 3]
+    task.finish()
+    assert sorted(a.ref.offset for a in task.collect(block=True)) == [0, 1, 2, 3]

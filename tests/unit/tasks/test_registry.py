@@ -13,8 +13,8 @@ import pytest
 
 from engines.backends.onnxruntime import OrtRunner
 from worker.config import WorkerConfig, load_config
-from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan
-from worker.tasks.moderation.open_nsfw import OpenNsfwTask
+from worker.tasks.moderation.models.open_nsfw.engine import engine_plan
+from worker.tasks.moderation.task import ModerationTask
 from worker.tasks.protocol import Answer, ConsumedBatch
 from worker.tasks.registry import TASKS, load_entry, make_task
 from worker.wire.moderation_codec import decode_result
@@ -27,7 +27,8 @@ def test_every_task_names_a_factory() -> None:
         assert callable(load_entry(entry))
 
 
-def test_a_moderation_worker_imports_neither_generation_nor_torch(tmp_path: Path) -> None:
+def test_a_moderation_worker_imports_neither_generation_nor_torch_nor_unserved_models(
+        tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from worker.config import load_config\n"
@@ -35,11 +36,12 @@ def test_a_moderation_worker_imports_neither_generation_nor_torch(tmp_path: Path
         f"task = make_task(load_config(engines={{'cache_dir': {str(tmp_path)!r}}}))\n"
         "print(type(task).__name__, task.topics.jobs)\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith("
-        "('worker.tasks.generation', 'worker.tasks.moderation.models'))))\n"
+        "('worker.tasks.generation', 'worker.tasks.moderation.models.text', "
+        "'worker.tasks.moderation.models.clip'))))\n"
         "task.close()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout.splitlines()
-    assert out == ["OpenNsfwTask moderation.jobs", "[]"]
+    assert out == ["ModerationTask moderation.jobs", "[]"]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,7 @@ def _record(offset: int, **doc: object) -> SourceRecord:
     return SourceRecord("moderation.jobs", 0, offset, None, value, None, None)
 
 
-def _serve(task: OpenNsfwTask, *records: SourceRecord) -> list[Answer]:
+def _serve(task: ModerationTask, *records: SourceRecord) -> list[Answer]:
     answers = task.admit(ConsumedBatch(records, {("moderation.jobs", 0): 2}, time.monotonic()))
     while task.held():
         answers += task.schedule(time.monotonic(), int(time.time() * 1e3), free=2, force=True)
@@ -71,7 +73,7 @@ def test_the_open_nsfw_path_on_a_shared_runner(cfg: WorkerConfig, runner: OrtRun
                                               sample_paths: list[Path],
                                               ignore_deadlines: bool) -> None:
     task = make_task(cfg, ignore_deadlines=ignore_deadlines, runner=runner)
-    assert isinstance(task, OpenNsfwTask)
+    assert isinstance(task, ModerationTask)
     task.warm_up()
     assert task.ready() and task.engine_hash == runner.engine_hash
     image = sample_paths[0].read_bytes()

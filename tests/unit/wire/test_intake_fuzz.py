@@ -22,7 +22,7 @@ from PIL import Image
 
 from worker.exceptions import ImageRejected, JobRejected
 from worker.tasks.moderation.images.cpu import ImageLimits, decode_image, preprocess_open_nsfw
-from worker.tasks.moderation.open_nsfw import no_image
+from worker.tasks.moderation.results import no_image
 from worker.tools.produce import encode_job
 from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job
 

@@ -11,7 +11,7 @@ from worker.config import load_config
 from worker.devkit.faults import FLOOD_LIMITS, BadJob, malformed_corpus
 from worker.exceptions import JobRejected, OversizedMessage, SchemaViolation
 from worker.tasks.moderation.images.cpu import ImageLimits, decode_image
-from worker.tasks.moderation.open_nsfw import no_image
+from worker.tasks.moderation.results import no_image
 from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job
 
 

@@ -9,7 +9,7 @@ and at shutdown. Committers are found by guarantee name in :data:`COMMITTERS`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import confluent_kafka as ck
@@ -17,6 +17,7 @@ import confluent_kafka as ck
 from worker.config import WorkerConfig
 from worker.kafka import Consumer
 from worker.loop.assignment import Assignment
+from worker.loop.commit.marks import CommitMarks
 from worker.loop.hops import HopTimes
 from worker.loop.output import Output, OutputBuilder
 from worker.wire.records import TopicPartitionKey
@@ -33,6 +34,8 @@ class Committer(Protocol):
     # Told the positions a committer committed other than through the consumer (inside
     # transactions), which the consumer's statistics never see (the lag metric needs them).
     on_committed: Callable[[dict[TopicPartitionKey, int]], None] | None
+    # The metadata its commits carry: the crash-loop breaker's counts (worker/loop/poison.py).
+    marks: CommitMarks
 
     def start(self) -> None:
         """Open the producer (and fence an earlier incarnation, where that matters)."""
@@ -80,6 +83,16 @@ class Committer(Protocol):
 
     def request_abort(self, reason: str) -> None:
         """Exactly-once fault drill: abort the open transaction and rewind (else nothing)."""
+
+    def track(self, key: TopicPartitionKey, committed: int) -> None:
+        """A partition's committed position, known before its first record."""
+
+    def position(self, key: TopicPartitionKey) -> int | None:
+        """The position a commit of this partition would carry now."""
+
+    def commit_marks(self, keys: Iterable[TopicPartitionKey]) -> bool:
+        """Commit these partitions' positions with their marks now, synchronously (under
+        exactly-once with the open transaction, or an empty one); False if it did not land."""
 
     def totals(self) -> dict[str, int]: ...
 

@@ -102,6 +102,14 @@ class OffsetTracker:
             part = self._parts[(topic, partition)] = _PartitionOffsets()
         return part.begin(offset, size)
 
+    def start(self, key: TopicPartitionKey, committed: int) -> None:
+        """A partition's committed position, known before its first record (the crash-loop
+        breaker read it at assignment and wrote its mark there): :meth:`position` has it from
+        now on, so a partition that never consumes a record can still be released at it."""
+        if key not in self._parts:
+            part = self._parts[key] = _PartitionOffsets()
+            part.committed = part.next_offset = committed
+
     def partitions(self) -> list[TopicPartitionKey]:
         return list(self._parts)
 

@@ -107,16 +107,23 @@ class Transactions:
         self._retrying("init_transactions", self._producer.init_transactions,
                        budget_s=self._retry_for_s, on_deadline="fatal")
 
+    def begin(self) -> None:
+        """Open a transaction (lazily by :meth:`produce`; directly for one that carries
+        offsets alone: the crash-loop breaker's marks, worker/loop/poison.py)."""
+        if self.open:
+            return
+        try:
+            self._producer.begin_transaction()
+        except TransactionError as exc:
+            # begin_transaction fails only on a state error or a fatal one.
+            raise _as_fatal(exc, "begin_transaction") from exc
+        self.open = True
+        self.opened_at = self._clock()
+        self.records = 0
+
     def produce(self, out: Output, on_delivery: DeliveryCallback) -> None:
         if not self.open:
-            try:
-                self._producer.begin_transaction()
-            except TransactionError as exc:
-                # begin_transaction fails only on a state error or a fatal one.
-                raise _as_fatal(exc, "begin_transaction") from exc
-            self.open = True
-            self.opened_at = self._clock()
-            self.records = 0
+            self.begin()
         try:
             self._producer.produce(out.topic, key=out.key, value=out.value, headers=out.headers,
                                    on_delivery=on_delivery)

@@ -1,7 +1,7 @@
 """The generation task: intake checks, then batches -> text encoding, denoising, VAE, PNG.
 
-A :class:`worker.tasks.batched.BatchedTask`, like open_nsfw moderation
-(:class:`worker.tasks.moderation.open_nsfw.OpenNsfwTask`): ``decode``/``pending`` validate at
+A :class:`worker.tasks.batched.BatchedTask`, like moderation
+(:class:`worker.tasks.moderation.task.ModerationTask`): ``decode``/``pending`` validate at
 intake and raise :class:`~worker.exceptions.JobRejected` subclasses (the loop dead-letters
 them), ``submit(batch)`` returns a future of outcomes without blocking the poll loop,
 ``warm_up`` and ``close``. Batches come from the dynamic batcher, one per resolution
@@ -48,7 +48,7 @@ class GenerationPending(QueuedJob):
     consumed_at: float  # time.monotonic()
     record: SourceRecord | None
     latent_shape: tuple[int, ...]
-    # The source partition's epoch at intake (see worker.tasks.moderation.open_nsfw.Pending).
+    # The source partition's epoch at intake (see worker.tasks.moderation.parts.Pending).
     epoch: int = 0
 
     # The batcher's view (worker.tasks.batcher.Batchable): QueuedJob and this, one queue per

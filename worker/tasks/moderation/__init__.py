@@ -1,6 +1,5 @@
-"""Moderation: jobs of an image and/or a text, scored under a policy.
+"""Moderation: jobs of an image and/or a text, scored under a policy by its models.
 
-``factory.moderation_task`` picks the task: open_nsfw alone (``open_nsfw.OpenNsfwTask``) when no
-``[moderation.policies]`` are configured, image-and-text moderation
-(``policy_task.PolicyModerationTask``, its models plug-ins under ``models/``) otherwise.
+``task.ModerationTask`` serves every policy (``factory.moderation_task`` builds it); each model
+is a package under ``models/`` (one registry line in ``models.MODELS``).
 """

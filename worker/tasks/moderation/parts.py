@@ -1,11 +1,11 @@
-"""An image-and-text job split into parts, one per engine input, and put back together.
+"""A moderation job split into parts, one per engine input, and put back together.
 
-Each model plug-in (:mod:`worker.tasks.moderation.models`) makes the parts of a job it scores:
+Each model (:mod:`worker.tasks.moderation.models`) makes the parts of a job it scores:
 open_nsfw its image, the text model each text chunk, CLIP its image and its caption. Each part
 is batched with parts of other jobs of the same kind (engine) and profile (token-length
 bucket, image size); the job's state collects what comes back, per model, and is decided once
-nothing is outstanding, or as soon as one part fails (rejected image, inference error) or
-expires.
+nothing is outstanding, or as soon as one part is refused (a rejected image, a part that failed
+alone) or expires.
 """
 
 from __future__ import annotations
@@ -17,48 +17,53 @@ from typing import Any
 
 from worker.config.policies import PolicySettings
 from worker.exceptions import JobRejected
-from worker.tasks.moderation.open_nsfw import Pending
+from worker.tasks.batched import QueuedJob
 from worker.wire.moderation_jobs import ModerationJob
-
-
-@dataclass(frozen=True, slots=True)
-class PartFailed:
-    """A part's value when its engine failed: the job is answered with status ``error``."""
-
-    error: str
+from worker.wire.records import SourceRecord, SourceRef
 
 
 @dataclass(slots=True)
+class Pending(QueuedJob):
+    """A consumed, decoded job waiting for its result."""
+
+    ref: SourceRef
+    job: ModerationJob
+    consumed_at: float  # time.monotonic()
+    record: SourceRecord
+    # The source partition's epoch at intake (worker.loop.worker): an answer whose partition was
+    # revoked, lost or rewound since is stale and discarded.
+    epoch: int = 0
+
+
+@dataclass(slots=True, eq=False)
 class JobState:
     pending: Pending
     policy: PolicySettings
     outstanding: int = 0
     started: float | None = None  # monotonic: the first of its parts began computing
+    decode_s: float = 0.0  # the longest image decode of its parts (for the result's timings)
     # model name -> part key -> value, as the model's parts finish (see Part.key)
     values: dict[str, dict[Hashable, Any]] = field(default_factory=dict)
     rejection: JobRejected | None = None
-    error: str | None = None
     expired: bool = False
     finished: bool = False  # its outcome was handed out; late parts are ignored
 
     @property
     def failed(self) -> bool:
-        return self.rejection is not None or self.error is not None or self.expired
+        return self.rejection is not None or self.expired
 
     def apply(self, part: Part, value: Any) -> None:
-        """Record what ``part`` came back with: a rejection (the job goes to the DLQ), a
-        failure (an error result), or its model's value, kept under ``part.key``."""
+        """Record what ``part`` came back with: a rejection (the job goes to the DLQ) or its
+        model's value, kept under ``part.key``."""
         if isinstance(value, JobRejected):
             self.rejection = value
-        elif isinstance(value, PartFailed):
-            self.error = value.error
         else:
             self.values.setdefault(part.model, {})[part.key] = value
 
 
 @dataclass(slots=True, eq=False)
 class Part:
-    """One engine input of a job; the batcher's view of it (``worker.tasks.batcher.Batchable``).
+    """One engine input of a job; the batcher's item (``worker.tasks.batcher.Batchable``).
 
     ``kind`` names the engine (one batcher each, see ``ModerationModel.profiles``); ``key``
     where its value goes among its model's values; ``payload`` what the model needs to run it
@@ -70,6 +75,23 @@ class Part:
     shape: tuple[int, ...]
     key: Hashable = None
     payload: Any = None
+
+    # The source record it came from (what the batched task's isolation and answers name).
+    @property
+    def ref(self) -> SourceRef:
+        return self.state.pending.ref
+
+    @property
+    def record(self) -> SourceRecord:
+        return self.state.pending.record
+
+    @property
+    def epoch(self) -> int:
+        return self.state.pending.epoch
+
+    @property
+    def job(self) -> ModerationJob:
+        return self.state.pending.job
 
     @property
     def consumed_at(self) -> float:
@@ -86,6 +108,10 @@ class Part:
     @property
     def item_shape(self) -> tuple[int, ...]:
         return self.shape
+
+    def decoded(self, seconds: float) -> None:
+        """The model spent ``seconds`` decoding this part's image (the job's decode timing)."""
+        self.state.decode_s = max(self.state.decode_s, seconds)
 
 
 def job_text(job: ModerationJob) -> str | None:

@@ -1,4 +1,4 @@
-"""worker.tasks.moderation.engine_setup.open_nsfw: onnxruntime int8 calibrates on
+"""worker.tasks.moderation.models.open_nsfw.engine: onnxruntime int8 calibrates on
 engines.calibration_dir, else on the bundled sample photos (with a warning)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from structlog.testing import capture_logs
 import worker
 from worker.bundled import samples_dir as bundled_samples
 from worker.config import load_config
-from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan
-from worker.tasks.moderation.engine_setup.text import tower_params
+from worker.tasks.moderation.engine_params import tower_params
+from worker.tasks.moderation.models.open_nsfw.engine import engine_plan
 
 
 def test_fp32_plan_is_unchanged(tmp_path: Path) -> None:

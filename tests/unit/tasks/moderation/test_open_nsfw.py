@@ -1,4 +1,6 @@
-"""worker.tasks.moderation.open_nsfw.OpenNsfwTask with the real open_nsfw OrtRunner on the CPU."""
+"""open_nsfw with the real OrtRunner on the CPU: the model on batches of parts
+(worker.tasks.moderation.models.open_nsfw.model), and policies that run it alone through the
+moderation task, driven as the loop drives it (admit, schedule, collect)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -15,22 +18,20 @@ from engines.backends.base import FutureHandle, InferHandle, Runner
 from engines.backends.onnxruntime import OrtRunner
 from engines.exceptions import InferenceFailed
 from engines.profiles import StaticProfile
+from tests.unit.tasks.moderation.parts_support import Scored, image_part, run_batch
 from worker.config import WorkerConfig, load_config
-from worker.exceptions import (
-    ImageRejected,
-    JobRejected,
-    NothingToScore,
-    TaskFailed,
-    Transient,
-    UnknownPolicy,
-)
-from worker.tasks.batcher import Batch, DynamicBatcher
-from worker.tasks.moderation.engine_setup.open_nsfw import EnginePlan, engine_plan
+from worker.exceptions import ImageRejected
+from worker.tasks import batched
+from worker.tasks.batcher import Batch
+from worker.tasks.moderation.factory import moderation_task
 from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
-from worker.tasks.moderation.open_nsfw import OpenNsfwTask, Outcome, Pending
-from worker.wire.moderation_codec import decode_result, encode_result, result_to_dict
-from worker.wire.moderation_jobs import ModerationJob, ModerationResult, Status, Verdict
-from worker.wire.records import SourceRecord, SourceRef
+from worker.tasks.moderation.models.open_nsfw.engine import EnginePlan, engine_plan
+from worker.tasks.moderation.models.open_nsfw.model import OpenNsfwModel
+from worker.tasks.moderation.parts import Part
+from worker.tasks.moderation.task import ModerationTask
+from worker.tasks.protocol import Answer, ConsumedBatch
+from worker.wire.moderation_codec import decode_result
+from worker.wire.records import SourceRecord
 
 CORRUPT = b"\xff\xd8\xff\xe0 this is not really a jpeg"
 TIMING_KEYS = {"queue", "decode", "infer", "total"}
@@ -38,7 +39,8 @@ TIMING_KEYS = {"queue", "decode", "infer", "total"}
 
 @pytest.fixture(scope="module")
 def cfg() -> WorkerConfig:
-    return load_config(model={"policies": {"strict": {"review": 0.0, "block": 0.9}}})
+    return load_config(model={"policies": {"strict": {"review": 0.0, "block": 0.9}}},
+                       batch={"max_delay_ms": 0})
 
 
 @pytest.fixture(scope="module")
@@ -53,39 +55,37 @@ def runner(plan: EnginePlan) -> Iterator[OrtRunner]:
 
 
 @pytest.fixture
-def task(cfg: WorkerConfig, runner: OrtRunner, plan: EnginePlan) -> Iterator[OpenNsfwTask]:
-    t = OpenNsfwTask(cfg, runner, plan.spec)
+def model(cfg: WorkerConfig, runner: OrtRunner, plan: EnginePlan) -> Iterator[OpenNsfwModel]:
+    m = OpenNsfwModel(cfg, runner, plan.spec, plan.profiles)
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def task(cfg: WorkerConfig, runner: OrtRunner) -> Iterator[ModerationTask]:
+    t = moderation_task(cfg, runner=runner)
     yield t
     t.close()
 
 
-def _pending(job_id: str, image: bytes | None, offset: int = 0, **job: Any) -> Pending:
-    record = SourceRecord(topic="moderation.jobs", partition=1, offset=offset,
-                          key=job_id.encode(), value=b"<msgpack>", headers=None,
-                          timestamp_ms=1_796_000_000_000)
-    return Pending(ref=SourceRef("moderation.jobs", 1, offset),
-                   job=ModerationJob(id=job_id, image=image, **job),
-                   consumed_at=time.monotonic(), record=record)
-
-
-def _batch(plan: EnginePlan, items: list[Pending]) -> Batch[Pending]:
+def _batch(plan: EnginePlan, parts: list[Part]) -> Batch[Part]:
     profile = plan.profiles[0]
-    return Batch(profile, items, profile.padded(len(items)))
+    return Batch(profile, parts, profile.padded(len(parts)))
 
 
-def _run(task: OpenNsfwTask, batch: Batch[Pending]) -> list[Outcome]:
-    return task.submit(batch).result(timeout=120)
-
-
-def _by_id(outcomes: list[Outcome]) -> dict[str, Outcome]:
-    return {o.pending.job.id: o for o in outcomes}
+def _by_id(scored: list[Scored]) -> dict[str, Scored]:
+    return {s.job_id: s for s in scored}
 
 
 @pytest.fixture(scope="module")
-def mixed(sample_paths: list[Path]) -> list[Pending]:
-    items = [_pending(p.name, p.read_bytes(), offset=k) for k, p in enumerate(sample_paths)]
-    items.insert(3, _pending("corrupt", CORRUPT, offset=99))
+def mixed(sample_paths: list[Path]) -> list[tuple[str, bytes]]:
+    items = [(p.name, p.read_bytes()) for p in sample_paths]
+    items.insert(3, ("corrupt", CORRUPT))
     return items
+
+
+def _parts(items: list[tuple[str, bytes]]) -> list[Part]:
+    return [image_part(name, image, k) for k, (name, image) in enumerate(items)]
 
 
 @pytest.fixture(scope="module")
@@ -101,287 +101,45 @@ def expected_nsfw(
     return out
 
 
-# --- a mixed batch ------------------------------------------------------------------------------
+# --- the model on a batch of parts -------------------------------------------------------------
 
 
-def test_mixed_batch_gives_one_outcome_per_job(
-    task: OpenNsfwTask, plan: EnginePlan, mixed: list[Pending]
-) -> None:
-    outcomes = _run(task, _batch(plan, mixed))
-    assert len(outcomes) == len(mixed)
-    assert sorted(id(o.pending) for o in outcomes) == sorted(id(p) for p in mixed)
-
-
-def test_corrupt_image_becomes_a_rejection_not_a_result(
-    task: OpenNsfwTask, plan: EnginePlan, mixed: list[Pending]
-) -> None:
-    bad = _by_id(_run(task, _batch(plan, mixed)))["corrupt"]
-    assert bad.result is None
-    assert isinstance(bad.rejection, ImageRejected)
-    assert bad.rejection.reason == "bad_image"
-    assert bad.pending.record.offset == 99  # the original record travels to the DLQ
-
-
-def test_good_images_get_ok_results_with_scores_and_timings(
-    task: OpenNsfwTask, plan: EnginePlan, mixed: list[Pending], runner: OrtRunner
-) -> None:
-    outcomes = _by_id(_run(task, _batch(plan, mixed)))
-    good = [p for p in mixed if p.job.id != "corrupt"]
-    assert len(good) >= 8
-    for p in good:
-        o = outcomes[p.job.id]
-        assert o.rejection is None and o.result is not None
-        r = o.result
-        assert r.status is Status.OK
-        assert r.verdict is Verdict.ALLOW
-        assert set(r.scores) == {"sfw", "nsfw"}
-        assert r.scores["sfw"] + r.scores["nsfw"] == pytest.approx(1.0, abs=1e-4)
-        assert set(r.timings_ms) == TIMING_KEYS
-        assert all(v >= 0 for v in r.timings_ms.values())
-        assert r.timings_ms["total"] >= r.timings_ms["infer"]
-        assert r.timings_ms["total"] >= r.timings_ms["queue"]
-        assert (r.id, r.policy, r.model_id) == (p.job.id, "default", "open_nsfw")
-        assert r.engine_hash == runner.engine_hash != ""
-        assert r.source == p.ref
-        assert r.error is None
-
-
-def test_each_score_belongs_to_its_own_image(
-    task: OpenNsfwTask, plan: EnginePlan, mixed: list[Pending],
+def test_a_mixed_batch_gives_each_part_its_own_scores_or_rejection(
+    model: OpenNsfwModel, plan: EnginePlan, mixed: list[tuple[str, bytes]],
     expected_nsfw: dict[str, float],
 ) -> None:
     """The corrupt job in the middle must not shift the rows of the jobs after it."""
+    scored = _by_id(run_batch(model, _batch(plan, _parts(mixed))))
+    assert len(scored) == len(mixed)
+    bad = scored.pop("corrupt")
+    assert bad.scores is None and isinstance(bad.rejection, ImageRejected)
+    assert bad.rejection.reason == "bad_image"
     assert len({round(v, 6) for v in expected_nsfw.values()}) == len(expected_nsfw)
-    outcomes = _by_id(_run(task, _batch(plan, mixed)))
     for name, nsfw in expected_nsfw.items():
-        result = outcomes[name].result
-        assert result is not None
-        assert result.scores["nsfw"] == pytest.approx(nsfw, rel=1e-4, abs=1e-6), name
+        s = scored[name].scores
+        assert s is not None and set(s) == {"sfw", "nsfw"}
+        assert s["sfw"] + s["nsfw"] == pytest.approx(1.0, abs=1e-4)
+        assert s["nsfw"] == pytest.approx(nsfw, rel=1e-4, abs=1e-6), name
 
 
-def test_results_satisfy_the_wire_contract(
-    task: OpenNsfwTask, plan: EnginePlan, mixed: list[Pending], contract: Any
+def test_a_batch_of_only_corrupt_images_gives_only_rejections(
+    model: OpenNsfwModel, plan: EnginePlan
 ) -> None:
-    for o in _run(task, _batch(plan, mixed)):
-        if o.result is not None:
-            assert contract.errors("moderation-result", result_to_dict(o.result)) == []
-
-
-def test_batch_of_only_corrupt_images_gives_only_rejections(
-    task: OpenNsfwTask, plan: EnginePlan
-) -> None:
-    items = [_pending(f"bad{k}", CORRUPT[: 10 + k]) for k in range(3)]
-    outcomes = _run(task, _batch(plan, items))
-    assert len(outcomes) == 3
-    assert all(isinstance(o.rejection, ImageRejected) and o.result is None for o in outcomes)
+    parts = [image_part(f"bad{k}", CORRUPT[: 10 + k], k) for k in range(3)]
+    scored = run_batch(model, _batch(plan, parts))
+    assert all(isinstance(s.rejection, ImageRejected) and s.scores is None for s in scored)
 
 
 def test_static_profile_padding_does_not_change_the_scores(
-    cfg: WorkerConfig, runner: OrtRunner, plan: EnginePlan, mixed: list[Pending],
+    model: OpenNsfwModel, plan: EnginePlan, mixed: list[tuple[str, bytes]],
     expected_nsfw: dict[str, float],
 ) -> None:
-    items = mixed[:5]  # 4 good + the corrupt one: 4 rows padded to 8
+    parts = _parts(mixed[:5])  # 4 good + the corrupt one: 4 rows padded to 8
     static = StaticProfile("gpu", plan.spec.inputs[0].shape[1:], (1, 8))
-    task = OpenNsfwTask(cfg, runner, plan.spec)
-    try:
-        outcomes = task.submit(Batch(static, items, 8)).result(timeout=120)
-    finally:
-        task.close()
-    assert len(outcomes) == 5
-    for o in outcomes:
-        if o.result is not None:
-            name = o.pending.job.id
-            assert o.result.scores["nsfw"] == pytest.approx(expected_nsfw[name], rel=1e-4,
-                                                            abs=1e-6)
-
-
-# --- policies -----------------------------------------------------------------------------------
-
-
-def test_each_job_is_judged_under_its_own_policy(
-    task: OpenNsfwTask, plan: EnginePlan, sample_paths: list[Path]
-) -> None:
-    image = sample_paths[0].read_bytes()
-    items = [_pending("lenient", image), _pending("strict", image, policy="strict")]
-    outcomes = _by_id(_run(task, _batch(plan, items)))
-    lenient, strict = outcomes["lenient"].result, outcomes["strict"].result
-    assert lenient is not None and strict is not None
-    assert lenient.verdict is Verdict.ALLOW
-    assert strict.verdict is Verdict.REVIEW  # review threshold 0.0
-    assert strict.policy == "strict"
-    assert lenient.scores == pytest.approx(strict.scores)
-
-
-def test_check_policy_refuses_an_unknown_policy(task: OpenNsfwTask) -> None:
-    with pytest.raises(UnknownPolicy, match="'nope'") as info:
-        task.check_policy(ModerationJob(id="j", image=b"x", policy="nope"))
-    assert "default, strict" in str(info.value)
-    assert info.value.reason == "unknown_policy"
-
-
-@pytest.mark.parametrize("policy", ["default", "strict"])
-def test_check_policy_accepts_configured_policies(task: OpenNsfwTask, policy: str) -> None:
-    task.check_policy(ModerationJob(id="j", image=b"x", policy=policy))
-
-
-@pytest.mark.parametrize("policy", ["default", "strict"])
-def test_check_policy_refuses_a_job_without_an_image(task: OpenNsfwTask, policy: str) -> None:
-    with pytest.raises(NothingToScore) as info:
-        task.check_policy(ModerationJob(id="j", image=None, text="a caption", policy=policy))
-    assert info.value.reason == "nothing_to_score"
-    assert isinstance(info.value, JobRejected) and "no image" in str(info.value)
-
-
-def test_check_policy_names_an_unknown_policy_before_a_missing_image(
-    task: OpenNsfwTask,
-) -> None:
-    with pytest.raises(UnknownPolicy):
-        task.check_policy(ModerationJob(id="j", image=None, text="a caption", policy="nope"))
-
-
-def test_an_image_less_job_in_a_batch_is_rejected_and_the_others_scored(
-    task: OpenNsfwTask, plan: EnginePlan, sample_paths: list[Path]
-) -> None:
-    """check_policy keeps these out; should one get in, it is dead-lettered, not a crash."""
-    items = [_pending("text-only", None, 0, text="a caption"),
-             _pending("photo", sample_paths[0].read_bytes(), 1)]
-    outcomes = _by_id(_run(task, _batch(plan, items)))
-    rejected, photo = outcomes["text-only"], outcomes["photo"]
-    assert isinstance(rejected.rejection, NothingToScore) and rejected.result is None
-    assert photo.result is not None and photo.result.status is Status.OK
-    # open_nsfw-only results carry no rule or model list: they keep the v1 shape
-    assert photo.result.rule is None and photo.result.models == ()
-    assert not {"rule", "models"} & set(result_to_dict(photo.result))
-
-
-# --- contract versions: the result follows the job's v ----------------------------------------
-
-
-def test_v1_and_v2_jobs_in_one_batch_are_each_answered_in_their_version(
-    task: OpenNsfwTask, plan: EnginePlan, sample_paths: list[Path], contract: Any
-) -> None:
-    image = sample_paths[0].read_bytes()
-    items = [_pending("v1", image, 0), _pending("v2", image, 1, schema_version=2)]
-    outcomes = _by_id(_run(task, _batch(plan, items)))
-    (v1_value, v1_headers), (v2_value, v2_headers) = (
-        task.encode(outcomes[k].result) for k in ("v1", "v2"))  # type: ignore[arg-type]
-    assert ("ktw.schema", b"moderation-result/v1") in v1_headers
-    assert ("ktw.schema", b"moderation-result/v2") in v2_headers
-    v1, v2 = decode_result(v1_value), decode_result(v2_value)
-    assert contract.errors("moderation-result", v1) == []
-    assert contract.errors("moderation-result.v2", v2) == []
-    # v1: open_nsfw's plain labels, no rule or models, exactly as before v2 existed.
-    assert v1["v"] == 1 and set(v1["scores"]) == {"sfw", "nsfw"}
-    assert not {"rule", "models"} & set(v1)
-    assert v1_value == encode_result(outcomes["v1"].result)  # type: ignore[arg-type]
-    # v2: the image-and-text form, the same scores.
-    assert (v2["v"], v2["rule"], v2["models"], v2["verdict"]) == (2, "allow", ["open_nsfw"],
-                                                                  "allow")
-    assert v2["scores"] == {f"open_nsfw.{k}": v for k, v in v1["scores"].items()}
-    assert {k: v for k, v in v2.items() if k not in ("v", "id", "scores", "source", "rule",
-                                                     "models", "timings_ms")} == {
-        k: v for k, v in v1.items() if k not in ("v", "id", "scores", "source", "timings_ms")}
-
-
-def test_encoding_a_v2_result_leaves_the_result_as_the_plug_in_reads_it(
-    task: OpenNsfwTask, plan: EnginePlan, sample_paths: list[Path]
-) -> None:
-    """The image-and-text task's open_nsfw plug-in reads this task's results' plain labels."""
-    p = _pending("v2", sample_paths[0].read_bytes(), schema_version=2)
-    result = _by_id(_run(task, _batch(plan, [p])))["v2"].result
-    assert result is not None and result.schema_version == 2
-    task.encode(result)
-    assert set(result.scores) == {"sfw", "nsfw"} and result.rule is None and not result.models
-
-
-@pytest.mark.parametrize(("verdict", "rule"), [(Verdict.BLOCK, "block:open_nsfw.nsfw"),
-                                               (Verdict.REVIEW, "review:open_nsfw.nsfw"),
-                                               (Verdict.ALLOW, "allow")])
-def test_a_v2_verdict_names_the_rule_that_decided_it(
-    task: OpenNsfwTask, contract: Any, verdict: Verdict, rule: str
-) -> None:
-    result = ModerationResult("j", Status.OK, "default", "open_nsfw", "e", verdict=verdict,
-                              scores={"sfw": 0.5, "nsfw": 0.5}, schema_version=2)
-    doc = decode_result(task.encode(result)[0])
-    assert (doc["rule"], doc["models"]) == (rule, ["open_nsfw"])
-    assert contract.errors("moderation-result.v2", doc) == []
-
-
-def test_a_v2_job_past_its_deadline_is_answered_with_rule_none(
-    task: OpenNsfwTask, contract: Any
-) -> None:
-    p = _pending("late", b"unused", deadline_ms=1_796_000_000_000, schema_version=2)
-    value, headers = task.encode(task.expired_result(p, 1_796_000_000_250))
-    doc = decode_result(value)
-    assert ("ktw.schema", b"moderation-result/v2") in headers
-    assert (doc["v"], doc["status"], doc["rule"], doc["models"], doc["scores"]) == (
-        2, "expired", "none", [], {})
-    assert contract.errors("moderation-result.v2", doc) == []
-
-
-# --- deadlines ----------------------------------------------------------------------------------
-
-
-def test_expired_result_for_a_past_deadline(
-    task: OpenNsfwTask, contract: Any, runner: OrtRunner
-) -> None:
-    now_ms = 1_796_000_000_250
-    p = _pending("late", b"unused", deadline_ms=1_796_000_000_000)
-    result = task.expired_result(p, now_ms)
-    assert result.status is Status.EXPIRED
-    assert result.verdict is None and result.scores == {}
-    assert result.error is not None and "deadline 1796000000000" in result.error
-    assert "250 ms" in result.error
-    assert set(result.timings_ms) == {"queue", "total"}
-    assert all(v >= 0 for v in result.timings_ms.values())
-    assert result.source == p.ref and result.engine_hash == runner.engine_hash
-    assert contract.errors("moderation-result", result_to_dict(result)) == []
-
-
-def test_batcher_and_task_expire_only_past_deadlines(
-    task: OpenNsfwTask, plan: EnginePlan, sample_paths: list[Path]
-) -> None:
-    """The batcher decides expiry (the task answers for it); a future deadline is scored."""
-    image = sample_paths[0].read_bytes()
-    now_ms = int(time.time() * 1e3)
-    batcher: DynamicBatcher[Pending] = DynamicBatcher(plan.profiles, max_batch_size=8,
-                                                      max_delay_s=0.0)
-    late = _pending("late", image, deadline_ms=now_ms - 1)
-    fresh = _pending("fresh", image, deadline_ms=now_ms + 60_000)
-    none = _pending("none", image)
-    for p in (late, fresh, none):
-        batcher.add(p)
-    due = batcher.schedule(time.monotonic(), now_ms, limit=4)
-    assert due.expired == [late]
-    assert task.expired_result(late, now_ms).status is Status.EXPIRED
-    outcomes = [o for b in due.batches for o in _run(task, b)]
-    assert {o.pending.job.id: o.result.status for o in outcomes if o.result} == {
-        "fresh": Status.OK, "none": Status.OK}
-
-
-def test_pending_exposes_what_the_batcher_needs(plan: EnginePlan) -> None:
-    p = _pending("j", b"x", offset=5, deadline_ms=123)
-    assert p.deadline_ms == 123
-    assert p.partition_key == ("moderation.jobs", 1)
-    assert p.item_shape == tuple(plan.spec.inputs[0].shape[1:]) == (224, 224, 3)
-
-
-# --- engine failure -----------------------------------------------------------------------------
-
-
-def test_an_engine_failing_every_row_is_an_outage_not_an_answer(
-    cfg: WorkerConfig, plan: EnginePlan, mixed: list[Pending]
-) -> None:
-    """Every row failing alone pins nothing on a job: the batch raises Transient (it waits and
-    runs again, worker.tasks.batched), where every job used to be answered ``status: error``
-    and committed (a consumer failing open then published unmoderated content)."""
-    with _ScriptedRunner(lambda x: "device lost") as failing:
-        task = OpenNsfwTask(cfg, failing, plan.spec)
-        try:
-            with pytest.raises(Transient, match=r"every row.*device lost"):
-                task.submit(_batch(plan, mixed)).result(timeout=120)
-        finally:
-            task.close()
+    for s in run_batch(model, Batch(static, parts, 8)):
+        if s.scores is not None:
+            assert s.scores["nsfw"] == pytest.approx(expected_nsfw[s.job_id], rel=1e-4,
+                                                     abs=1e-6)
 
 
 def _nsfw_of(runner: OrtRunner, plan: EnginePlan, img: Any) -> float:
@@ -393,7 +151,7 @@ def _nsfw_of(runner: OrtRunner, plan: EnginePlan, img: Any) -> float:
 
 
 def test_a_picture_hidden_in_the_alpha_channel_is_scored_as_shown(
-        task: OpenNsfwTask, runner: OrtRunner, plan: EnginePlan) -> None:
+        model: OpenNsfwModel, runner: OrtRunner, plan: EnginePlan) -> None:
     """RGB all black, the picture in the alpha channel: a white page shows it. Scoring
     the RGB alone (alpha dropped) sees a black square; the job must score its worst view."""
     import io
@@ -407,21 +165,20 @@ def test_a_picture_hidden_in_the_alpha_channel_is_scored_as_shown(
     rgba = Image.merge("RGBA", (*Image.new("RGB", (256, 256)).split(), alpha))
     buf = io.BytesIO()
     rgba.save(buf, "PNG")
-    (outcome,) = _run(task, _batch(plan, [_pending("alpha", buf.getvalue())]))
-    assert outcome.result is not None
-    got = outcome.result.scores["nsfw"]
+    (s,) = run_batch(model, _batch(plan, [image_part("alpha", buf.getvalue())]))
+    assert s.scores is not None
     white = Image.alpha_composite(Image.new("RGBA", (256, 256), (255,) * 4), rgba)
     on_white = _nsfw_of(runner, plan, white.convert("RGB"))
     alpha_dropped = _nsfw_of(runner, plan, rgba.convert("RGB"))  # what was scored before
     assert abs(on_white - alpha_dropped) > 1e-3  # the views really differ
     assert on_white > alpha_dropped  # (so scoring the RGB alone under-scores it)
-    assert got == pytest.approx(on_white, abs=1e-5)
+    assert s.scores["nsfw"] == pytest.approx(on_white, abs=1e-5)
 
 
 def test_an_animation_scores_its_worst_sampled_frame_in_chunked_engine_calls(
-        task: OpenNsfwTask, runner: OrtRunner, plan: EnginePlan) -> None:
-    """Frames after the first count (before: the first frame only), and a full batch of
-    animations (up to MAX_SAMPLED_FRAMES rows each) runs in several engine calls."""
+        model: OpenNsfwModel, runner: OrtRunner, plan: EnginePlan) -> None:
+    """Frames after the first count, and a full batch of animations (up to MAX_SAMPLED_FRAMES
+    rows each) runs in several engine calls."""
     import io
 
     from PIL import Image
@@ -433,14 +190,12 @@ def test_an_animation_scores_its_worst_sampled_frame_in_chunked_engine_calls(
     frames[0].save(buf, "WEBP", save_all=True, append_images=frames[1:], lossless=True)
     worst = _nsfw_of(runner, plan, frames[2])
     assert worst > _nsfw_of(runner, plan, black) + 0.05
-    profile = plan.profiles[0]
-    n = profile.max_batch
-    outcomes = _run(task, Batch(profile, [_pending(f"anim-{k}", buf.getvalue(), offset=k)
-                                          for k in range(n)], profile.padded(n)))
-    assert len(outcomes) == n
-    for o in outcomes:
-        assert o.result is not None
-        assert o.result.scores["nsfw"] == pytest.approx(worst, abs=1e-5)
+    n = plan.profiles[0].max_batch
+    scored = run_batch(model, _batch(plan, [image_part(f"anim-{k}", buf.getvalue(), k)
+                                            for k in range(n)]))
+    assert len(scored) == n
+    for s in scored:
+        assert s.scores is not None and s.scores["nsfw"] == pytest.approx(worst, abs=1e-5)
 
 
 class _ScriptedRunner(Runner):
@@ -475,55 +230,258 @@ class _ScriptedRunner(Runner):
         self.fail = None  # an inactive runner answers nothing (infer() refuses before this)
 
 
-def _images(sample_paths: list[Path], n: int) -> list[Pending]:
-    return [_pending(f"j{k}", sample_paths[k % len(sample_paths)].read_bytes(), offset=k)
-            for k in range(n)]
+def _images(sample_paths: list[Path], n: int) -> list[tuple[str, bytes]]:
+    return [(f"j{k}", sample_paths[k % len(sample_paths)].read_bytes()) for k in range(n)]
 
 
-def _outcomes(cfg: WorkerConfig, runner: _ScriptedRunner, plan: EnginePlan,
-              items: list[Pending]) -> list[Outcome]:
-    """``items`` as one batch through an OpenNsfwTask on ``runner`` (activated for it)."""
-    with runner:
-        task = OpenNsfwTask(cfg, runner, plan.spec)
-        try:
-            return _run(task, _batch(plan, items))
-        finally:
-            task.close()
-
-
-def test_a_batch_that_runs_out_of_memory_is_split_until_it_fits(
+def test_an_engine_call_out_of_memory_is_halved_until_it_fits(
         cfg: WorkerConfig, plan: EnginePlan, sample_paths: list[Path]) -> None:
-    """Before: the whole batch was answered ``error``."""
+    """A smaller call needs less memory: the model fits its calls, no job is answered for it."""
     oom = _ScriptedRunner(lambda x: "CUDA out of memory. Tried to allocate 2.00 GiB"
                           if len(x) > 2 else None)
-    outcomes = _outcomes(cfg, oom, plan, _images(sample_paths, 7))
-    assert [o.result.status for o in outcomes if o.result] == [Status.OK] * 7
+    with oom:
+        m = OpenNsfwModel(cfg, oom, plan.spec, plan.profiles)
+        try:
+            scored = run_batch(m, _batch(plan, _parts(_images(sample_paths, 7))))
+        finally:
+            m.close()
+    assert all(s.scores is not None for s in scored)
     assert max(oom.calls) == 7 and min(oom.calls) <= 2
-    # The scores are those of each job's own row, not of a neighbour's.
-    assert len({o.result.scores["nsfw"] for o in outcomes if o.result}) > 1
+    assert len({s.scores["nsfw"] for s in scored if s.scores}) > 1  # each its own row
+
+
+def test_a_failing_engine_call_fails_the_batch_instead_of_answering_it(
+        cfg: WorkerConfig, plan: EnginePlan, sample_paths: list[Path]) -> None:
+    """The model answers nothing it could not score (before: ``status: error``, which a
+    consumer failing open published unmoderated): the batch fails, for the task to isolate."""
+    with _ScriptedRunner(lambda x: "kernel failed") as failing:
+        m = OpenNsfwModel(cfg, failing, plan.spec, plan.profiles)
+        try:
+            with pytest.raises(InferenceFailed, match="kernel failed"):
+                run_batch(m, _batch(plan, _parts(_images(sample_paths, 3))))
+        finally:
+            m.close()
+
+
+# --- open_nsfw-only policies through the task --------------------------------------------------
+
+
+def _record(offset: int, partition: int = 0, **doc: Any) -> SourceRecord:
+    value = msgpack.packb({"v": 1, **doc}, use_bin_type=True)
+    return SourceRecord("moderation.jobs", partition, offset, None, value, None, None)
+
+
+def _serve(task: Any, *records: SourceRecord, rounds: int = 200) -> list[Answer]:
+    answers: list[Answer] = task.admit(ConsumedBatch(records, {("moderation.jobs", 0): 3},
+                                                     time.monotonic()))
+    for _ in range(rounds):
+        if not task.held():
+            break
+        answers += task.schedule(time.monotonic(), int(time.time() * 1e3), free=2, force=True)
+        answers += task.collect(block=True)
+    assert task.held() == 0, "every job answered"
+    return answers
+
+
+def _docs(answers: list[Answer]) -> dict[str, dict[str, Any]]:
+    return {a.job_id: decode_result(a.value) for a in answers if a.value is not None}
+
+
+def test_an_open_nsfw_only_worker_answers_v1_jobs_in_its_form(
+    task: ModerationTask, runner: OrtRunner, sample_paths: list[Path], contract: Any,
+    expected_nsfw: dict[str, float],
+) -> None:
+    name = sample_paths[0].name
+    answers = _serve(task, _record(0, id="j", image=sample_paths[0].read_bytes()))
+    (a,) = answers
+    doc = decode_result(a.value or b"")
+    assert contract.errors("moderation-result", doc) == []
+    assert (doc["id"], doc["status"], doc["policy"], doc["model_id"], doc["verdict"]) == (
+        "j", "ok", "default", "open_nsfw", "allow")
+    assert list(doc["scores"]) == ["sfw", "nsfw"] and not {"rule", "models"} & set(doc)
+    assert doc["scores"]["nsfw"] == pytest.approx(expected_nsfw[name], rel=1e-4, abs=1e-6)
+    assert set(doc["timings_ms"]) == TIMING_KEYS
+    assert doc["timings_ms"]["total"] >= doc["timings_ms"]["infer"]
+    assert doc["engine_hash"] == runner.engine_hash != ""
+    assert doc["source"] == {"topic": "moderation.jobs", "partition": 0, "offset": 0}
+    assert dict(a.headers or [])["ktw.schema"] == b"moderation-result/v1"
+    assert a.epoch == 3 and a.key == b"j" and a.status == "ok"
+
+
+def test_each_job_is_judged_under_its_own_policy(
+    task: ModerationTask, sample_paths: list[Path]
+) -> None:
+    image = sample_paths[0].read_bytes()
+    docs = _docs(_serve(task, _record(0, id="lenient", image=image),
+                        _record(1, id="strict", image=image, policy="strict")))
+    assert docs["lenient"]["verdict"] == "allow"
+    assert docs["strict"]["verdict"] == "review"  # review threshold 0.0
+    assert docs["strict"]["policy"] == "strict"
+    assert docs["lenient"]["scores"] == pytest.approx(docs["strict"]["scores"])
+
+
+@pytest.mark.parametrize(("doc", "reason", "says"), [
+    ({"image": b"x", "policy": "nope"}, "unknown_policy", "(known: default, strict)"),
+    ({"text": "a caption", "policy": "nope"}, "unknown_policy", "'nope'"),
+    ({"text": "a caption"}, "nothing_to_score", "no image"),
+    ({"text": "a caption", "policy": "strict"}, "nothing_to_score", "no image"),
+])
+def test_jobs_an_open_nsfw_only_policy_cannot_score_go_to_the_dlq(
+        task: ModerationTask, doc: dict[str, Any], reason: str, says: str) -> None:
+    (a,) = _serve(task, _record(0, id="x", **doc))
+    assert a.rejection is not None and a.rejection.reason == reason
+    assert says in str(a.rejection) and a.value is None
+
+
+def test_corrupt_images_are_dead_lettered_and_the_others_scored(
+    task: ModerationTask, mixed: list[tuple[str, bytes]]
+) -> None:
+    answers = _serve(task, *(_record(k, id=name, image=image)
+                             for k, (name, image) in enumerate(mixed)))
+    assert len(answers) == len(mixed)
+    by_offset = {a.ref.offset: a for a in answers}
+    bad = by_offset[3]  # the original record travels to the DLQ
+    assert isinstance(bad.rejection, ImageRejected) and bad.rejection.reason == "bad_image"
+    assert all(a.status == "ok" for k, a in by_offset.items() if k != 3)
+
+
+def test_v1_and_v2_jobs_are_each_answered_in_their_version(
+    task: ModerationTask, sample_paths: list[Path], contract: Any
+) -> None:
+    image = sample_paths[0].read_bytes()
+    answers = _serve(task, _record(0, id="v1", image=image),
+                     _record(1, id="v2", image=image, v=2))
+    by_id = {a.job_id: a for a in answers}
+    assert dict(by_id["v1"].headers or [])["ktw.schema"] == b"moderation-result/v1"
+    assert dict(by_id["v2"].headers or [])["ktw.schema"] == b"moderation-result/v2"
+    v1, v2 = decode_result(by_id["v1"].value or b""), decode_result(by_id["v2"].value or b"")
+    assert contract.errors("moderation-result", v1) == []
+    assert contract.errors("moderation-result.v2", v2) == []
+    assert v1["v"] == 1 and set(v1["scores"]) == {"sfw", "nsfw"}
+    assert not {"rule", "models"} & set(v1)
+    assert (v2["v"], v2["rule"], v2["models"], v2["verdict"]) == (2, "allow", ["open_nsfw"],
+                                                                  "allow")
+    assert v2["scores"] == {f"open_nsfw.{k}": v for k, v in v1["scores"].items()}
+    assert {k: v for k, v in v2.items() if k not in ("v", "id", "scores", "source", "rule",
+                                                     "models", "timings_ms")} == {
+        k: v for k, v in v1.items() if k not in ("v", "id", "scores", "source", "timings_ms")}
+
+
+@pytest.mark.parametrize(("policy", "rule"), [("strict", "review:open_nsfw.nsfw"),
+                                              ("default", "allow")])
+def test_a_v2_verdict_names_the_rule_that_decided_it(
+        task: ModerationTask, sample_paths: list[Path], contract: Any, policy: str,
+        rule: str) -> None:
+    (a,) = _serve(task, _record(0, id="j", image=sample_paths[0].read_bytes(), v=2,
+                                policy=policy))
+    doc = decode_result(a.value or b"")
+    assert (doc["rule"], doc["models"]) == (rule, ["open_nsfw"])
+    assert contract.errors("moderation-result.v2", doc) == []
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_job_past_its_deadline_is_answered_expired_without_the_engine(
+        cfg: WorkerConfig, plan: EnginePlan, contract: Any, version: int) -> None:
+    with _ScriptedRunner(lambda x: "never called") as runner:
+        task = moderation_task(cfg, runner=runner)
+        try:
+            (a,) = _serve(task, _record(0, id="late", image=b"unused", deadline_ms=1,
+                                        v=version))
+        finally:
+            task.close()
+        assert runner.calls == []
+    doc = decode_result(a.value or b"")
+    assert a.expired and doc["status"] == "expired" and doc["scores"] == {}
+    assert "verdict" not in doc and "deadline 1 passed" in doc["error"]
+    assert set(doc["timings_ms"]) == {"queue", "total"}
+    assert (doc["model_id"], doc["engine_hash"]) == ("open_nsfw", "scripted-0")
+    if version == 1:
+        assert contract.errors("moderation-result", doc) == [] and "rule" not in doc
+    else:
+        assert contract.errors("moderation-result.v2", doc) == []
+        assert (doc["rule"], doc["models"]) == ("none", [])
+
+
+def test_ignoring_deadlines_scores_a_late_job(cfg: WorkerConfig, runner: OrtRunner,
+                                              sample_paths: list[Path]) -> None:
+    task = moderation_task(cfg, runner=runner, ignore_deadlines=True)
+    try:
+        (a,) = _serve(task, _record(0, id="late", image=sample_paths[0].read_bytes(),
+                                    deadline_ms=1))
+    finally:
+        task.close()
+    assert a.status == "ok"
+
+
+# --- engine failure, through the task's isolation (worker.tasks.batched) -----------------------
+
+
+def _scripted_task(cfg: WorkerConfig, runner: Runner, delay_ms: int = 60_000
+                   ) -> ModerationTask:
+    """A task whose batches form when forced (the drain), or after ``delay_ms``."""
+    return moderation_task(load_config(**{**cfg.model_dump(include={"model"}),
+                                          "batch": {"max_delay_ms": delay_ms}}), runner=runner)
 
 
 def test_only_the_job_whose_row_keeps_failing_is_dead_lettered(
         cfg: WorkerConfig, plan: EnginePlan, sample_paths: list[Path]) -> None:
-    items = _images(sample_paths, 6)
-    with _ScriptedRunner(lambda x: None) as probe:
-        poison = OpenNsfwTask(cfg, probe, plan.spec)._prepare(items[4])
-    assert isinstance(poison, np.ndarray)
+    images = _images(sample_paths, 6)
+    poison = preprocess_open_nsfw(decode_image(images[4][1]),
+                                  jpeg_roundtrip=cfg.model.jpeg_roundtrip)
     bad = _ScriptedRunner(lambda x: "kernel failed on this input"
-                          if any(np.array_equal(r, poison[0]) for r in x) else None)
-    outcomes = _outcomes(cfg, bad, plan, items)
-    status = {o.pending.job.id: o.result.status for o in outcomes if o.result}
-    assert "j4" not in status and set(status.values()) == {Status.OK}
-    [failed] = [o for o in outcomes if o.result is None]
-    assert failed.pending.job.id == "j4" and isinstance(failed.rejection, TaskFailed)
+                          if any(np.array_equal(r, poison) for r in x) else None)
+    with bad:
+        task = _scripted_task(cfg, bad)
+        try:
+            answers = _serve(task, *(_record(k, id=name, image=image)
+                                     for k, (name, image) in enumerate(images)))
+        finally:
+            task.close()
+    by_id = {a.job_id: a for a in answers}
+    assert len(answers) == 6
+    failed = by_id["j4"]
+    assert failed.rejection is not None and failed.rejection.reason == "internal_error"
     assert "kernel failed on this input" in str(failed.rejection)
+    assert {by_id[f"j{k}"].status for k in (0, 1, 2, 3, 5)} == {"ok"}
 
 
-def test_a_sticky_cuda_error_stops_the_batch_instead_of_answering_it(
+def test_an_engine_failing_every_job_alone_is_an_outage_not_an_answer(
+        cfg: WorkerConfig, plan: EnginePlan, sample_paths: list[Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every job failing alone pins nothing on a job: the batch waits and runs again
+    (readiness says why), where every job used to be answered ``status: error`` and
+    committed."""
+    monkeypatch.setattr(batched, "TRANSIENT_FIRST_S", 60.0)
+    with _ScriptedRunner(lambda x: "device lost") as failing:
+        task = _scripted_task(cfg, failing, delay_ms=0)
+        try:
+            answers = task.admit(ConsumedBatch(
+                [_record(k, id=name, image=image)
+                 for k, (name, image) in enumerate(_images(sample_paths, 3))], {},
+                time.monotonic()))
+            for _ in range(10):
+                answers += task.schedule(time.monotonic(), int(time.time() * 1e3), free=2,
+                                         force=False)
+                answers += task.collect(block=True)
+            assert answers == [] and task.held() == 3
+            reason = task.unavailable()
+            assert reason is not None and "device lost" in reason
+        finally:
+            task.schedule(time.monotonic(), 0, free=0, force=True)  # the drain drops it
+            assert task.held() == 0
+            task.close()
+
+
+def test_a_sticky_cuda_error_stops_the_worker_instead_of_answering(
         cfg: WorkerConfig, plan: EnginePlan, sample_paths: list[Path]) -> None:
-    """An illegal address poisons the context: answering jobs ``error`` would commit them;
-    the batch fails, which stops the worker without committing."""
+    """An illegal address poisons the context: answering jobs would commit them."""
     sticky = _ScriptedRunner(lambda x: "CUDA error: an illegal memory access was encountered")
-    with pytest.raises(InferenceFailed, match="illegal memory access"):
-        _outcomes(cfg, sticky, plan, _images(sample_paths, 3))
-    assert sticky.calls == [3]  # not split: it cannot help
+    with sticky:
+        task = _scripted_task(cfg, sticky)
+        try:
+            with pytest.raises(InferenceFailed, match="illegal memory access"):
+                _serve(task, *(_record(k, id=name, image=image)
+                               for k, (name, image) in enumerate(_images(sample_paths, 3))))
+            assert sticky.calls == [3]  # not split: it cannot help
+        finally:
+            task.close()

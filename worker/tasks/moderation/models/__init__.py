@@ -18,9 +18,9 @@ from worker.tasks.moderation.models.base import ModelContext, ModerationModel
 from worker.tasks.registry import load_entry
 
 MODELS: dict[str, str] = {
-    "open_nsfw": "worker.tasks.moderation.models.open_nsfw:OpenNsfwModel",
-    "text": "worker.tasks.moderation.models.text:TextModel",
-    "clip": "worker.tasks.moderation.models.clip:ClipModel",
+    "open_nsfw": "worker.tasks.moderation.models.open_nsfw.model:OpenNsfwModel",
+    "text": "worker.tasks.moderation.models.text.model:TextModel",
+    "clip": "worker.tasks.moderation.models.clip.model:ClipModel",
 }
 
 

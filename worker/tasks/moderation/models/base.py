@@ -1,12 +1,13 @@
-"""The model plug-in protocol of image-and-text moderation.
+"""The model protocol of moderation.
 
-A plug-in is one class (:class:`ModerationModel`) in one module, named in
-:data:`worker.tasks.moderation.models.MODELS`. The policy task
-(:class:`worker.tasks.moderation.policy_task.PolicyModerationTask`) knows models only through
-it: which jobs a model can score (:meth:`~ModerationModel.feeds`), its intake check, the parts
-it makes of a job (each of a part *kind*, batched per kind over the kind's engine profiles),
-running a batch of them, turning a job's collected values into per-label scores under a policy,
-and its (model id, engine hash) identity for results.
+A model is a package under :mod:`worker.tasks.moderation.models` (one line in its registry,
+:data:`worker.tasks.moderation.models.MODELS`) whose runtime side is a
+:class:`ModerationModel`. The moderation task
+(:class:`worker.tasks.moderation.task.ModerationTask`) knows models only through it: which jobs
+a model can score (:meth:`~ModerationModel.feeds`), its intake check, the parts it makes of a
+job (each of a part *kind*, batched per kind over the kind's engine profiles), running a batch
+of them, turning a job's collected values into per-label scores under a policy, and its
+(model id, engine hash) identity for results.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from worker.tasks.moderation.parts import JobState, Part
 from worker.wire.moderation_jobs import ModerationJob
 
 if TYPE_CHECKING:
-    from worker.tasks.moderation.engine_setup.text import TextEngine
+    from worker.tasks.moderation.models.text.engine import TextEngine
 
-# A part and what it came back with: the model's value for it, a JobRejected (the job goes to
-# the DLQ) or a PartFailed (the job gets an error result).
+# A part and what it came back with: the model's value for it, or a JobRejected (the job goes
+# to the DLQ: a corrupt image, say).
 Finished: TypeAlias = tuple[Part, Any]
 
 TOKENIZERS_MISSING = "the text and CLIP models need the `tokenizers` package"
@@ -37,7 +38,7 @@ TOKENIZERS_MISSING = "the text and CLIP models need the `tokenizers` package"
 
 @dataclass(frozen=True)
 class ModelContext:
-    """What a plug-in is built from: the config, the served policies that run it, and an
+    """What a model is built from: the config, the served policies that run it, and an
     open_nsfw runner to share (replay, tests; left active at close) or None."""
 
     cfg: WorkerConfig
@@ -46,7 +47,7 @@ class ModelContext:
 
 
 class ModerationModel(abc.ABC):
-    """One model of image-and-text moderation (a name in ``PolicySettings.models``)."""
+    """One model of moderation (a name in ``PolicySettings.models``)."""
 
     name: str
 
@@ -83,8 +84,9 @@ class ModerationModel(abc.ABC):
     # -- off the loop's thread -----------------------------------------------------------
     @abc.abstractmethod
     def run(self, kind: str, batch: Batch[Part]) -> list[Finished]:
-        """Each part of ``batch`` (all of ``kind``) with its value; an InferenceFailed raised
-        here fails every part of the batch."""
+        """Each part of ``batch`` (all of ``kind``) with its value or its rejection. Anything
+        raised fails the batch as a whole: the task isolates it (split down to the part that
+        fails alone, whose job is dead-lettered; an outage waits; worker.tasks.batched)."""
 
     # -- deciding ------------------------------------------------------------------------
     @abc.abstractmethod

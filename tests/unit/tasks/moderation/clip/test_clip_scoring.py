@@ -13,8 +13,8 @@ from engines.models.clip import MEAN, STD
 from tests.unit.tasks.moderation.clip.conftest import IMAGE_SIZE
 from worker.config import load_config
 from worker.config.policies import PolicySettings
-from worker.tasks.moderation.images.clip import preprocess_clip
-from worker.tasks.moderation.scoring.clip import PromptBank, consistency, prompt_bank
+from worker.tasks.moderation.models.clip.preprocess import preprocess_clip
+from worker.tasks.moderation.models.clip.scoring import PromptBank, consistency, prompt_bank
 
 POLICY = PolicySettings(models=["clip"], labels={
     "violence": {"descriptions": ["knife blood fight"]},
@@ -83,7 +83,7 @@ def test_preprocess_centre_crops_the_long_side() -> None:
 
 
 def test_engines_from_config_score_an_image(tiny_clip: Path, tmp_path: Path) -> None:
-    from worker.tasks.moderation.engine_setup.clip import make_clip_engines
+    from worker.tasks.moderation.models.clip.engine import make_clip_engines
 
     cfg = load_config(engines={"cache_dir": str(tmp_path)}, moderation={
         "clip": {"weights_dir": str(tiny_clip)}, "policies": {"p": POLICY.model_dump()}})

@@ -54,32 +54,28 @@ def test_numpy_float32_scores_compare_like_floats() -> None:
     assert verdict_for(np.float32(0.1), DEFAULT) is Verdict.ALLOW
 
 
-# --- contract v2: an open_nsfw-only verdict named as an image-and-text policy names it ----------
+# --- a model.policies entry, run as an open_nsfw-only policy, keeps its thresholds' meaning ----
 
 GRID = [0.0, 0.05, 0.1999, 0.2, 0.5, 0.7999, 0.8, 0.95, 1.0]
 THRESHOLDS = [Thresholds(), Thresholds(review=0.0, block=0.5), Thresholds(review=0.5, block=0.5),
               Thresholds(review=0.3, block=1.0), Thresholds(review=0.0, block=0.0)]
+RULES = {Verdict.BLOCK: "block:open_nsfw.nsfw", Verdict.REVIEW: "review:open_nsfw.nsfw",
+         Verdict.ALLOW: "allow"}
 
 
 @pytest.mark.parametrize("thresholds", THRESHOLDS, ids=repr)
-def test_open_nsfw_rules_are_what_the_policy_evaluator_decides(thresholds: Thresholds) -> None:
-    """A v2 result of the open_nsfw task names the rule an image-and-text policy running
-    open_nsfw alone (what served_policies makes of a model.policies entry) would name, for the
-    same score and thresholds: the two configurations answer a v2 job alike."""
+def test_an_open_nsfw_only_policy_decides_as_its_thresholds_say(thresholds: Thresholds) -> None:
+    """The moderation task decides every policy with the policy evaluator: a model.policies
+    entry (what served_policies makes of it) must keep its thresholds' verdicts, and name the
+    rule by open_nsfw's score."""
     from worker.config import load_config
-    from worker.tasks.moderation.open_nsfw import as_open_nsfw_policy
     from worker.tasks.moderation.scoring.policies import evaluate
     from worker.tasks.moderation.served_policies import effective_policies
-    from worker.wire.moderation_jobs import ModerationResult, Status
 
     cfg = load_config(model={"policies": {"p": thresholds.model_dump()}})
     policy = effective_policies(cfg)["p"]
     for nsfw in GRID:
-        scores = {"sfw": 1.0 - nsfw, "nsfw": nsfw}
-        decision = evaluate(policy, {"open_nsfw": scores})
+        decision = evaluate(policy, {"open_nsfw": {"sfw": 1.0 - nsfw, "nsfw": nsfw}})
         verdict = verdict_for(nsfw, thresholds)
-        v2 = as_open_nsfw_policy(ModerationResult(
-            "j", Status.OK, "p", "open_nsfw", "e", verdict=verdict, scores=scores,
-            schema_version=2))
-        assert (v2.verdict, v2.rule, v2.models, v2.scores) == (
-            decision.verdict, decision.rule, decision.models_run, decision.label_scores), nsfw
+        assert (decision.verdict, decision.rule, decision.models_run) == (
+            verdict, RULES[verdict], ("open_nsfw",)), nsfw

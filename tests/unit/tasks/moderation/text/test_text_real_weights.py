@@ -18,7 +18,7 @@ import pytest
 
 from engines.tokens import TextTokenizer
 from tests.unit.tasks.moderation.text.sentences import NEUTRAL, POLICY, SCAM, VIOLENT
-from worker.tasks.moderation.scoring.text import LabelBank, label_bank
+from worker.tasks.moderation.models.text.scoring import LabelBank, label_bank
 
 
 def _embed(net: Any, tok: TextTokenizer, texts: list[str]) -> np.ndarray:

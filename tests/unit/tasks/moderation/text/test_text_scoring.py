@@ -1,5 +1,5 @@
-"""worker.tasks.moderation.scoring.text: calibration, label banks, max over chunks, batching by
-bucket."""
+"""worker.tasks.moderation.models.text.scoring: calibration, label banks, max over chunks,
+batching by bucket."""
 
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ from engines.backends.base import FutureHandle, InferHandle, Runner
 from engines.tokens import Chunk, TextTokenizer
 from tests.unit.tasks.moderation.text.sentences import NEUTRAL, POLICY, VIOLENT
 from worker.config.policies import PolicySettings
-from worker.tasks.moderation.scoring.text import LabelBank, calibrate, embed_chunks, label_bank
+from worker.tasks.moderation.models.text.scoring import (
+    LabelBank,
+    calibrate,
+    embed_chunks,
+    label_bank,
+)
 
 
 def test_calibration_constants() -> None:
@@ -81,7 +86,7 @@ def test_embed_chunks_batches_by_bucket_and_keeps_order(tokenizer: TextTokenizer
 
 @pytest.fixture(scope="module")
 def ort_bank(ort_text: Any, tokenizer: TextTokenizer) -> LabelBank:
-    from worker.tasks.moderation.scoring.text import embed_texts
+    from worker.tasks.moderation.models.text.scoring import embed_texts
 
     return label_bank(POLICY, lambda texts: embed_texts(ort_text, tokenizer, texts, 32))
 

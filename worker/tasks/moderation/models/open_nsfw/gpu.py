@@ -1,4 +1,4 @@
-"""Moderation on the GPU pipeline: decoded pixels go into pipeline slots, not Python arrays.
+"""open_nsfw on the GPU pipeline: decoded pixels go into pipeline slots, not Python arrays.
 
 CPU preprocessing decodes straight into the slot's pinned host rows (one pool task per image);
 GPU preprocessing decodes with nvJPEG into the slot's device rows on a per-thread stream. Either
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import structlog
@@ -20,16 +20,16 @@ from engines.backends.base import Runner
 from engines.backends.torch.pipeline import TorchPipeline
 from engines.backends.torch.runner import TorchRunner
 from engines.cudart import Event
-from engines.models.open_nsfw import LABELS
 from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, JobRejected, one_line
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.images.cpu import crop_pixels, decode_image, jpeg_plain
-from worker.tasks.moderation.open_nsfw import OpenNsfwTask, Outcome, Pending, no_image
-from worker.tasks.moderation.scoring.verdict import verdict_for
-from worker.wire.moderation_jobs import Status
+from worker.tasks.moderation.models.base import Finished
+from worker.tasks.moderation.models.open_nsfw.model import OpenNsfwModel
+from worker.tasks.moderation.parts import Part
+from worker.tasks.moderation.results import no_image
 
 log = structlog.get_logger("worker")
 
@@ -37,15 +37,19 @@ DECODER_ATTEMPTS = 3  # nvJPEG's warm-up, when the GPU is out of memory
 DECODER_JOIN_S = 30.0
 
 
-class OpenNsfwGpuTask(OpenNsfwTask):
-    def __init__(self, cfg: WorkerConfig, runner: TorchRunner, spec: EngineSpec,
+class OpenNsfwGpuModel(OpenNsfwModel):
+    """``runner``: the torch backend's (:meth:`OpenNsfwModel.create` picks this model by the
+    runner's backend name); its captured graphs are what the pipeline runs."""
+
+    def __init__(self, cfg: WorkerConfig, runner: Runner, spec: EngineSpec,
                  profiles: tuple[Profile, ...], *, own_runner: bool = False) -> None:
         super().__init__(cfg, runner, spec, profiles, own_runner=own_runner)
+        torch_runner = cast(TorchRunner, runner)
         sizes = sorted({b for p in profiles if isinstance(p, StaticProfile)
                         for b in p.batch_sizes})
         if not sizes:
             raise ConfigError("the GPU pipeline needs static profiles (batch sizes)")
-        self.pipeline = TorchPipeline(runner, tuple(sizes),
+        self.pipeline = TorchPipeline(torch_runner, tuple(sizes),
                                       slots=cfg.batch.max_in_flight_batches + 1,
                                       pixels=True, overlap=cfg.model.pipeline_overlap)
         self._gpu_decode = cfg.model.preprocess == "gpu"
@@ -63,7 +67,7 @@ class OpenNsfwGpuTask(OpenNsfwTask):
         # synchronises the device). A runner shared with the caller is left as it is.
         self._smallest = sizes[0]
         if own_runner:
-            runner.graph_batches = frozenset({self._smallest})
+            torch_runner.graph_batches = frozenset({self._smallest})
 
     def warm_up(self, profiles: tuple[Profile, ...] | None = None) -> None:
         # Each step's seconds go to the log: the warm start's budget is spent here.
@@ -83,7 +87,7 @@ class OpenNsfwGpuTask(OpenNsfwTask):
             # The plain runner path at its smallest batch (its one graph, see __init__): cuDNN
             # and the allocator warm.
             profiles = tuple(StaticProfile(p.name, p.item_shape, (self._smallest,))
-                             if isinstance(p, StaticProfile) else p for p in self.profiles)
+                             if isinstance(p, StaticProfile) else p for p in self._profiles)
         super().warm_up(profiles)
         lap("plain_batches")
         if self._gpu_decode and self._decoder_warming is None:
@@ -236,61 +240,37 @@ class OpenNsfwGpuTask(OpenNsfwTask):
 
         return list(self._decode_pool.map(fill, range(len(images))))
 
-    def _run(self, batch: Batch[Pending]) -> list[Outcome]:
-        """One outcome per job, in the batch's order."""
+    def _run(self, batch: Batch[Part]) -> list[Finished]:
+        """One value per part, in the batch's order."""
         order = {id(p): k for k, p in enumerate(batch.items)}
-        outcomes = self._run_split(batch)
-        outcomes.sort(key=lambda o: order[id(o.pending)])
-        return outcomes
+        done = self._run_split(batch)
+        done.sort(key=lambda d: order[id(d[0])])
+        return done
 
-    def _run_split(self, batch: Batch[Pending]) -> list[Outcome]:
-        started = time.monotonic()
-        # check_policy refuses image-less jobs at intake; never crash on one that got here.
-        outcomes = [Outcome(p, rejection=no_image(p.job)) for p in batch.items
-                    if p.job.image is None]
+    def _run_split(self, batch: Batch[Part]) -> list[Finished]:
+        # feeds() keeps image-less jobs out; never crash on one that got here.
+        done: list[Finished] = [(p, no_image(p.job)) for p in batch.items if p.job.image is None]
         # What the GPU decoder would not show as a person sees it (PNG/WebP: alpha, animation,
         # bit depth; JPEGs that are CMYK or EXIF-rotated) takes the views path on the CPU
         # (decode_views, worst view scored) through the plain runner; the rest the pipeline.
-        imaged: list[tuple[Pending, bytes]] = []
-        viewed: list[Pending] = []
+        imaged: list[tuple[Part, bytes]] = []
+        viewed: list[Part] = []
         for p in batch.items:
-            if p.job.image is not None:
-                if jpeg_plain(p.job.image):
-                    imaged.append((p, p.job.image))
+            image = p.job.image
+            if image is not None:
+                if jpeg_plain(image):
+                    imaged.append((p, image))
                 else:
                     viewed.append(p)
         if viewed:
-            outcomes += super()._run(Batch(batch.profile, viewed, len(viewed)))
+            done += super()._run(Batch(batch.profile, viewed, len(viewed)))
         if not imaged:
-            return outcomes
+            return done
         scores, rejects, prep = self._infer_rows([image for _, image in imaged])
-        done = time.monotonic()
         for i, ((p, _), rej) in enumerate(zip(imaged, rejects, strict=True)):
             if rej is not None or scores is None:
-                outcomes.append(Outcome(p, rejection=rej))
+                done.append((p, rej))
                 continue
-            named = {label: float(v) for label, v in zip(LABELS, scores[i], strict=True)}
-            thresholds = self.cfg.model.policies[p.job.policy]
-            timings = {"queue": (started - p.consumed_at) * 1e3, "decode": prep * 1e3,
-                       "infer": (done - started - prep) * 1e3,
-                       "total": (done - p.consumed_at) * 1e3}
-            outcomes.append(Outcome(p, result=self._result(
-                p, Status.OK, scores=named, timings=timings,
-                verdict=verdict_for(named["nsfw"], thresholds))))
-        return outcomes
-
-
-def make_open_nsfw_task(cfg: WorkerConfig, runner: Runner | None = None) -> OpenNsfwTask:
-    """open_nsfw on its runner: built here from the config (and deactivated at close), or
-    ``runner``, shared with the caller (left active). The GPU pipeline task on the torch
-    backend, the plain task otherwise."""
-    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan, make_runner
-
-    if runner is None:
-        runner, plan = make_runner(cfg)
-        own = True
-    else:
-        plan, own = engine_plan(cfg), False
-    if isinstance(runner, TorchRunner):
-        return OpenNsfwGpuTask(cfg, runner, plan.spec, plan.profiles, own_runner=own)
-    return OpenNsfwTask(cfg, runner, plan.spec, plan.profiles, own_runner=own)
+            p.decoded(prep)
+            done.append((p, self.named(scores[i])))
+        return done

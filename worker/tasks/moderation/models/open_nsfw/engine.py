@@ -1,9 +1,5 @@
-"""From the config to the open_nsfw engine: the config mapped onto engines' plain parameters.
-
-The worker and ``trt-worker engines build`` both go through here, so the artifact a build
-writes is exactly the one a worker with the same config loads (spec, profiles, cache recipe,
-loader and runner are assembled by :class:`engines.assembly.EnginePlan`).
-"""
+"""open_nsfw's engine plan from the config (``[model]``): what the worker loads and
+``trt-worker engines build`` builds."""
 
 from __future__ import annotations
 
@@ -13,33 +9,15 @@ from dataclasses import replace
 import numpy as np
 import structlog
 
-from engines.assembly import EngineParams, EnginePlan
+from engines.assembly import EnginePlan
 from engines.backends.base import Runner
 from engines.cache import BuildRecipe, EngineFromCache
 from engines.models.open_nsfw import ITEM_SHAPE, open_nsfw_spec
-from engines.profiles import Profile, RangeProfile, StaticProfile
 from worker.bundled import samples_dir
-from worker.config import ProfileSettings, WorkerConfig
+from worker.config import WorkerConfig
+from worker.tasks.moderation.engine_params import engine_params, to_profile
 
 log = structlog.get_logger("worker")
-
-
-def to_profile(p: ProfileSettings, item: tuple[int, ...]) -> Profile:
-    if p.kind == "static":
-        assert p.batch_sizes is not None
-        return StaticProfile(p.name, item, tuple(p.batch_sizes))
-    assert p.min_batch is not None and p.opt_batch is not None and p.max_batch is not None
-    return RangeProfile(p.name, item, item, item, p.min_batch, p.opt_batch, p.max_batch)
-
-
-def engine_params(cfg: WorkerConfig, backend: str, precision: str) -> EngineParams:
-    """``[engines]`` and ``[model]`` as engine parameters, for ``backend`` at ``precision``."""
-    e = cfg.engines
-    return EngineParams(
-        backend=backend, precision=precision, device=f"cuda:{cfg.model.device}",
-        cache_dir=e.cache_dir, use_cache=e.use_cache, slots=e.in_flight_slots,
-        intra_op_threads=cfg.model.intra_op_threads, workspace_mb=e.workspace_mb,
-        timing_cache=e.timing_cache, calibration_dir=e.calibration_dir, autotune=e.autotune)
 
 
 def _calibration_sample(data: bytes) -> np.ndarray:
@@ -64,6 +42,11 @@ def engine_plan(cfg: WorkerConfig) -> EnginePlan:
             "representative images for a production calibration")
     return EnginePlan(open_nsfw_spec(m.open_nsfw_onnx), profiles, params,
                       preprocess=_calibration_sample)
+
+
+def engine_plans(cfg: WorkerConfig) -> dict[str, EnginePlan]:
+    """The model's ``engines build`` entry: its one engine."""
+    return {"open_nsfw": engine_plan(cfg)}
 
 
 def engine_loader(cfg: WorkerConfig, plan: EnginePlan,

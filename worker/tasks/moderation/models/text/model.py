@@ -1,8 +1,8 @@
-"""The text model (MiniLM) as an image-and-text moderation model: one part per text chunk.
+"""The text model (MiniLM) as a moderation model: one part per text chunk.
 
 A job's text is chunked (``moderation.text``; more than ``max_chunks`` chunks is refused at
 intake), each chunk embedded, and each policy label scored by calibrated similarity to its
-descriptions, max over chunks (:mod:`worker.tasks.moderation.scoring.text`).
+descriptions, max over chunks (:mod:`worker.tasks.moderation.models.text.scoring`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from engines.profiles import Profile
 from worker.config import WorkerConfig
 from worker.exceptions import TextTooLong
 from worker.tasks.batcher import Batch
-from worker.tasks.moderation.engine_setup.text import TextEngine
 from worker.tasks.moderation.models.base import (
     Finished,
     ModelContext,
@@ -24,8 +23,9 @@ from worker.tasks.moderation.models.base import (
     embed_parts,
     tokenizers_missing,
 )
+from worker.tasks.moderation.models.text.engine import TextEngine
+from worker.tasks.moderation.models.text.scoring import LabelBank, label_bank
 from worker.tasks.moderation.parts import JobState, Part, job_text
-from worker.tasks.moderation.scoring.text import LabelBank, label_bank
 from worker.wire.moderation_jobs import ModerationJob
 
 TEXT_KIND = "text"
@@ -50,7 +50,7 @@ class TextModel(ModerationModel):
 
     @classmethod
     def create(cls, ctx: ModelContext) -> TextModel:
-        from worker.tasks.moderation.engine_setup.text import make_text_engine
+        from worker.tasks.moderation.models.text.engine import make_text_engine
 
         engine = make_text_engine(ctx.cfg)
         engine.runner.activate()

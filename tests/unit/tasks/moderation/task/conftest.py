@@ -1,5 +1,5 @@
-"""The image-and-text task with real engines: MiniLM (real weights, onnxruntime), the tiny random
-CLIP checkpoint, and open_nsfw through OpenNsfwTask, each a model plug-in."""
+"""The moderation task with real engines: MiniLM (real weights, onnxruntime), the tiny random
+CLIP checkpoint, and open_nsfw (real weights, onnxruntime), each built from its package."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def mm_cfg(tiny_clip: Path, tmp_path_factory: pytest.TempPathFactory) -> WorkerC
 def image_side(mm_cfg: WorkerConfig) -> Iterator[tuple[Any, Any]]:
     """(open_nsfw OrtRunner, EnginePlan): real weights on the CPU, shared with the plug-in."""
     from engines.backends.onnxruntime import OrtRunner
-    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan
+    from worker.tasks.moderation.models.open_nsfw.engine import engine_plan
 
     plan = engine_plan(mm_cfg)
     with OrtRunner(plan.spec, intra_op_threads=2) as runner:
@@ -54,7 +54,7 @@ def image_side(mm_cfg: WorkerConfig) -> Iterator[tuple[Any, Any]]:
 @pytest.fixture(scope="session")
 def models(mm_cfg: WorkerConfig, image_side: tuple[Any, Any]
            ) -> Iterator[dict[str, ModerationModel]]:
-    """Every plug-in the policies run, built through the registry (open_nsfw on the shared
+    """Every model the policies run, built through the registry (open_nsfw on the shared
     runner); tasks made of them leave them open (``own_models=False``)."""
     from worker.tasks.moderation.models import close_models, make_models
 

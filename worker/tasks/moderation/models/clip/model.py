@@ -1,12 +1,14 @@
-"""CLIP as an image-and-text moderation model: the image for its image tower, the caption
+"""CLIP as a moderation model: the image for its image tower, the caption
 (the job's text, first 77 tokens) for its text tower.
 
 Scores: zero-shot label probabilities of the image against each policy's prompts, and the
-image-caption consistency when the job has text (:mod:`worker.tasks.moderation.scoring.clip`).
+image-caption consistency when the job has text
+(:mod:`worker.tasks.moderation.models.clip.scoring`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -17,9 +19,7 @@ from engines.profiles import Profile
 from worker.config import WorkerConfig
 from worker.exceptions import JobRejected, NothingToScore
 from worker.tasks.batcher import Batch
-from worker.tasks.moderation.engine_setup.clip import ClipEngines
 from worker.tasks.moderation.images.budgets import guard_for
-from worker.tasks.moderation.images.clip import preprocess_clip
 from worker.tasks.moderation.images.cpu import ImageLimits, decode_image
 from worker.tasks.moderation.models.base import (
     Finished,
@@ -28,8 +28,10 @@ from worker.tasks.moderation.models.base import (
     embed_parts,
     tokenizers_missing,
 )
+from worker.tasks.moderation.models.clip.engine import ClipEngines
+from worker.tasks.moderation.models.clip.preprocess import preprocess_clip
+from worker.tasks.moderation.models.clip.scoring import PromptBank, prompt_bank
 from worker.tasks.moderation.parts import JobState, Part, job_text
-from worker.tasks.moderation.scoring.clip import PromptBank, prompt_bank
 from worker.wire.moderation_jobs import ModerationJob
 
 IMAGE, CAPTION = "clip_image", "clip_text"  # part kinds, and keys of their values
@@ -63,7 +65,7 @@ class ClipModel(ModerationModel):
 
     @classmethod
     def create(cls, ctx: ModelContext) -> ClipModel:
-        from worker.tasks.moderation.engine_setup.clip import make_clip_engines
+        from worker.tasks.moderation.models.clip.engine import make_clip_engines
 
         engines = make_clip_engines(ctx.cfg)
         engines.image.activate()
@@ -96,18 +98,22 @@ class ClipModel(ModerationModel):
         if kind == CAPTION:
             return embed_parts(self.engines.text, batch.items)
         parts = batch.items
+        started = time.monotonic()
         prepared = list(self._decode.map(self._prepare, parts))
+        decoded = time.monotonic() - started
         done: list[Finished] = [(p, x) for p, x in zip(parts, prepared, strict=True)
                                 if isinstance(x, JobRejected)]
         good = [(p, x) for p, x in zip(parts, prepared, strict=True) if isinstance(x, np.ndarray)]
         if good:
             emb = self.engines.image.infer({"pixel_values": np.stack([x for _, x in good])}
                                            ).result()
-            done += [(p, e) for (p, _), e in zip(good, emb["embedding"], strict=True)]
+            for (p, _), e in zip(good, emb["embedding"], strict=True):
+                p.decoded(decoded)
+                done.append((p, e))
         return done
 
     def _prepare(self, p: Part) -> np.ndarray | JobRejected:
-        image = p.state.pending.job.image
+        image = p.job.image
         if image is None:  # parts() is called only for jobs with an image (feeds)
             return NothingToScore("a CLIP image part of a job without an image")
         try:

@@ -1,1 +1,0 @@
-"""worker/tasks/moderation/engine_setup."""

@@ -1,0 +1,1 @@
+"""CLIP: a job's image zero-shot against each label's prompts, and against its caption."""

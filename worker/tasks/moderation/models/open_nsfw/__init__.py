@@ -1,0 +1,1 @@
+"""open_nsfw: Yahoo's NSFW image classifier, scoring the label ``nsfw`` (and ``sfw``)."""
