@@ -332,7 +332,7 @@ def test_a_batch_whose_every_job_fails_alone_waits_as_an_outage(
     task.admit(_batch(*(_record(off, b"poison") for off in range(3))))
     task.schedule(2.0, NOW_MS, free=1, force=True)
     for _ in range(10):
-        for fut, _batch_ in task.futures:
+        for fut, _ in task.futures:
             if not fut.done():
                 fut.set_exception(TypeError("engine broken"))
         assert task.collect(block=True) == []
