@@ -104,8 +104,10 @@ class CloudEvents:
             ("content-type", b"application/msgpack"),
         ]
 
-    def headers(self, ref: SourceRef, job_id: str) -> Headers:
-        return [*self._static, ("ce_id", f"{ref.topic}-{ref.partition}-{ref.offset}".encode()),
+    def headers(self, ref: SourceRef, job_id: str, before: Headers | None = None) -> Headers:
+        """``before`` (if any), then this result's CloudEvents headers, in one new list."""
+        return [*(before or ()), *self._static,
+                ("ce_id", f"{ref.topic}-{ref.partition}-{ref.offset}".encode()),
                 ("ce_subject", job_id.encode("utf-8", "backslashreplace"))]
 
 
@@ -147,10 +149,10 @@ class OutputBuilder:
             headers = a.headers or []
             if a.record.headers:  # a W3C traceparent on the job goes onto its result
                 headers = headers + trace_headers(a.record.headers)
-            if ce is not None:
-                headers = headers + ce.headers(a.ref, a.job_id)
-            outs.append(Output(a.ref, results, a.key, a.value, headers, "result",
-                               source=a.record))
+            if ce is not None:  # (one list built per result, never the task's own list)
+                headers = ce.headers(a.ref, a.job_id, headers)
+            outs.append(Output(a.ref, results, a.key, a.value, headers, "result", None,
+                               a.record))
         self.stats.results += n_results
         return outs
 
