@@ -343,7 +343,7 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
     import uuid
 
     from worker.devkit.local_kafka.admin import create_topics
-    from worker.loop.worker import Worker
+    from worker.loop.build import build_worker
     from worker.tasks.registry import make_task
     from worker.tools.generate import AnswerReader, send_generation_jobs
 
@@ -373,7 +373,7 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
         out["ceiling_runs"] = ceil
         print(f"ceiling (in-process, no Kafka): {median(ceil):.2f} images/s", flush=True)
 
-        worker = Worker(cfg, task=gen)
+        worker = build_worker(cfg, gen)
         failure: list[BaseException] = []
 
         def run() -> None:

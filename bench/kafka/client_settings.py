@@ -60,13 +60,13 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 def latency(bootstrap: str, kafka: dict[str, Any], rate: int, seconds: float,
             batch: dict[str, Any] | None = None) -> dict[str, Any]:
     from worker.logs import configure_logging
-    from worker.loop.worker import Worker
+    from worker.loop.build import build_worker
 
     configure_logging("WARNING")
     tag = uuid.uuid4().hex[:8]
     create(bootstrap, [f"jobs-{tag}", f"results-{tag}", f"dlq-{tag}"], 6)
     cfg = worker_config(bootstrap, tag, kafka, batch)
-    worker = Worker(cfg, task=InstantTask(cfg))
+    worker = build_worker(cfg, InstantTask(cfg))
     runner = threading.Thread(target=worker.run, daemon=True)
     runner.start()
     reader = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{tag}",

@@ -83,7 +83,7 @@ def run(bootstrap: str, n: int, batch: dict[str, Any], engine_s: float | None,
 
     from worker.config import load_config
     from worker.logs import configure_logging
-    from worker.loop.worker import Worker
+    from worker.loop.build import build_worker
 
     configure_logging("WARNING")
     tag = uuid.uuid4().hex[:8]
@@ -94,7 +94,7 @@ def run(bootstrap: str, n: int, batch: dict[str, Any], engine_s: float | None,
                               "dlq": f"dlq-{tag}"}, batch=batch, log={"level": "WARNING"},
                       metrics={"port": 0}, gc=gc or {})
     task = InstantTask(cfg) if engine_s is None else TimedTask(cfg, engine_s)
-    worker = Worker(cfg, task=task)
+    worker = build_worker(cfg, task)
     th = threading.Thread(target=worker.run, daemon=True)
     th.start()
     deadline = time.monotonic() + 300

@@ -256,11 +256,11 @@ def worker_config(bootstrap: str, tag: str, kafka: dict[str, Any] | None = None,
 def through_worker(bootstrap: str, tag: str, n: int, profile_to: Path | None,
                    kafka: dict[str, Any] | None = None) -> dict[str, Any]:
     from worker.logs import configure_logging
-    from worker.loop.worker import Worker
+    from worker.loop.build import build_worker
 
     configure_logging("WARNING")
     cfg = worker_config(bootstrap, tag, kafka)
-    worker = Worker(cfg, task=InstantTask(cfg))
+    worker = build_worker(cfg, InstantTask(cfg))
     prof = cProfile.Profile() if profile_to is not None else None
     marks: dict[str, float] = {}
 

@@ -298,16 +298,16 @@ def _worker_proc(bootstrap: str, tag: str, preprocess: str, counter: Any, ready:
     if os.environ.get("BENCH_SWITCH_INTERVAL_MS"):  # kafka_e2e.py --switch-interval-ms
         sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL_MS"]) / 1e3)
     from worker.logs import configure_logging
-    from worker.loop.worker import Worker
+    from worker.loop.build import build_worker
 
     configure_logging("WARNING")
-    worker = Worker(worker_cfg(bootstrap, tag, preprocess))
+    worker = build_worker(worker_cfg(bootstrap, tag, preprocess))
     th = threading.Thread(target=worker.run, daemon=True)
     th.start()
     while not stop.is_set():
         counter.value = worker.stats.results
-        if worker.task.ready() and worker._consumer._client is not None and \
-                worker._consumer.assignment():
+        if worker.task.ready() and worker.parts.consumer._client is not None and \
+                worker.parts.consumer.assignment():
             ready.set()
         time.sleep(0.02)
     worker.stop()

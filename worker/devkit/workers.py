@@ -184,9 +184,9 @@ class ThreadedWorker:
     def __init__(self, cfg: WorkerConfig) -> None:
         import threading
 
-        from worker.loop.worker import Worker
+        from worker.loop.build import build_worker
 
-        self.worker = Worker(cfg)
+        self.worker = build_worker(cfg)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="worker", daemon=True)
 

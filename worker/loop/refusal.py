@@ -169,7 +169,7 @@ def acl_check(cfg: Any, jobs: str, group: str) -> Check:
 def refusal_of(worker: Any) -> Refusal | None:
     """The worker's (worker.loop.worker.Worker) refusal, kept by its intake; None for a
     stand-in without one."""
-    return getattr(getattr(worker, "_intake", None), "refusal", None)
+    return getattr(getattr(worker, "intake", None), "refusal", None)
 
 
 def watch_refusal(worker: Any) -> Callable[[], str | None]:

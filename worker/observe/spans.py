@@ -17,7 +17,21 @@ from worker.exceptions import ConfigError
 from worker.tasks.protocol import Answer
 
 
-class JobSpans:
+class JobObserver:
+    """What the loop tells about jobs and batches as they finish; this one does nothing (no
+    tracing). :class:`JobSpans` makes spans of it."""
+
+    def jobs(self, answers: list[Answer]) -> None:
+        """Answers about to be produced, with their hop times."""
+
+    def batch(self, took_s: float, size: int, profile: str) -> None:
+        """An engine batch finished."""
+
+    def close(self) -> None:
+        """The worker stopped."""
+
+
+class JobSpans(JobObserver):
     def __init__(self, tracer: Any, provider: Any) -> None:
         from opentelemetry.trace import set_span_in_context
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator

@@ -101,7 +101,7 @@ def run(
              "already runs).")] = False,
 ) -> None:
     """Run the worker against the configured brokers until SIGTERM/SIGINT."""
-    from worker.loop.worker import Worker
+    from worker.loop.build import build_worker
     from worker.observe.attach import observe
 
     cfg = _config(config, bootstrap_servers,
@@ -121,7 +121,7 @@ def run(
             code = supervise(cfg, daemon.client_devices() if daemon else devices,
                              child_argv(sys.argv), per_gpu=procs_per_gpu, env=env)
         raise typer.Exit(code)
-    worker = Worker(cfg)
+    worker = build_worker(cfg)
     _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)
     server = observe(worker)
     try:

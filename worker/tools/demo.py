@@ -23,7 +23,7 @@ from worker.bundled import samples_dir
 from worker.config import WorkerConfig
 from worker.kafka import consumer_settings
 from worker.kafka.headers import read_headers
-from worker.loop.worker import Worker
+from worker.loop.build import build_worker
 from worker.tools.produce import encode_job, produce_folder
 from worker.tools.replay.headers import as_dict
 from worker.wire.moderation_codec import decode_result
@@ -75,7 +75,7 @@ def run_demo(cfg: WorkerConfig, *, images: Path | None, timeout_s: float) -> boo
         _produce_raw(cfg, bad_id, encode_job(bad_id, b"\xff\xd8\xff\xe0 truncated jpeg"))
         console.print(f"produced {len(sent)} image jobs and 1 corrupt job to {cfg.topics.jobs}")
 
-        worker = Worker(cfg)
+        worker = build_worker(cfg)
         thread = threading.Thread(target=worker.run, name="worker", daemon=True)
         started = time.monotonic()
         thread.start()

@@ -132,9 +132,9 @@ def test_the_clients_open_during_the_warm_up_and_close_when_it_fails(
 
     from engines.exceptions import EngineError
     from worker.devkit.workers import fresh_topics, worker_config
-    from worker.loop.worker import Worker
+    from worker.loop.build import build_worker
 
-    worker = Worker(worker_config(kafka_bootstrap, fresh_topics(kafka_bootstrap)))
+    worker = build_worker(worker_config(kafka_bootstrap, fresh_topics(kafka_bootstrap)))
     producer = worker.committer._producer  # type: ignore[attr-defined]
     seen: dict[str, bool] = {}
 
@@ -150,4 +150,4 @@ def test_the_clients_open_during_the_warm_up_and_close_when_it_fails(
     with pytest.raises(EngineError, match="would not load"):
         worker.run()
     assert seen == {"producer": True, "subscribed": False}
-    assert producer._client is None and worker._consumer._client is None
+    assert producer._client is None and worker.parts.consumer._client is None

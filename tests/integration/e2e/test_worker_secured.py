@@ -12,7 +12,7 @@ from worker.devkit.local_kafka import LocalKafka
 from worker.devkit.local_kafka.security import Protocol
 from worker.devkit.workers import ThreadedWorker, fresh_topics, keys_of, read_topic, worker_config
 from worker.exceptions import TopicNotAuthorized
-from worker.loop.worker import Worker
+from worker.loop.build import build_worker
 from worker.tools.produce import produce_folder
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ def test_exactly_once_without_write_on_its_transactional_id_stops_naming_it(
     prefix = f"ktw.{topics.group}."
     cfg, _ = secured_worker_config(secured_kafka, topics, exactly_once=True,
                                    leave_out=(prefix,))
-    worker = Worker(cfg)
+    worker = build_worker(cfg)
     with pytest.raises(TopicNotAuthorized) as info:
         worker.run()
     message = str(info.value)
