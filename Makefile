@@ -48,6 +48,11 @@ jars: $(CORE)  ## resolve the Kafka broker jars from Maven Central (cached; not 
 demo: $(CORE) jars  ## local Kafka + real open_nsfw on CPU + sample images
 	$(BIN)/trt-worker demo
 
+.PHONY: demo-generation
+demo-generation: $(CORE) jars  ## local Kafka + the tiny random-weights text-to-image network (CPU without a GPU) + two images
+	$(UV) pip install -q --python $(BIN)/python -c $(CONSTRAINTS) -e '.[gen]'
+	$(BIN)/trt-worker demo --task generation
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy

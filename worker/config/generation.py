@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from worker.config.base import Section
+from worker.config.names import BackendName
 
 
 class SizeSettings(Section):
@@ -65,11 +66,14 @@ class GenerationSettings(Section):
     weights_dir: Path | None = None
     random_weights: Literal["sd15", "tiny"] | None = None
     random_seed: int = Field(0, ge=0)
-    # aoti: AOTInductor packages per batch size (built once, minutes each with max-autotune);
-    # serving them loads no network code at all, only the packages.
-    backend: Literal["torch", "onnxruntime", "aoti"] = "torch"
+    # A backend of engines.backends.registry. aoti: AOTInductor packages per batch size (built
+    # once, minutes each with max-autotune); serving them loads no network code at all, only
+    # the packages.
+    backend: BackendName = "torch"
     precision: Literal["fp32", "fp16"] | None = None  # None: fp16 on CUDA, else fp32
-    device: str = Field("cuda:0", pattern=r"^(cpu|cuda(:\d+)?)$")  # torch backend only
+    # torch and aoti backends. "auto": cuda:0 when a CUDA device is visible, else the CPU;
+    # resolved (and logged) when the task is built (worker/tasks/generation/device.py).
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     sizes: list[SizeSettings] = Field(default_factory=_sizes)
     text_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4, 8, 16])
     unet_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4, 8, 16])
@@ -85,8 +89,9 @@ class GenerationSettings(Section):
     cuda_graphs: bool = True
     # At start-up: "all_shapes" captures every static shape's CUDA graph before the first poll
     # (slow start, no stall later); "first_use" captures each shape when a batch first needs it
-    # (fast start; the first batch of each shape pays its capture, about a second).
-    warm_up: Literal["all_shapes", "first_use"] = "all_shapes"
+    # (fast start; the first batch of each shape pays its capture, about a second). "auto":
+    # all_shapes on a GPU, first_use on the CPU, where running every shape takes minutes.
+    warm_up: Literal["auto", "all_shapes", "first_use"] = "auto"
     compile: bool = False  # torch.compile the UNet (minutes per shape; cached beside the engine)
     png_compress_level: int = Field(6, ge=0, le=9)
     png_threads: int = Field(4, ge=1, le=64)
@@ -97,6 +102,15 @@ class GenerationSettings(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> GenerationSettings:
+        from engines.backends.registry import backend as registered
+
+        b = registered(self.backend)
+        if b.from_onnx and b.needs_artifact:
+            # SD runs its torch network (torch, aoti) or its exported ONNX as it is
+            # (onnxruntime, small models: the fp32 UNet exceeds ONNX's 2 GiB); nothing compiles
+            # that ONNX into another artifact.
+            raise ValueError(f"generation.backend {self.backend}: the SD engines have no build "
+                             "for a backend that compiles their ONNX")
         if self.weights_dir is not None and self.random_weights is not None:
             raise ValueError("set either generation.weights_dir or generation.random_weights")
         if self.max_images_per_job > self.max_images_per_batch:
@@ -113,13 +127,19 @@ class GenerationSettings(Section):
                 raise ValueError(f"generation.{key} must increase strictly from >= 1")
         if any(b % 2 for b in self.unet_batch_sizes):
             raise ValueError("generation.unet_batch_sizes must be even (guidance pairs)")
-        if self.effective_precision == "fp16" and not self.on_cuda:
+        # device "auto" may resolve to CUDA; fp16 on a CPU it resolves to is refused then.
+        maybe_cuda = self.on_cuda or (self.device == "auto"
+                                      and not registered(self.backend).from_onnx)
+        if self.effective_precision == "fp16" and not maybe_cuda:
             raise ValueError("fp16 needs the torch or aoti backend on a CUDA device")
         return self
 
     @property
     def on_cuda(self) -> bool:
-        return self.backend in ("torch", "aoti") and self.device.startswith("cuda")
+        """The engines run the torch network on a CUDA device (not the ONNX on the CPU)."""
+        from engines.backends.registry import backend as registered
+
+        return not registered(self.backend).from_onnx and self.device.startswith("cuda")
 
     @property
     def effective_precision(self) -> str:

@@ -206,15 +206,34 @@ def generate(
 @app.command()
 def demo(
     config: ConfigOpt = None,
+    task: Annotated[str, typer.Option(
+        help="moderation (sample images, open_nsfw verdicts) or generation (two images, "
+             "256x256 from the tiny random-weights network unless generation weights or "
+             "sizes are configured; needs the gen extra).")] = "moderation",
     images: Annotated[
         Path | None, typer.Option(help="Folder of images (default: bundled samples).")
     ] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="--task generation: write the PNGs here (default: a new temporary folder).")
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for every answer.")] = 180.0,
 ) -> None:
-    """Start a local Kafka (unless one is configured), moderate sample images, print verdicts."""
+    """Start a local Kafka (unless one is configured), send sample jobs, print the answers."""
+    cfg = _config(config, None, log={"level": "WARNING", "format": "console"})
+    if task == "generation":
+        if images is not None:
+            raise ConfigError("--images is for the moderation demo; --task generation sends "
+                              "prompts")
+        from worker.tools.demo_generation import run_generation_demo
+
+        raise typer.Exit(0 if run_generation_demo(cfg, out_dir=out, timeout_s=timeout).ok
+                         else 1)
+    if task != "moderation":
+        raise ConfigError(f"--task {task!r}: the demo runs moderation or generation")
+    if out is not None:
+        raise ConfigError("--out is for --task generation")
     from worker.tools.demo import run_demo
 
-    cfg = _config(config, None, log={"level": "WARNING", "format": "console"})
     ok = run_demo(cfg, images=images, timeout_s=timeout)
     raise typer.Exit(0 if ok else 1)
 

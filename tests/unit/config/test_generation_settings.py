@@ -48,8 +48,11 @@ class _Engines:
         self.active = True
 
 
-@pytest.mark.parametrize(("mode", "captures"), [("all_shapes", 1), ("first_use", 0)])
-def test_warm_up_mode_decides_whether_every_shape_runs_at_start(mode: str,
+@pytest.mark.parametrize(("mode", "device", "captures"), [
+    ("all_shapes", "cpu", 1), ("first_use", "cuda:0", 0),
+    ("auto", "cuda:0", 1), ("auto", "cpu", 0),  # auto: every shape on a GPU only
+])
+def test_warm_up_mode_decides_whether_every_shape_runs_at_start(mode: str, device: str,
                                                                 captures: int) -> None:
     from pathlib import Path
 
@@ -58,7 +61,8 @@ def test_warm_up_mode_decides_whether_every_shape_runs_at_start(mode: str,
     from worker.tasks.generation.task import GenerationTask
 
     engines = _Engines()
-    task = GenerationTask(GenerationSettings(random_weights="tiny", warm_up=mode),  # type: ignore[arg-type]
+    task = GenerationTask(GenerationSettings(random_weights="tiny", warm_up=mode,  # type: ignore[arg-type]
+                                             device=device),
                           engines, LocalBlobStore(Path("/nonexistent")), own_engines=False)  # type: ignore[arg-type]
     try:
         task.warm_up()

@@ -21,9 +21,12 @@ from worker.config import WorkerConfig
 from worker.config.generation import GenerationSettings
 from worker.exceptions import ConfigError
 from worker.tasks.generation.blobs import make_blob_store
+from worker.tasks.generation.device import placed
 from worker.tasks.generation.task import GenerationTask
 
 log = structlog.get_logger("worker.tasks.generation")
+# The `gen` extra's top-level modules (pyproject.toml).
+GEN_EXTRA = frozenset({"torch", "onnx", "tokenizers", "safetensors"})
 
 
 def weights_from(g: GenerationSettings) -> SdWeights:
@@ -49,22 +52,28 @@ def engine_options(g: GenerationSettings, intra_op_threads: int | None = None,
         vae_sizes=tuple(g.vae_batch_sizes))
 
 
-def make_engines(cfg: WorkerConfig, on_build: Callable[[BuildRecipe], None] | None = None
-                 ) -> SdEngines:
-    g = cfg.generation
+def make_engines(cfg: WorkerConfig, on_build: Callable[[BuildRecipe], None] | None = None,
+                 settings: GenerationSettings | None = None) -> SdEngines:
+    """The engines for ``settings`` (default: ``cfg.generation`` with its device resolved)."""
+    g = settings or placed(cfg.generation)
     try:
-        return make_sd_engines(weights_from(g), _resolutions(g), _options(cfg), _cache(cfg),
+        return make_sd_engines(weights_from(g), _resolutions(g), _options(cfg, g), _cache(cfg),
                                on_build)
     except ValueError as exc:  # a configured size the architecture cannot produce
         raise ConfigError(f"generation: {exc}") from exc
+    except ModuleNotFoundError as exc:
+        if exc.name not in GEN_EXTRA:  # not a missing install: a bug, with its traceback
+            raise
+        raise ConfigError(f"generation needs the gen extra ({exc.name} does not import): "
+                          "pip install 'kafka-trt-worker[gen]'") from exc
 
 
 def engine_plans(cfg: WorkerConfig) -> dict[str, EnginePlan]:
     """The text encoder's, UNet's and VAE decoder's plans as the worker would load them (for
     ``trt-worker engines build``: built ahead, a worker's start finds them cached)."""
+    g = placed(cfg.generation)
     try:
-        return sd_plans(weights_from(cfg.generation), _resolutions(cfg.generation),
-                        _options(cfg), _cache(cfg))[1]
+        return sd_plans(weights_from(g), _resolutions(g), _options(cfg, g), _cache(cfg))[1]
     except ValueError as exc:
         raise ConfigError(f"generation: {exc}") from exc
 
@@ -73,8 +82,8 @@ def _resolutions(g: GenerationSettings) -> tuple[Resolution, ...]:
     return tuple(Resolution(s.width, s.height) for s in g.sizes)
 
 
-def _options(cfg: WorkerConfig) -> SdEngineOptions:
-    return engine_options(cfg.generation, cfg.model.intra_op_threads, cfg.engines.autotune)
+def _options(cfg: WorkerConfig, g: GenerationSettings) -> SdEngineOptions:
+    return engine_options(g, cfg.model.intra_op_threads, cfg.engines.autotune)
 
 
 def _cache(cfg: WorkerConfig) -> EngineCache | None:
@@ -90,7 +99,8 @@ def jobs_per_batch(cfg: WorkerConfig) -> int:
 def make_generation_task(cfg: WorkerConfig,
                          on_build: Callable[[BuildRecipe], None] | None = None
                          ) -> GenerationTask:
-    return GenerationTask(cfg.generation, make_engines(cfg, on_build),
+    g = placed(cfg.generation)  # first: a device the machine lacks fails before any load
+    return GenerationTask(g, make_engines(cfg, on_build, g),
                           make_blob_store(cfg.generation.blob),
                           max_in_flight_batches=cfg.batch.max_in_flight_batches,
                           max_jobs_per_batch=jobs_per_batch(cfg))

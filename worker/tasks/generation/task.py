@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engines.exceptions import BackendUnavailable
 from engines.models.sd.engines import SdEngines
 from engines.profiles import RangeProfile
 from worker.config.generation import GenerationSettings
-from worker.exceptions import JobRejected
+from worker.exceptions import ConfigError, JobRejected, one_line
 from worker.tasks.batched import BatchedTask, QueuedJob
 from worker.tasks.batcher import Batch
 from worker.tasks.generation import sampler
@@ -139,15 +140,25 @@ class GenerationTask(BatchedTask[GenerationPending]):
                                   "the job reached the engines")
 
     def warm_up(self) -> None:
-        """Load the engines; with ``warm_up = "all_shapes"`` also run every static shape once
-        (CUDA graphs are captured here, else on each shape's first use)."""
-        self.engines.activate()
-        if self.settings.warm_up == "first_use":
-            return
-        for runner in self.engines.runners.values():
-            warm = getattr(runner, "warm_up", None)
-            if callable(warm):
-                warm()
+        """Load the engines; with ``warm_up = "all_shapes"`` (``auto`` on CUDA) also run every
+        static shape once (CUDA graphs are captured here, else on each shape's first use).
+
+        A backend this machine cannot run is a ConfigError naming the settings to change: the
+        cause is the configuration, and the command line reports it as one line."""
+        g = self.settings
+        try:
+            self.engines.activate()
+            if g.warm_up == "first_use" or (g.warm_up == "auto" and not g.on_cuda):
+                return
+            for runner in self.engines.runners.values():
+                warm = getattr(runner, "warm_up", None)
+                if callable(warm):
+                    warm()
+        except BackendUnavailable as exc:
+            raise ConfigError(
+                f"generation.backend = {g.backend!r} on generation.device = {g.device!r} "
+                f"cannot run here: {one_line(exc)}: change generation.backend, "
+                "generation.device or generation.precision") from exc
 
     def submit(self, batch: Batch[GenerationPending]) -> Future[list[GenerationOutcome]]:
         self.engines.activate()  # no-op once active; here on the loop's thread, never racing

@@ -223,15 +223,19 @@ def test_batcher_queues_jobs_per_resolution(task: GenerationTask) -> None:
     assert sorted([p.job.id for p in b.items] for b in batches) == [["j0", "j2"], ["j1"]]
 
 
-def test_warm_up_runs_every_static_shape(task: GenerationTask,
+def test_warm_up_runs_every_static_shape(torch_engines: SdEngines, blob_dir: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    task = make_task(torch_engines, blob_dir, warm_up="all_shapes")  # auto: none on the CPU
     seen: list[tuple[str, tuple[int, ...]]] = []
     for name, r in task.engines.runners.items():
         def spy(feeds: Any, stream: Any = None, _r: Runner = r, _n: str = name) -> InferHandle:
             seen.append((_n, next(iter(feeds.values())).shape))
             return type(_r).infer(_r, feeds, stream)
         monkeypatch.setattr(r, "infer", spy)
-    task.warm_up()
+    try:
+        task.warm_up()
+    finally:
+        task.close()
     assert sorted(s for n, s in seen if n == "text_encoder") == [(2, 77), (4, 77), (8, 77)]
     assert sorted(s for n, s in seen if n == "unet") == sorted(
         (b, 4, 8, w) for b in (2, 4, 8) for w in (8, 16))
