@@ -158,7 +158,7 @@ def main() -> None:
     sets["pushed_hd"], targets = pushed_hd(args.steps, args.seed)
 
     from worker.config import load_config
-    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan
+    from worker.tasks.moderation.models.open_nsfw.engine import engine_plan
 
     got: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     with tempfile.TemporaryDirectory() as cache:

@@ -66,7 +66,8 @@ def clip_folder(dst: Path) -> Path:
 
 def plans(model: str, folder: Path, cache: Path, autotune: bool) -> list[Any]:
     from engines.assembly import EngineParams
-    from worker.config.moderation import ClipSettings, TextSettings
+    from worker.tasks.moderation.models.clip.settings import ClipSettings
+    from worker.tasks.moderation.models.text.settings import TextSettings
 
     params = EngineParams(backend="aoti", precision="fp16", device="cuda:0", cache_dir=cache,
                           autotune=autotune)

@@ -103,7 +103,7 @@ def pushed_rows(start: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
 def runners(cache: Path) -> dict[str, Any]:
     """Both engines exactly as the worker plans them (int8 on its fallback calibration)."""
     from worker.config import load_config
-    from worker.tasks.moderation.engine_setup.open_nsfw import engine_plan
+    from worker.tasks.moderation.models.open_nsfw.engine import engine_plan
 
     return {p: engine_plan(load_config(model={"precision": p}, engines={"cache_dir": cache},
                                        log={"level": "WARNING"})).runner()

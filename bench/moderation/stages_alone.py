@@ -32,32 +32,37 @@ def _stage_proc(batch: int, batches: int, reps: int, barrier: Any, out: Any) -> 
 
     from bench.corpus import jpeg_photos
     from bench.moderation.decode_probe import decode_rate
-    from bench.moderation.task_probe import StepTimes, engine_alone, make_task, pendings, run_task
+    from bench.moderation.task_probe import (
+        StepTimes,
+        engine_alone,
+        image_parts,
+        make_model,
+        run_batches,
+    )
 
     photos = jpeg_photos(2048)
-    task = make_task(dry_run=False)
-    items = pendings(task, photos, batch * batches)
+    cfg, model = make_model(dry_run=False)
+    items = image_parts(cfg, model, photos, batch * batches)
     raw = [torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in photos]
     work = [raw[(i * batch) % len(raw):][:batch] for i in range(batches)]
     work = [w for w in work if len(w) == batch]
-    run_task(task, items[: batch * 8], batch, 4, StepTimes())  # warm, as task_probe does
-    # 4 batches in flight need 4 batch threads (as task_probe grows the pool for its K).
-    task._batch_pool._max_workers = max(task._batch_pool._max_workers, 4)
+    # Warm, as task_probe does; 4 batches in flight on 4 batch threads.
+    run_batches(model, items[: batch * 8], batch, 4, StepTimes())
     spans: list[tuple[str, int, float, float]] = []
     for stage in STAGES * reps:
         barrier.wait(timeout=300)
         t0 = time.time()
         if stage == "engine":
             replays = batches * 2
-            engine_alone(task, batch, replays)
-            n = replays * task.pipeline.size_for(batch)  # the slot replayed, padding included
+            engine_alone(model, batch, replays)
+            n = replays * model.pipeline.size_for(batch)  # the slot replayed, padding included
         elif stage == "decode":
             decode_rate(work, 4)
             n = len(work) * batch
         else:
-            n = int(run_task(task, items, batch, 4, StepTimes())["images"])
+            n = int(run_batches(model, items, batch, 4, StepTimes())["images"])
         spans.append((stage, n, t0, time.time()))
-    task.close()
+    model.close()
     out.put(spans)
 
 

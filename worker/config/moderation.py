@@ -1,67 +1,42 @@
-"""The ``[moderation]`` config section: the text and CLIP engines and the policies by name.
+"""The ``[moderation]`` config section: image decoding budgets, the policies by name, and one
+section per model package that has settings (``moderation.<model>``).
 
-Cross-section rules live here, checked at start-up: a policy that runs CLIP needs
-``moderation.clip.weights_dir`` (no CLIP weights ship with the worker). Whether the text model's
-package is installed is checked where the engines are made
-(:mod:`worker.tasks.moderation.scoring.policies`), so this
-validation never depends on what is installed.
+A model's section belongs to its package (:mod:`worker.tasks.moderation.models`): its record
+names a :class:`ModelSection` subclass, and this section validates ``moderation.<model>``
+against it (defaults when absent) and refuses keys that are neither its own fields nor a
+registered model's section. Cross-section rules live here, checked at start-up: a policy that
+runs a model whose section cannot serve it is refused (CLIP without ``weights_dir``: no CLIP
+weights ship with the worker). Whether a model's packages are installed is checked where the
+engines are made (:mod:`worker.tasks.moderation.served_policies`), so this validation never
+depends on what is installed.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal
+from typing import Any, TypeVar
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from worker.config.base import Section
+from worker.config.names import model_packages
 from worker.config.policies import PolicySettings
 from worker.wire.moderation_codec import POLICY_NAME
 
 
-class TextSettings(Section):
-    """The MiniLM text engine (weights from the `text` extra's package unless model_dir)."""
+class ModelSection(Section):
+    """A model package's config section, ``moderation.<model>``."""
 
-    backend: Literal["onnxruntime", "torch"] | None = None  # None: follow model.backend
-    precision: Literal["fp32", "fp16"] | None = None  # None: fp32 on CPU, fp16 on torch
-    model_dir: Path | None = None  # another Hugging Face BERT sentence encoder folder
-    token_buckets: list[int] = Field(default_factory=lambda: [16, 32, 64, 128])
-    overlap_tokens: int = Field(32, ge=0)
-    max_chunks: int = Field(1024, ge=1)  # a text with more is rejected, never truncated
-    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32, 128])
-
-    @model_validator(mode="after")
-    def _sizes(self) -> TextSettings:
-        _increasing("token_buckets", self.token_buckets, hi=512)
-        _increasing("batch_sizes", self.batch_sizes, hi=4096)
-        if self.overlap_tokens >= self.token_buckets[-1] // 2:
-            raise ValueError("overlap_tokens must be under half the largest token bucket")
-        return self
+    def unserved(self) -> str | None:
+        """Why a policy that runs the model cannot be served with these settings (a missing
+        weights folder, say), or None. Checked for every policy at config load."""
+        return None
 
 
-class ClipSettings(Section):
-    """CLIP image and text towers, from a local Hugging Face folder (nothing is downloaded)."""
-
-    weights_dir: Path | None = None
-    backend: Literal["onnxruntime", "torch"] | None = None
-    precision: Literal["fp32", "fp16"] | None = None
-    token_buckets: list[int] = Field(default_factory=lambda: [16, 32, 77])
-    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32])
-    # Prompts for "none of the labels": without them the softmax over the labels alone would
-    # hand a harmless image's probability mass to some label.
-    neutral_prompts: list[str] = Field(default_factory=lambda: [
-        "a photo", "an ordinary everyday photo", "a photo of people, objects or scenery"])
-
-    @model_validator(mode="after")
-    def _sizes(self) -> ClipSettings:
-        _increasing("token_buckets", self.token_buckets, hi=77)
-        _increasing("batch_sizes", self.batch_sizes, hi=4096)
-        if not self.neutral_prompts:
-            raise ValueError("neutral_prompts must not be empty")
-        return self
+SectionT = TypeVar("SectionT", bound=ModelSection)
 
 
-def _increasing(name: str, values: list[int], *, hi: int) -> None:
+def increasing(name: str, values: list[int], *, hi: int) -> None:
+    """Refuse (ValueError) ``values`` unless strictly increasing within 1..hi."""
     if not values or values != sorted(set(values)) or values[0] < 1 or values[-1] > hi:
         raise ValueError(f"{name} must be strictly increasing, within 1..{hi}")
 
@@ -82,8 +57,9 @@ DECODE_TIME_LIMIT_S = 10.0
 
 
 class ModerationSettings(Section):
-    text: TextSettings = Field(default_factory=TextSettings)
-    clip: ClipSettings = Field(default_factory=ClipSettings)
+    # The model sections are extra keys, each validated by its package's settings class.
+    model_config = ConfigDict(frozen=True, extra="allow", hide_input_in_errors=True)
+
     decode_pixel_budget: int = Field(DECODE_PIXEL_BUDGET, ge=1_000_000)
     decode_time_limit_s: float = Field(DECODE_TIME_LIMIT_S, gt=0, le=600)
     # Image-and-text policies by name; a name here replaces the same name in model.policies.
@@ -93,13 +69,43 @@ class ModerationSettings(Section):
     # 0.047 on real 720p/1080p frames, bench/NOTES.md "DCT scaling"), so it is opt-in.
     jpeg_dct_scaling: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _model_sections(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        classes = {p.name: c for p in model_packages() if (c := p.settings_class()) is not None}
+        unknown = sorted(set(data) - set(cls.model_fields) - set(classes))
+        if unknown:
+            raise ValueError(f"unknown keys {unknown} (model sections: "
+                             f"{', '.join(classes) or 'none'})")
+        sections = {name: value if isinstance(value := data.get(name, {}), c)
+                    else c.model_validate(value) for name, c in classes.items()}
+        return {**data, **sections}
+
     @model_validator(mode="after")
     def _resolvable(self) -> ModerationSettings:
         for name, policy in self.policies.items():
             if not POLICY_NAME.fullmatch(name):
                 raise ValueError(f"policy name {name!r} can never be named by a job "
                                  f"(pattern {POLICY_NAME.pattern})")
-            if "clip" in policy.models and self.clip.weights_dir is None:
-                raise ValueError(f"policy {name!r} uses clip but moderation.clip.weights_dir "
-                                 "is not set (no CLIP weights ship with the worker)")
+            for model in policy.models:
+                section = self.sections.get(model)
+                problem = section.unserved() if section is not None else None
+                if problem is not None:
+                    raise ValueError(f"policy {name!r} uses {model} but {problem}")
         return self
+
+    @property
+    def sections(self) -> dict[str, ModelSection]:
+        """The model sections, by model name."""
+        return {k: v for k, v in (self.__pydantic_extra__ or {}).items()
+                if isinstance(v, ModelSection)}
+
+    def section(self, model: str, cls: type[SectionT]) -> SectionT:
+        """``moderation.<model>``, as its package's settings class ``cls``."""
+        found = self.sections.get(model)
+        if not isinstance(found, cls):
+            raise KeyError(f"no moderation.{model} section of type {cls.__name__} (is the "
+                           f"model registered?)")
+        return found

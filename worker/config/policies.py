@@ -1,30 +1,30 @@
-"""The ``[moderation]`` config section: text and CLIP engines, and image-and-text policies.
+"""Image-and-text policies (``moderation.policies``): the models a policy runs and its labels.
 
-A policy names the models it runs (``open_nsfw``, ``text``, ``clip``) and its labels. A label
-with ``descriptions`` is scored by the text model (calibrated similarity of the job's text to the
-descriptions) and by CLIP (zero-shot probability of the image for the label's prompts); the
-label ``nsfw`` is also scored by open_nsfw. Each label has review/block thresholds, optionally
-overridden per model, since the models' scores live on different scales. Everything here is
-checked at start-up; :mod:`worker.tasks.moderation.scoring.policies` turns scores into a verdict.
+A policy names the models it runs (any registered model:
+:data:`worker.tasks.moderation.models.MODELS`) and its labels. What a model scores comes from its
+package's record (:class:`worker.tasks.moderation.models.package.ModelPackage`): a model with
+fixed labels (open_nsfw: ``nsfw``) scores those, a describing model (text, CLIP) every label with
+``descriptions``. Each label has review/block thresholds, optionally overridden per model, since
+the models' scores live on different scales. Everything here is checked at start-up;
+:mod:`worker.tasks.moderation.scoring.policies` turns scores into a verdict.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from worker.config.base import Section
+from worker.config.names import ModelName, model_package, model_packages
 
-ModelName = Literal["open_nsfw", "text", "clip"]
 LABEL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-# Scores the models report next to the policy's labels, never configurable as labels:
-# open_nsfw's sfw, CLIP's probability mass on the neutral prompts, and its image-caption
-# consistency.
-INFO_LABELS = {"open_nsfw": ("sfw",), "clip": ("neutral", "consistency"), "text": ()}
-NSFW = "nsfw"
 
+
+def info_labels(model: str) -> tuple[str, ...]:
+    """The scores ``model`` reports next to the policy's labels (never a label's name)."""
+    return model_package(model).info_labels
 
 
 class LabelThresholds(Section):
@@ -50,7 +50,7 @@ class LabelSettings(LabelThresholds):
     # Per-model thresholds replacing review/block above for that model's score of this label.
     models: dict[ModelName, LabelThresholds] = Field(default_factory=dict)
 
-    def thresholds(self, model: ModelName) -> LabelThresholds:
+    def thresholds(self, model: str) -> LabelThresholds:
         return self.models.get(model, self)
 
     @property
@@ -70,51 +70,67 @@ class PolicySettings(Section):
             raise ValueError("models must not repeat")
         for name, label in self.labels.items():
             _check_label(name, label, self.models)
-        describers = {"text", "clip"} & set(self.models)
+        describers = [m for m in self.models if model_package(m).describes]
         if describers and not any(lb.descriptions for lb in self.labels.values()):
             raise ValueError(f"models {sorted(describers)} need at least one label with "
                              "descriptions")
-        if self.min_consistency is not None and "clip" not in self.models:
-            raise ValueError("min_consistency needs the clip model")
+        for owner in model_packages():
+            for option in owner.policy_options:
+                if getattr(self, option) is not None and owner.name not in self.models:
+                    raise ValueError(f"{option} needs the {owner.name} model")
         return self
 
     @model_validator(mode="before")
     @classmethod
-    def _nsfw_default(cls, data: Any) -> Any:
-        # open_nsfw scores exactly one label; give it Yahoo's thresholds unless configured.
-        if isinstance(data, dict) and "open_nsfw" in (data.get("models") or ()):
-            labels = dict(data.get("labels") or {})
-            labels.setdefault(NSFW, {"review": 0.2, "block": 0.8})
-            data = {**data, "labels": labels}
-        return data
+    def _fixed_label_defaults(cls, data: Any) -> Any:
+        # A model with fixed labels scores them in every policy that runs it: give them the
+        # package's default thresholds unless configured (open_nsfw's nsfw: Yahoo's 0.2/0.8).
+        if not isinstance(data, dict):
+            return data
+        from worker.tasks.moderation.models import MODELS
 
-    def scorers(self, label: str) -> list[ModelName]:
+        labels = dict(data.get("labels") or {})
+        for model in data.get("models") or ():
+            pkg = MODELS.get(model) if isinstance(model, str) else None
+            for label, (review, block) in (pkg.fixed_labels if pkg else {}).items():
+                labels.setdefault(label, {"review": review, "block": block})
+        return {**data, "labels": labels} if labels else data
+
+    def scorers(self, label: str) -> list[str]:
         """The policy's models that score ``label``."""
-        lb = self.labels[label]
-        return [m for m in self.models
-                if (m == "open_nsfw" and label == NSFW) or (m != "open_nsfw" and lb.descriptions)]
+        described = bool(self.labels[label].descriptions)
+        return [m for m in self.models if model_package(m).scores_label(label, described)]
 
 
-def _check_label(name: str, label: LabelSettings, models: list[ModelName]) -> None:
+def _check_label(name: str, label: LabelSettings, models: list[str]) -> None:
     if not LABEL_NAME.fullmatch(name):
         raise ValueError(f"label {name!r} must match {LABEL_NAME.pattern}")
-    if any(name in info for info in INFO_LABELS.values()):
+    if any(name in p.info_labels for p in model_packages()):
         raise ValueError(f"label name {name!r} is reserved (a score the models report)")
     if any(not d.strip() for d in label.descriptions):
         raise ValueError(f"label {name!r}: descriptions must not be blank")
-    if label.descriptions and not {"text", "clip"} & set(models):
-        raise ValueError(f"label {name!r} has descriptions but the policy runs neither text "
-                         "nor clip")
-    if not label.descriptions and not (name == NSFW and "open_nsfw" in models):
+    run = [model_package(m) for m in models]
+    if label.descriptions and not any(p.describes for p in run):
+        readers = ", ".join(p.name for p in model_packages() if p.describes)
+        raise ValueError(f"label {name!r} has descriptions but the policy runs no model that "
+                         f"reads them ({readers})")
+    if not any(p.scores_label(name, bool(label.descriptions)) for p in run):
+        fixed = "; ".join(f"{p.name} scores {', '.join(map(repr, p.fixed_labels))}"
+                          for p in model_packages() if p.fixed_labels)
         raise ValueError(f"label {name!r}: no model of this policy scores it (give it "
-                         "descriptions, or run open_nsfw for 'nsfw')")
-    if label.clip_prompts is not None and "clip" not in models:
-        raise ValueError(f"label {name!r} has clip_prompts but the policy does not run clip")
+                         f"descriptions, or run a model that scores it: {fixed})")
+    for owner in model_packages():
+        for option in owner.label_options:
+            if getattr(label, option) is not None and owner.name not in models:
+                raise ValueError(f"label {name!r} has {option} but the policy does not run "
+                                 f"{owner.name}")
     for model in label.models:
         if model not in models:
             raise ValueError(f"label {name!r}: thresholds for {model}, which the policy does "
                              "not run")
-        if model == "open_nsfw" and name != NSFW:
-            raise ValueError(f"label {name!r}: open_nsfw scores only 'nsfw'")
-        if model != "open_nsfw" and not label.descriptions:
+        pkg = model_package(model)
+        if not pkg.describes and name not in pkg.fixed_labels:
+            raise ValueError(f"label {name!r}: {model} scores only "
+                             f"{', '.join(map(repr, pkg.fixed_labels))}")
+        if name not in pkg.fixed_labels and not label.descriptions:
             raise ValueError(f"label {name!r}: {model} needs descriptions to score it")

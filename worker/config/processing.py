@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from worker.config.base import Section
+from worker.config.names import TaskName
 
 
 class CommitSettings(Section):
@@ -35,7 +36,7 @@ class ProcessingSettings(Section):
     guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
     # What this process serves (worker.tasks.registry): moderation jobs from ``topics`` or
     # text-to-image jobs from ``generation.topics``. Give each task its own kafka.group_id.
-    task: Literal["moderation", "generation"] = "moderation"
+    task: TaskName = "moderation"
     # The longest one batch (decode + inference + results) may take. A transaction stays open
     # for about one commit interval plus one batch, so exactly-once requires
     # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches

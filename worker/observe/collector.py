@@ -46,10 +46,10 @@ class Observed(Protocol):
 
 def _info(w: Observed) -> dict[str, str]:
     from worker import __version__
+    from worker.tasks.registry import task_entry
 
     cfg = w.cfg
-    backend = (cfg.generation.backend if cfg.processing.task == "generation"
-               else cfg.model.backend)
+    backend = task_entry(cfg.processing.task).backend(cfg)
     return {"model_id": str(w.task.model_id), "engine_hash": str(w.task.engine_hash),
             "backend": str(backend), "version": __version__, "task": cfg.processing.task,
             "guarantee": cfg.processing.guarantee, "instance_id": cfg.kafka.instance_id}

@@ -6,28 +6,63 @@
   (:mod:`worker.tasks.moderation.models`).
 - ``"generation"``: text-to-image jobs from ``generation.topics``.
 
-Each entry names its factory as ``"module:function"``, imported only when that task is served:
-a moderation worker never imports generation's modules (nor torch on the CPU path).
+Each entry names its factory and its ``engines build`` entry as ``"module:function"``, imported
+only when used: a moderation worker never imports generation's modules (nor torch on the CPU
+path). What the tools ask of a task (its topics, the config section its engine options live
+in, its backend) is read from the entry, so nothing else branches on the task's name.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from engines.backends.base import Runner
-from worker.config import WorkerConfig
-from worker.tasks.protocol import Task
+from worker.tasks.protocol import TaskTopics
 
-TASKS: dict[str, str] = {
-    "moderation": "worker.tasks.moderation.factory:moderation_task",
-    "generation": "worker.tasks.generation.factory:generation_task",
-}
+if TYPE_CHECKING:
+    from engines.assembly import EnginePlan
+    from engines.backends.base import Runner
+    from worker.config import WorkerConfig
+    from worker.tasks.protocol import Task
 
 
 class TaskFactory(Protocol):
     def __call__(self, cfg: WorkerConfig, *, ignore_deadlines: bool = False,
                  runner: Runner | None = None) -> Task: ...
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """``factory``: ``(cfg, *, ignore_deadlines, runner) -> Task``. ``engine_plans``:
+    ``(cfg) -> {engine name: EnginePlan}``, every engine the task loads under ``cfg`` (what
+    ``trt-worker engines build`` builds). ``engine_section``: the config section whose
+    ``backend``/``precision`` the tools' options set. ``topics``: its jobs, results and DLQ
+    topics. ``backend``: the backend its engines run on (the info metric)."""
+
+    factory: str
+    engine_plans: str
+    engine_section: str
+    topics: Callable[[WorkerConfig], TaskTopics]
+    backend: Callable[[WorkerConfig], str]
+
+
+TASKS: dict[str, TaskEntry] = {
+    "moderation": TaskEntry(
+        factory="worker.tasks.moderation.factory:moderation_task",
+        engine_plans="worker.tasks.moderation.factory:engine_plans",
+        engine_section="model",
+        topics=lambda cfg: TaskTopics(cfg.topics.jobs, cfg.topics.results, cfg.topics.dlq),
+        backend=lambda cfg: cfg.model.backend),
+    "generation": TaskEntry(
+        factory="worker.tasks.generation.factory:generation_task",
+        engine_plans="worker.tasks.generation.setup:engine_plans",
+        engine_section="generation",
+        topics=lambda cfg: TaskTopics(cfg.generation.topics.jobs, cfg.generation.topics.results,
+                                      cfg.generation.topics.dlq),
+        backend=lambda cfg: cfg.generation.backend),
+}
 
 
 def load_entry(entry: str) -> Any:
@@ -36,15 +71,29 @@ def load_entry(entry: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def task_entry(name: str) -> TaskEntry:
+    entry = TASKS.get(name)
+    if entry is None:  # the config allows only registered names; a new one needs its entry
+        raise KeyError(f"no task {name!r} in the registry (known: {', '.join(sorted(TASKS))})")
+    return entry
+
+
+def task_topics(cfg: WorkerConfig) -> TaskTopics:
+    """The jobs, results and DLQ topics of the configured task."""
+    return task_entry(cfg.processing.task).topics(cfg)
+
+
+def engine_plans(cfg: WorkerConfig) -> dict[str, EnginePlan]:
+    """Every engine the configured task loads, by name (``trt-worker engines build``)."""
+    plans: dict[str, EnginePlan] = load_entry(task_entry(cfg.processing.task).engine_plans)(cfg)
+    return plans
+
+
 def make_task(cfg: WorkerConfig, *, ignore_deadlines: bool = False,
               runner: Runner | None = None) -> Task:
     """The task this process serves (engines built or loaded from the cache, not activated:
     :meth:`Task.warm_up` does that). ``ignore_deadlines``: the batchers never expire a
     job (replay asks what the model says now, not whether it would have been in time).
     ``runner``: an open_nsfw runner to share (moderation only), left active at close."""
-    entry = TASKS.get(cfg.processing.task)
-    if entry is None:  # the config allows only registered names; a new one needs its entry
-        raise KeyError(f"no task {cfg.processing.task!r} in the registry (known: "
-                       f"{', '.join(sorted(TASKS))})")
-    factory: TaskFactory = load_entry(entry)
+    factory: TaskFactory = load_entry(task_entry(cfg.processing.task).factory)
     return factory(cfg, ignore_deadlines=ignore_deadlines, runner=runner)

@@ -18,9 +18,9 @@ from engines.assembly import EnginePlan
 from engines.cache import CacheEntry, EngineCache, EngineFromCache, check_entry
 from engines.device import DeviceFingerprint, current_fingerprint
 from engines.exceptions import EngineError
-from worker.config import WorkerConfig, load_config
+from worker.config import ProcessingSettings, WorkerConfig, load_config
 from worker.exceptions import ConfigError
-from worker.tasks.moderation.engine_setup.open_nsfw import engine_loader, engine_plan
+from worker.tasks.registry import TASKS, engine_plans, task_entry
 from worker.tools.options import ConfigOpt
 
 engines_app = typer.Typer(no_args_is_help=True,
@@ -38,51 +38,48 @@ def _cfg(config: Path | None, backend: str | None, precision: str | None,
         section["precision"] = precision
     if not section:
         return load_config(config, **overrides)
-    # The options go to the engine section of the task the build is for: the config's own task
-    # unless --task says (read first without them; a config that is only valid with them is
-    # a moderation one, the options' original meaning).
-    which = "generation" if task == "generation" else "model"
-    if task is None:
+    # The options go to the engine section of the task the build is for (its registry entry's):
+    # the config's own task unless --task says (read first without them; a config that is only
+    # valid with them is taken as the default task's, the options' original meaning).
+    name = task
+    if name is None:
+        name = ProcessingSettings.model_fields["task"].default
         with contextlib.suppress(ConfigError):
-            if load_config(config).processing.task == "generation":
-                which = "generation"
-    return load_config(config, **overrides, **{which: section})
+            name = load_config(config).processing.task
+    if name not in TASKS:  # --task names no task: the config says so
+        return load_config(config, **overrides)
+    return load_config(config, **overrides, **{task_entry(name).engine_section: section})
 
 
 @engines_app.command()
 def build(
     config: ConfigOpt = None,
     backend: Annotated[str | None, typer.Option(
-        help="onnxruntime | torch | aoti | tensorrt")] = None,
+        help="A backend name (engines.backends.registry), for the task's engine section.")]
+        = None,
     precision: Annotated[str | None, typer.Option(help="fp32 | fp16 | int8 | fp8")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if cached.")] = False,
     task: Annotated[str | None, typer.Option(
-        help="moderation | generation (default: the config's processing.task)")] = None,
+        help="A task name (worker.tasks.registry; default: the config's processing.task)")]
+        = None,
     net: Annotated[list[str] | None, typer.Option(
-        help="generation only: build just this net (text_encoder | unet | vae; repeatable), "
-             "e.g. after changing only the UNet's batch sizes")] = None,
+        "--net", "--engine",
+        help="Build just this engine (repeatable; names as the build prints them), e.g. "
+             "after changing only the UNet's batch sizes")] = None,
 ) -> None:
-    """Build (or find) the engines the configured worker would load: moderation's model, or
-    generation's text encoder, UNet and VAE decoder (a deploy-time step: the worker's start
-    then finds them cached)."""
+    """Build (or find) every engine the configured worker would load: each engine of the task's
+    registry entry (moderation: every model the served policies run, through its package's
+    entry; generation: its text encoder, UNet and VAE decoder). A deploy-time step: the
+    worker's start then finds them cached."""
     cfg = _cfg(config, backend, precision, task)
-    if cfg.processing.task == "generation":
-        from worker.tasks.generation.setup import engine_plans
-
-        plans = engine_plans(cfg)
-        unknown = sorted(set(net or ()) - set(plans))
-        if unknown:
-            raise typer.BadParameter(f"no net {', '.join(unknown)} (the generation task has "
-                                     f"{', '.join(plans)})", param_hint="--net")
-        for name, plan in plans.items():
-            if not net or name in net:
-                _build(plan, plan.loader(), force)
-        return
-    if net:
-        raise typer.BadParameter("picks a generation net; the moderation task has one engine",
-                                 param_hint="--net")
-    plan = engine_plan(cfg)
-    _build(plan, engine_loader(cfg, plan), force)
+    plans = engine_plans(cfg)
+    unknown = sorted(set(net or ()) - set(plans))
+    if unknown:
+        raise typer.BadParameter(f"no engine {', '.join(unknown)} (the {cfg.processing.task} "
+                                 f"task has {', '.join(plans)})", param_hint="--net")
+    for name, plan in plans.items():
+        if not net or name in net:
+            _build(plan, plan.loader(), force)
 
 
 def _build(plan: EnginePlan, loader: EngineFromCache, force: bool) -> None:

@@ -21,14 +21,24 @@ from worker.wire.moderation_codec import decode_result
 from worker.wire.records import SourceRecord
 
 
-def test_every_task_names_a_factory() -> None:
+def test_every_task_names_a_factory_and_an_engines_build_entry() -> None:
     assert set(TASKS) == {"moderation", "generation"}
     for entry in TASKS.values():
-        assert callable(load_entry(entry))
+        assert callable(load_entry(entry.factory)) and callable(load_entry(entry.engine_plans))
+
+
+def test_the_task_name_is_checked_against_the_registry() -> None:
+    from worker.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match=r"unknown task 'ocr' \(known: moderation, "
+                                          r"generation\)"):
+        load_config(processing={"task": "ocr"})
 
 
 def test_a_moderation_worker_imports_neither_generation_nor_torch_nor_unserved_models(
         tmp_path: Path) -> None:
+    # An unserved model's record and settings class are imported (the config validates its
+    # section and policies by them); its model, engines and scoring are not.
     code = (
         "import sys\n"
         "from worker.config import load_config\n"
@@ -36,8 +46,8 @@ def test_a_moderation_worker_imports_neither_generation_nor_torch_nor_unserved_m
         f"task = make_task(load_config(engines={{'cache_dir': {str(tmp_path)!r}}}))\n"
         "print(type(task).__name__, task.topics.jobs)\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith("
-        "('worker.tasks.generation', 'worker.tasks.moderation.models.text', "
-        "'worker.tasks.moderation.models.clip'))))\n"
+        "('worker.tasks.generation', 'worker.tasks.moderation.models.text.', "
+        "'worker.tasks.moderation.models.clip.')) and not m.endswith('.settings')))\n"
         "task.close()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout.splitlines()

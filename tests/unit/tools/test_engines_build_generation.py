@@ -73,7 +73,9 @@ def test_net_builds_only_the_named_generation_nets(tiny_generation: Path) -> Non
     assert [e.sidecar["model_id"] for e in EngineCache(tmp_path).entries()] == [
         "tiny-random-s0.unet"]
     bad = run(engines_cli.engines_app, ["build", "--task", "generation", "--net", "unte"])
-    assert bad.exit_code != 0 and "no net unte" in bad.output
+    bad_out = " ".join(bad.output.split())
+    assert bad.exit_code != 0 and "no engine unte" in bad_out and "unet" in bad_out
     mod = run(engines_cli.engines_app, ["build", "--task", "moderation", "--net", "unet"])
-    assert mod.exit_code != 0 and "generation net" in mod.output
+    mod_out = " ".join(mod.output.split())
+    assert mod.exit_code != 0 and "the moderation task has open_nsfw" in mod_out
     assert len(EngineCache(tmp_path).entries()) == 1

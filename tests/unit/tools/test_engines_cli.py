@@ -24,8 +24,7 @@ def test_build_reports_the_choice_per_batch_size(tmp_path: Path,
     plan = EnginePlan(_spec(), (StaticProfile("p", ITEM, (2,)),),
                       EngineParams(backend="aoti", precision="fp32", device="cpu",
                                    cache_dir=tmp_path))
-    monkeypatch.setattr(engines_cli, "engine_plan", lambda cfg: plan)
-    monkeypatch.setattr(engines_cli, "engine_loader", lambda cfg, p: p.loader())
+    monkeypatch.setattr(engines_cli, "engine_plans", lambda cfg: {"tiny": plan})
     monkeypatch.setattr(engines_cli, "console", engines_cli.Console(width=300))
     result = CliRunner().invoke(engines_cli.engines_app, ["build"])
     assert result.exit_code == 0, result.output

@@ -27,7 +27,7 @@ from jsonschema import Draft202012Validator
 
 from tests.contract import REPO, is_bin
 from worker.config import load_config
-from worker.config.policies import INFO_LABELS, LABEL_NAME
+from worker.config.policies import LABEL_NAME, info_labels
 from worker.exceptions import (
     JobRejected,
     MalformedPayload,
@@ -447,7 +447,7 @@ def _expected_score_keys(policy: str, models: list[str]) -> tuple[set[str], set[
     settings_ = effective_policies(EXAMPLE_CONFIG)[policy]
     must = {f"{m}.{label}" for label in settings_.labels for m in settings_.scorers(label)
             if m in models}
-    may = {f"{m}.{info}" for m in models for info in INFO_LABELS[m]}
+    may = {f"{m}.{info}" for m in models for info in info_labels(m)}
     return must, may
 
 

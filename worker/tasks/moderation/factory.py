@@ -5,9 +5,11 @@ models built from their packages (:mod:`worker.tasks.moderation.models`)."""
 
 from __future__ import annotations
 
+from engines.assembly import EnginePlan
 from engines.backends.base import Runner
 from worker.config import WorkerConfig
 from worker.tasks.batched import make_batcher
+from worker.tasks.moderation import models
 from worker.tasks.moderation.models import make_models
 from worker.tasks.moderation.served_policies import check_runtime, effective_policies
 from worker.tasks.moderation.task import ModerationTask
@@ -26,3 +28,9 @@ def moderation_task(cfg: WorkerConfig, *, ignore_deadlines: bool = False,
                 for kind, profiles in task.profiles().items()},
                max_message_bytes=cfg.limits.max_message_bytes)
     return task
+
+
+def engine_plans(cfg: WorkerConfig) -> dict[str, EnginePlan]:
+    """The task's ``engines build`` entry: every engine of every model the served policies
+    run, through each model package's own entry."""
+    return models.engine_plans(cfg, effective_policies(cfg))

@@ -12,18 +12,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from worker.config import WorkerConfig
-from worker.config.policies import LabelSettings, ModelName, PolicySettings
+from worker.config.policies import LabelSettings, PolicySettings
 from worker.exceptions import ConfigError
 
 
 def effective_policies(cfg: WorkerConfig) -> dict[str, PolicySettings]:
+    # model.policies are open_nsfw's thresholds ([model] is its section), so this one place
+    # names it and its label.
     legacy = {name: PolicySettings(models=["open_nsfw"], labels={
         "nsfw": LabelSettings(review=t.review, block=t.block)})
         for name, t in cfg.model.policies.items()}
     return {**legacy, **cfg.moderation.policies}
 
 
-def models_needed(policies: Mapping[str, PolicySettings]) -> set[ModelName]:
+def models_needed(policies: Mapping[str, PolicySettings]) -> set[str]:
     return {m for p in policies.values() for m in p.models}
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,23 +9,23 @@ import typer
 
 from worker.config import WorkerConfig, load_config
 from worker.logs import configure_logging
+from worker.tasks.protocol import TaskTopics
+from worker.tasks.registry import task_topics
 from worker.tools.admin.errors import AdminError
+
+# The configured task's topics, as its registry entry names them.
+__all__ = ["EXIT_PROBLEM", "BootstrapOpt", "TaskOpt", "TaskTopics", "default_redrive_group",
+           "load", "task_topics"]
 
 BootstrapOpt = Annotated[
     str | None, typer.Option("--bootstrap-servers", "-b", help="Kafka brokers host:port,...")
 ]
 TaskOpt = Annotated[str | None, typer.Option(
-    "--task", help="Whose topics: moderation or generation (default: processing.task).")]
+    "--task", help="Whose topics: a task name, worker.tasks.registry (default: "
+                   "processing.task).")]
 
 # Exit status of a command that ran but found something the operator must look at.
 EXIT_PROBLEM = 1
-
-
-@dataclass(frozen=True, slots=True)
-class TaskTopics:
-    jobs: str
-    results: str
-    dlq: str
 
 
 def load(config: Path | None, bootstrap: str | None, task: str | None = None) -> WorkerConfig:
@@ -41,15 +40,6 @@ def load(config: Path | None, bootstrap: str | None, task: str | None = None) ->
     if not cfg.kafka.bootstrap_servers:
         raise AdminError("no brokers configured: set KAFKA_BOOTSTRAP_SERVERS or pass -b")
     return cfg
-
-
-def task_topics(cfg: WorkerConfig) -> TaskTopics:
-    """The jobs, results and DLQ topics of the configured task (``processing.task``)."""
-    if cfg.processing.task == "generation":
-        g = cfg.generation.topics
-        return TaskTopics(g.jobs, g.results, g.dlq)
-    t = cfg.topics
-    return TaskTopics(t.jobs, t.results, t.dlq)
 
 
 def default_redrive_group(cfg: WorkerConfig) -> str:

@@ -1,34 +1,66 @@
-"""Image-and-text moderation's models, as plug-ins: :data:`MODELS` names each one's class.
+"""Image-and-text moderation's models: a package each, known by one line in :data:`MODELS`.
 
-Adding a model: one module here with a :class:`~worker.tasks.moderation.models.base.
-ModerationModel` subclass, and one line in :data:`MODELS`. Its name must also be in
-``worker.config.policies.ModelName`` (the config validates policies without importing any
-model; its informational score names, if any, go in ``INFO_LABELS`` there too). Modules are
-imported only when a served policy runs their model.
+A model package (``models/<name>/``) owns everything about its model: its config section
+(``moderation.<name>``, a :class:`worker.config.moderation.ModelSection`), its preprocessing,
+engine plans and ``engines build`` entry, the parts it makes of a job, its scoring and any
+policy rule it adds. Its ``__init__.py`` declares it in a
+:class:`~worker.tasks.moderation.models.package.ModelPackage` record (``PACKAGE``); the name in
+:data:`SHIPPED` (or :func:`register`, for a package outside this folder) makes it known to the
+config, the task, the policies and the tools. Only records and settings classes are imported
+to know a model; its engines and runtime modules load when a served policy runs it.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from engines.backends.base import Runner
-from worker.config import WorkerConfig
-from worker.config.policies import PolicySettings
-from worker.tasks.moderation.models.base import ModelContext, ModerationModel
-from worker.tasks.registry import load_entry
+from worker.tasks.moderation.models.package import ModelPackage
 
-MODELS: dict[str, str] = {
-    "open_nsfw": "worker.tasks.moderation.models.open_nsfw.model:OpenNsfwModel",
-    "text": "worker.tasks.moderation.models.text.model:TextModel",
-    "clip": "worker.tasks.moderation.models.clip.model:ClipModel",
-}
+if TYPE_CHECKING:
+    from engines.assembly import EnginePlan
+    from engines.backends.base import Runner
+    from worker.config import WorkerConfig
+    from worker.config.policies import PolicySettings
+    from worker.tasks.moderation.models.base import ModerationModel
+
+# The packages under this folder, in the order their engines build and their parts batch.
+SHIPPED = ("open_nsfw", "text", "clip")
+
+
+def _record(name: str) -> ModelPackage:
+    package: ModelPackage = importlib.import_module(f"{__name__}.{name}").PACKAGE
+    return package
+
+
+MODELS: dict[str, ModelPackage] = {p.name: p for p in map(_record, SHIPPED)}
+
+
+def register(package: ModelPackage) -> None:
+    """Make a model known (a package outside this folder: a plug-in, a test's model)."""
+    if package.name in MODELS:
+        raise ValueError(f"a model {package.name!r} is already registered")
+    taken = {label for p in MODELS.values() for label in p.info_labels}
+    clash = taken & (set(package.info_labels) | set(package.fixed_labels))
+    if clash:
+        raise ValueError(f"model {package.name!r}: labels {sorted(clash)} are already another "
+                         "model's reported scores")
+    MODELS[package.name] = package
+
+
+def unregister(name: str) -> None:
+    del MODELS[name]
+
+
+def package(name: str) -> ModelPackage:
+    if name not in MODELS:
+        raise KeyError(f"no moderation model {name!r} (known: {', '.join(MODELS)})")
+    return MODELS[name]
 
 
 def model_class(name: str) -> type[ModerationModel]:
-    if name not in MODELS:
-        raise KeyError(f"no moderation model {name!r} (known: {', '.join(MODELS)})")
-    cls: type[ModerationModel] = load_entry(MODELS[name])
-    return cls
+    return package(name).model_class()
 
 
 def policies_running(policies: Mapping[str, PolicySettings], model: str
@@ -43,11 +75,26 @@ def models_in_order(policies: Mapping[str, PolicySettings]) -> list[str]:
     return [m for m in MODELS if m in wanted] + sorted(wanted - set(MODELS))
 
 
+def engine_plans(cfg: WorkerConfig, policies: Mapping[str, PolicySettings]
+                 ) -> dict[str, EnginePlan]:
+    """Every engine the models ``policies`` run load under ``cfg``, by engine name (each
+    package's ``engines build`` entry)."""
+    plans: dict[str, EnginePlan] = {}
+    for name in models_in_order(policies):
+        for engine, plan in package(name).plans(cfg).items():
+            if engine in plans:
+                raise ValueError(f"engine name {engine!r} of model {name!r} is taken")
+            plans[engine] = plan
+    return plans
+
+
 def make_models(cfg: WorkerConfig, policies: Mapping[str, PolicySettings], *,
                 runner: Runner | None = None) -> dict[str, ModerationModel]:
-    """The plug-ins ``policies`` run, built and activated, by name in :data:`MODELS` order
+    """The models ``policies`` run, built and activated, by name in :data:`MODELS` order
     (``runner``: an open_nsfw runner to share). If one fails to build, those built are
     closed."""
+    from worker.tasks.moderation.models.base import ModelContext
+
     built: dict[str, ModerationModel] = {}
     try:
         for name in models_in_order(policies):

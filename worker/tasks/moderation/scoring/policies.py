@@ -4,12 +4,13 @@ Rules, in order; the first that matches decides:
 1. ``block:<model>.<label>``: some model's score of a label is at or above that label's block
    threshold for that model. With several, the one furthest above its threshold is named.
 2. ``review:<model>.<label>``: likewise for review thresholds.
-3. ``review:clip.consistency``: the policy sets ``min_consistency``, CLIP compared the image
-   with its caption, and the consistency is below it (an image that does not show what its text
-   says is worth a human look).
+3. the rules the models that ran add, in the policy's model order (each model package's
+   ``ModelPackage.rules``; CLIP's ``review:clip.consistency``: the image does not show what its
+   caption says, :func:`worker.tasks.moderation.models.clip.scoring.consistency_rule`).
 4. ``allow``: nothing above reached a threshold.
 Every score the models produced is in ``label_scores`` as ``<model>.<label>``, including the
-informational ones (open_nsfw's sfw, CLIP's neutral mass and consistency).
+informational ones (each package's ``info_labels``: open_nsfw's sfw, CLIP's neutral mass and
+consistency).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker.config.policies import INFO_LABELS, ModelName, PolicySettings
+from worker.config.policies import PolicySettings
+from worker.tasks.moderation.models import package
 from worker.wire.moderation_jobs import Verdict
 
 # By model name (a plug-in's, worker.tasks.moderation.models): its scores by label.
@@ -31,7 +33,7 @@ class Decision:
     rule: str  # machine-readable: "block:text.violence", "allow", ...
     reason: str  # for people: "text.violence 0.931 >= block 0.900"
     label_scores: dict[str, float]
-    models_run: tuple[ModelName, ...]
+    models_run: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,29 +75,28 @@ def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel) -> Decision
         return _decide(Verdict.BLOCK, "block", blocks, flat, models_run)
     if reviews:
         return _decide(Verdict.REVIEW, "review", reviews, flat, models_run)
-    consistency = flat.get("clip.consistency")
-    if (policy.min_consistency is not None and consistency is not None
-            and consistency < policy.min_consistency):
-        return Decision(Verdict.REVIEW, "review:clip.consistency",
-                        f"clip.consistency {consistency:.3f} < min_consistency "
-                        f"{policy.min_consistency:.3f}", flat, models_run)
+    for model in models_run:
+        for rule in package(model).rule_functions():
+            hit = rule(policy, scores_by_model[model])
+            if hit is not None:
+                return Decision(hit.verdict, hit.rule, hit.reason, flat, models_run)
     return Decision(Verdict.ALLOW, "allow", "no score reached its review threshold", flat,
                     models_run)
 
 
 def _decide(verdict: Verdict, kind: str, hits: list[_Hit], flat: dict[str, float],
-            models_run: tuple[ModelName, ...]) -> Decision:
+            models_run: tuple[str, ...]) -> Decision:
     top = max(hits, key=lambda h: h.margin)  # max() keeps the first of equal margins
     reason = f"{top.key} {top.score:.3f} >= {kind} {top.threshold:.3f}"
     return Decision(verdict, f"{kind}:{top.key}", reason, flat, models_run)
 
 
 def _info_labels(model: str) -> tuple[str, ...]:
-    """The scores ``model`` reports that are no policy label (none for a model not listed)."""
-    return tuple(INFO_LABELS.get(model, ()))
+    """The scores ``model`` reports that are no policy label."""
+    return package(model).info_labels
 
 
-def _check_score(model: ModelName, label: str, score: float, policy: PolicySettings) -> None:
+def _check_score(model: str, label: str, score: float, policy: PolicySettings) -> None:
     # A bad score here is a bug in a scorer, never a property of the job: fail loudly.
     if label not in _info_labels(model) and (
             label not in policy.labels or model not in policy.scorers(label)):

@@ -4,7 +4,7 @@ end (admit -> schedule -> collect -> a result on the wire) with no other code to
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import msgpack
@@ -18,6 +18,7 @@ from worker.exceptions import ConfigError, TextTooLong
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation import models as registry
 from worker.tasks.moderation.models.base import Finished, ModelContext, ModerationModel
+from worker.tasks.moderation.models.package import ModelPackage
 from worker.tasks.moderation.parts import JobState, Part, job_text
 from worker.tasks.moderation.served_policies import check_runtime
 from worker.tasks.moderation.task import ModerationTask
@@ -81,17 +82,24 @@ class FakeModel(ModerationModel):
         self.closed.append(self.name)
 
 
-# Built without validation: the config's ModelName lists the shipped models only.
-POLICIES = {"promo": PolicySettings.model_construct(
-    models=["fake"],  # type: ignore[list-item]
-    labels={"spam": LabelSettings(descriptions=["spam"], review=0.5, block=0.9)},
-    min_consistency=None)}
+FAKE = ModelPackage(name="fake", model=f"{__name__}:FakeModel", describes=True)
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(registry.MODELS, "fake", f"{__name__}:FakeModel")
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(FakeModel, "closed", [])
+    registry.register(FAKE)
+    try:
+        yield
+    finally:
+        registry.unregister("fake")
+
+
+# Validated as any policy: once registered, the config knows the model's name.
+def _policies() -> dict[str, PolicySettings]:
+    return {"promo": PolicySettings(
+        models=["fake"], labels={"spam": LabelSettings(descriptions=["spam"], review=0.5,
+                                                       block=0.9)})}
 
 
 def _served(cfg: WorkerConfig, policies: Mapping[str, PolicySettings]) -> ModerationTask:
@@ -112,8 +120,8 @@ def _record(offset: int, **doc: Any) -> SourceRecord:
 
 def test_a_registered_model_runs_through_the_task_end_to_end(fake: None) -> None:
     cfg = load_config()
-    check_runtime(cfg, POLICIES)
-    task: Task = _served(cfg, POLICIES)
+    check_runtime(cfg, _policies())
+    task: Task = _served(cfg, _policies())
     assert isinstance(task, ModerationTask) and list(task.models) == ["fake"]
     assert isinstance(task.models["fake"], FakeModel)
     assert task.model_id == "fake_words" and task.engine_hash == "fake-hash"
@@ -152,7 +160,7 @@ def test_a_model_bug_on_one_job_dead_letters_that_job_only(fake: None) -> None:
     # Before, the exception left the task (collect re-raised it): the worker stopped without
     # committing and met the same record at every restart.
     cfg = load_config(batch={"max_batch_size": 8})
-    task = _served(cfg, POLICIES)
+    task = _served(cfg, _policies())
     answers = _answers(task, [_record(0, id="a", text="spam"), _record(1, id="b", text="a bug"),
                               _record(2, id="c", text="hello there")])
     by_offset = {a.ref.offset: a for a in answers}
@@ -168,7 +176,7 @@ def test_a_model_bug_on_one_job_dead_letters_that_job_only(fake: None) -> None:
 def test_a_poisoned_device_still_stops_the_worker(fake: None) -> None:
     # Pinning it on a job would dead-letter every later job as well.
     cfg = load_config()
-    task = _served(cfg, POLICIES)
+    task = _served(cfg, _policies())
     with pytest.raises(RuntimeError, match="illegal memory access"):
         _answers(task, [_record(0, id="a", text="poison")])
     task.close()
@@ -178,12 +186,24 @@ def test_a_models_runtime_problem_stops_start_up(fake: None,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(FakeModel, "missing", "no fake hardware")
     with pytest.raises(ConfigError, match="policies 'promo' run fake: no fake hardware"):
-        check_runtime(load_config(), POLICIES)
+        check_runtime(load_config(), _policies())
 
 
 def test_an_unregistered_model_is_named() -> None:
     with pytest.raises(KeyError, match="'nope'"):
         registry.model_class("nope")
+    with pytest.raises(ConfigError, match="unknown model 'fake'"):
+        load_config(moderation={"policies": {"promo": {
+            "models": ["fake"], "labels": {"spam": {"descriptions": ["spam"]}}}}})
+
+
+def test_a_registered_model_is_known_to_the_config(fake: None) -> None:
+    cfg = load_config(moderation={"policies": {"promo": {
+        "models": ["fake"], "labels": {"spam": {"descriptions": ["spam"],
+                                                "models": {"fake": {"block": 0.7}}}}}}})
+    assert cfg.moderation.policies["promo"].scorers("spam") == ["fake"]
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(FAKE)
 
 
 def test_the_shipped_models_are_registered_lazily() -> None:

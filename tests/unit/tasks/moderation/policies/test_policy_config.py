@@ -65,12 +65,12 @@ models.clip = { review = 0.3, block = 0.6 }
 
 
 @pytest.mark.parametrize(("policy", "message"), [
-    ({"models": ["text", "ocr"]}, "Input should be 'open_nsfw', 'text' or 'clip'"),
+    ({"models": ["text", "ocr"]}, r"unknown model 'ocr' \(known: open_nsfw, text, clip\)"),
     ({"models": []}, "at least 1 item"),
     ({"models": ["text", "text"], "labels": {"a": {"descriptions": ["x"]}}}, "must not repeat"),
     ({"models": ["text"]}, "need at least one label with descriptions"),
     ({"models": ["open_nsfw"], "labels": {"scam": {"descriptions": ["x"]}}},
-     "runs neither text nor clip"),
+     r"runs no model that reads them \(text, clip\)"),
     ({"models": ["text"], "labels": {"nsfw": {}}}, "no model of this policy scores it"),
     ({"models": ["text"], "labels": {"Bad-Name": {"descriptions": ["x"]}}}, "must match"),
     ({"models": ["text"], "labels": {"neutral": {"descriptions": ["x"]}}}, "reserved"),
@@ -152,3 +152,27 @@ def test_the_shipped_example_config_loads() -> None:
     assert {"default", "strict", "captions", "ads"} <= set(pols)
     assert pols["ads"].models == ["open_nsfw", "text", "clip"]
     assert len(pols["captions"].labels) == 7
+
+
+@pytest.mark.parametrize("section", ["text", "clip"])
+def test_model_backends_are_the_engine_backend_registry_s(section: str) -> None:
+    # MiniLM and CLIP compile on aoti (bench/aoti/aoti_text_build.py); the config refused it.
+    assert getattr(load_config(moderation={section: {"backend": "aoti"}}).moderation,
+                   section).backend == "aoti"
+    with pytest.raises(ConfigError, match=r"unknown backend 'tpu' \(known: onnxruntime, "
+                                          r"torch, tensorrt, aoti\)"):
+        load_config(moderation={section: {"backend": "tpu"}})
+
+
+def test_unknown_moderation_keys_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"unknown keys \['ocr'\] \(model sections: text, "
+                                          r"clip\)"):
+        load_config(moderation={"ocr": {}})
+
+
+def test_generation_backends_are_the_registry_s_that_run_sd() -> None:
+    assert load_config(generation={"backend": "aoti"}).generation.backend == "aoti"
+    with pytest.raises(ConfigError, match="unknown backend 'tpu'"):
+        load_config(generation={"backend": "tpu"})
+    with pytest.raises(ConfigError, match="no build for a backend that compiles their ONNX"):
+        load_config(generation={"backend": "tensorrt"})

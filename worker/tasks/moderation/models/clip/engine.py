@@ -14,6 +14,7 @@ from engines.spec import EngineSpec
 from worker.config import WorkerConfig
 from worker.exceptions import ConfigError
 from worker.tasks.moderation.engine_params import tower_params
+from worker.tasks.moderation.models.clip.settings import settings_of
 from worker.tasks.moderation.models.text.engine import TextEngine
 
 
@@ -31,7 +32,7 @@ class ClipEngines:
 
 
 def plans_of(cfg: WorkerConfig) -> ClipPlans:
-    s = cfg.moderation.clip
+    s = settings_of(cfg)
     if s.weights_dir is None:
         raise ConfigError("moderation.clip.weights_dir is not set")
     return clip_plans(tower_params(cfg, s.backend, s.precision), s.weights_dir,
@@ -45,7 +46,7 @@ def engine_plans(cfg: WorkerConfig) -> dict[str, EnginePlan]:
 
 
 def make_clip_engines(cfg: WorkerConfig) -> ClipEngines:
-    s = cfg.moderation.clip
+    s = settings_of(cfg)
     plans = plans_of(cfg)
     assert s.weights_dir is not None  # plans_of refuses a missing folder
     tokenizer = clip_tokenizer(s.weights_dir, token_buckets=s.token_buckets)

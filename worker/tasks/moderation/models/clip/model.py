@@ -31,6 +31,7 @@ from worker.tasks.moderation.models.base import (
 from worker.tasks.moderation.models.clip.engine import ClipEngines
 from worker.tasks.moderation.models.clip.preprocess import preprocess_clip
 from worker.tasks.moderation.models.clip.scoring import PromptBank, prompt_bank
+from worker.tasks.moderation.models.clip.settings import settings_of
 from worker.tasks.moderation.parts import JobState, Part, job_text
 from worker.wire.moderation_jobs import ModerationJob
 
@@ -54,7 +55,7 @@ class ClipModel(ModerationModel):
         from engines.models.clip import check_folder
 
         problems = tokenizers_missing()
-        folder = cfg.moderation.clip.weights_dir
+        folder = settings_of(cfg).weights_dir
         try:
             if folder is None:
                 raise ModelNotFound("moderation.clip.weights_dir is not set")
@@ -71,7 +72,7 @@ class ClipModel(ModerationModel):
         engines.image.activate()
         engines.text.runner.activate()
         try:
-            banks = {name: prompt_bank(p, ctx.cfg.moderation.clip.neutral_prompts,
+            banks = {name: prompt_bank(p, settings_of(ctx.cfg).neutral_prompts,
                                        engines.config.logit_scale, engines.text.embed)
                      for name, p in ctx.policies.items()}
         except BaseException:

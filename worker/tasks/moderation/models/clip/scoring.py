@@ -5,17 +5,21 @@ neutral prompts; logits are CLIP's ``logit_scale`` times the cosines, a softmax 
 prompts, and a label's score is the probability mass of its prompts. The neutral prompts take
 the mass of a harmless image (without them the softmax over the labels alone would hand it to
 some label); their mass is reported as ``neutral``. Per image, the scores sum to 1.
-Consistency: ``max(0, cos(image, caption))``, the CLIPScore similarity, in [0, 1].
+Consistency: ``max(0, cos(image, caption))``, the CLIPScore similarity, in [0, 1]; the rule
+CLIP adds to policies (:func:`consistency_rule`) sends a job whose consistency is under the
+policy's ``min_consistency`` to review.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from worker.config.policies import PolicySettings
+from worker.tasks.moderation.models.package import RuleHit
+from worker.wire.moderation_jobs import Verdict
 
 NEUTRAL = "neutral"
 
@@ -45,6 +49,18 @@ class PromptBank:
 
 def consistency(image: np.ndarray, caption: np.ndarray) -> float:
     return float(min(1.0, max(0.0, float(np.dot(image, caption)))))
+
+
+def consistency_rule(policy: PolicySettings, scores: Mapping[str, float]) -> RuleHit | None:
+    """``review:clip.consistency``: the policy sets ``min_consistency``, CLIP compared the image
+    with its caption, and the consistency is below it (an image that does not show what its
+    text says is worth a human look)."""
+    value = scores.get("consistency")
+    if policy.min_consistency is None or value is None or value >= policy.min_consistency:
+        return None
+    return RuleHit(Verdict.REVIEW, "review:clip.consistency",
+                   f"clip.consistency {value:.3f} < min_consistency "
+                   f"{policy.min_consistency:.3f}")
 
 
 def prompt_bank(policy: PolicySettings, neutral: list[str], logit_scale: float,

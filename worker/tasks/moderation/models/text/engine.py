@@ -21,6 +21,7 @@ from engines.tokens import TextTokenizer
 from worker.config import WorkerConfig
 from worker.tasks.moderation.engine_params import tower_params
 from worker.tasks.moderation.models.text.scoring import embed_texts
+from worker.tasks.moderation.models.text.settings import settings_of
 
 
 @dataclass
@@ -38,7 +39,7 @@ class TextEngine:
 
 
 def engine_plan(cfg: WorkerConfig) -> EnginePlan:
-    s = cfg.moderation.text
+    s = settings_of(cfg)
     return minilm_plan(tower_params(cfg, s.backend, s.precision), token_buckets=s.token_buckets,
                        batch_sizes=s.batch_sizes, folder=s.model_dir)
 
@@ -49,7 +50,7 @@ def engine_plans(cfg: WorkerConfig) -> dict[str, EnginePlan]:
 
 
 def make_text_engine(cfg: WorkerConfig) -> TextEngine:
-    s = cfg.moderation.text
+    s = settings_of(cfg)
     plan = engine_plan(cfg)
     tokenizer = minilm_tokenizer(token_buckets=s.token_buckets, overlap=s.overlap_tokens,
                                  folder=s.model_dir)

@@ -25,6 +25,7 @@ from worker.tasks.moderation.models.base import (
 )
 from worker.tasks.moderation.models.text.engine import TextEngine
 from worker.tasks.moderation.models.text.scoring import LabelBank, label_bank
+from worker.tasks.moderation.models.text.settings import settings_of
 from worker.tasks.moderation.parts import JobState, Part, job_text
 from worker.wire.moderation_jobs import ModerationJob
 
@@ -43,7 +44,7 @@ class TextModel(ModerationModel):
         from engines.models import minilm
 
         problems = tokenizers_missing()
-        if cfg.moderation.text.model_dir is None and not minilm.available():
+        if settings_of(cfg).model_dir is None and not minilm.available():
             problems.append(f"policies {users} run the text model, whose weights ship in the "
                             f"`text` extra: {minilm.EXTRA_HINT}")
         return problems
@@ -59,7 +60,7 @@ class TextModel(ModerationModel):
         except BaseException:
             engine.runner.deactivate()
             raise
-        return cls(engine, banks, ctx.cfg.moderation.text.max_chunks)
+        return cls(engine, banks, settings_of(ctx.cfg).max_chunks)
 
     def feeds(self, job: ModerationJob) -> bool:
         return job_text(job) is not None
