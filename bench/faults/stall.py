@@ -42,7 +42,8 @@ def main() -> None:
                 f["ok"] = (f["worker_survived"] and f["exit_code"] == 0 and f["drained"]
                            and rec is not None and rec <= a.bound_s
                            and f["results"]["missing"] == 0 and f["dlq"]["missing"] == 0
-                           and (mode == "at-least-once" or f["results"]["duplicates"] == 0))
+                           and (mode == "at-least-once" or f["results"]["duplicates"] == 0)
+                           and f["health"]["live_throughout"])
                 runs.append(f)
                 print(f"{mode} #{i}: recovery {rec} s, backlog drained in "
                       f"{f['backlog_drained_s']} s, missing {f['results']['missing']}, "

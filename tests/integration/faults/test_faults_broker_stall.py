@@ -44,5 +44,9 @@ def test_broker_stall_30s_loses_nothing_and_recovers_within_10s(
     assert f["drained"], f
     assert f["results"]["missing"] == 0 and f["dlq"]["missing"] == 0, f
     assert f["offsets_committed_to_end"], f
+    # The loop kept stepping through the stall (no liveness restart of a waiting worker) and
+    # said it was not ready while the broker was away.
+    assert f["health"]["live_throughout"], f["health"]
+    assert f["health"]["ready_off_during_stall"], f["health"]
     if mode == "exactly-once":
         assert f["results"]["duplicates"] == 0 and f["dlq"]["duplicates"] == 0, f

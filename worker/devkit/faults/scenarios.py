@@ -15,11 +15,13 @@ from worker.devkit.faults.fleet import Fleet, exit_reason, log_events, stopped_t
 from worker.devkit.faults.watch import (
     Audit,
     Feeder,
+    HealthWatch,
     OutputWatch,
     TopicWatcher,
     key_counts,
     read_all,
 )
+from worker.devkit.local_kafka.config import free_port
 from worker.devkit.workers import (
     committed,
     end_offsets,
@@ -195,9 +197,13 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
     feeder = Feeder(bootstrap, topics.jobs, rate_per_s=rate_per_s, prefix="st-", bad_every=20)
     outputs = OutputWatch(bootstrap, topics)
     watcher = outputs.results
-    with Fleet(cfg, log_dir, **{"KTW_BATCH__MAX_BATCH_SIZE": "8", **env}) as fleet:
-        fleet.own(feeder, outputs)
+    port = free_port()
+    health = HealthWatch(port)
+    with Fleet(cfg, log_dir, **{"KTW_BATCH__MAX_BATCH_SIZE": "8", "KTW_METRICS__PORT": str(port),
+                                "KTW_METRICS__HOST": "127.0.0.1", **env}) as fleet:
+        fleet.own(feeder, outputs, health)
         proc = fleet.start("s0")
+        health.start()
         assert fleet.wait_assigned("s0", 90), "worker never got partitions"
         feeder.start()
         outputs.start()
@@ -239,10 +245,12 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
         "backlog_drained_s": None if backlog_s is None else round(backlog_s, 2),
         "drained": drained, "worker_survived": survived, "exit_code": code,
         "phases_s": {k: round(v, 1) for k, v in phases.items()},
+        "health": health.figures(t_pause, t_resume),
         "worker_events": {k: events[k] for k in ("partitions_lost", "partitions_revoked",
                                                  "transaction_abort", "rewound", "txn_retry",
                                                  "producer_reset", "commit_failed",
-                                                 "consumer_error", "worker_failed")},
+                                                 "consumer_error", "worker_failed",
+                                                 "kafka_unavailable")},
     }
     if tail is not None or code != 0:
         figures["worker_log_tail"] = tail or proc.log_tail()

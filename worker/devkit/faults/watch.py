@@ -203,3 +203,46 @@ class Audit:
         return {"expected": len(self.expected), "answered": len(set(self.counts)),
                 "missing": len(self.missing), "duplicates": self.duplicates,
                 "unexpected": len(self.unexpected)}
+
+
+class HealthWatch(threading.Thread):
+    """Samples a worker's /healthz and /readyz every ``every_s`` (status 0: no answer), so a
+    fault run can tell whether liveness held and when readiness went off and came back."""
+
+    def __init__(self, port: int, every_s: float = 0.5) -> None:
+        super().__init__(daemon=True, name="health-watch")
+        self.base, self.every_s = f"http://127.0.0.1:{port}", every_s
+        self.samples: list[tuple[float, int, int]] = []  # (monotonic, healthz, readyz)
+        self._halt = threading.Event()
+
+    def _status(self, path: str) -> int:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=2) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError:
+            return 0
+
+    def run(self) -> None:
+        while not self._halt.wait(self.every_s):
+            self.samples.append((time.monotonic(), self._status("/healthz"),
+                                 self._status("/readyz")))
+
+    def halt(self) -> None:
+        self._halt.set()
+
+    def figures(self, t_pause: float, t_resume: float) -> dict[str, Any]:
+        """Liveness and readiness around a fault from ``t_pause`` to ``t_resume``."""
+        during = [s for s in self.samples if t_pause <= s[0] <= t_resume]
+        after = [s for s in self.samples if s[0] > t_resume]
+        answered = [s for s in self.samples if s[0] >= t_pause and s[1] != 0]
+        back = next((s[0] - t_resume for s in after if s[2] == 200), None)
+        return {"samples": len(self.samples),
+                "live_throughout": bool(answered) and all(s[1] == 200 for s in answered),
+                "not_live_samples": sum(1 for s in answered if s[1] != 200),
+                "ready_off_during_stall": any(s[2] == 503 for s in during),
+                "ready_again_after_s": None if back is None else round(back, 1)}
