@@ -8,6 +8,8 @@ tests/integration/faults/test_poison.py.
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 
 from worker.config import load_config
 from worker.exceptions import ConfigError
+from worker.loop.commit import marks as marks_module
 from worker.loop.commit.at_least_once import AtLeastOnce
 from worker.loop.commit.marks import CommitMarks, attempts_in, marker
 from worker.loop.commit.offsets import OffsetTracker
@@ -96,11 +99,31 @@ def _record(key: TopicPartitionKey, offset: int) -> SourceRecord:
     return SourceRecord(key[0], key[1], offset, f"job-{offset}".encode(), b"value", [], None)
 
 
+
+class At:
+    """A committed (offset, metadata) whose mark records ``attempts``, whichever process wrote
+    it (each Process has a writer token of its own)."""
+
+    def __init__(self, offset: int, attempts: int) -> None:
+        self.offset, self.attempts = offset, attempts
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, tuple) or len(other) != 2:
+            return NotImplemented
+        m = re.fullmatch(r"ktw\.attempts=(\d+)(?:;by=[0-9a-f]+)?", other[1])
+        return other[0] == self.offset and m is not None and int(m.group(1)) == self.attempts
+
+    def __repr__(self) -> str:
+        return f"At({self.offset}, attempts={self.attempts})"
+
 class Process:
     """One worker process's guard over the same 'Kafka' (the committed offsets)."""
 
     def __init__(self, kafka: dict[TopicPartitionKey, tuple[int, str]], high: int = 100,
                  isolate_max: int = 512) -> None:
+        # A new process: its marks carry a token of their own (marks written before it, by
+        # the process that died, are foreign to it).
+        marks_module.WRITER = secrets.token_hex(6)
         self.consumer = Consumer(kafka, high)
         self.committer = Committer(self.consumer)
         self.stats = Stats()
@@ -131,7 +154,9 @@ class Process:
 
 
 def test_marks_parse_ours_and_read_anything_else_as_no_attempts() -> None:
-    assert attempts_in(marker(2)) == 2
+    assert attempts_in("ktw.attempts=2") == 2
+    assert attempts_in("ktw.attempts=2;by=0123abcd") == 2  # another process's mark
+    assert attempts_in(marker(2)) == 1  # this process's own attempt was no death
     for other in (None, "", "ktw.attempts=", "ktw.attempts=x", "some tool's note",
                   "ktw.attempts=2 and more"):
         assert attempts_in(other) == 0
@@ -142,7 +167,7 @@ def test_commits_carry_the_mark_sticky_marks_win_released_partitions_carry_none(
     marks.sticky[B] = marker(2)
     got = {(tp.topic, tp.partition): (tp.offset, tp.metadata)
            for tp in marks.offsets({A: 5, B: 7})}
-    assert got == {A: (5, marker(1)), B: (7, marker(2))}
+    assert got == {A: At(5, 1), B: At(7, 2)}
     released = marks.offsets({A: 5, B: 7}, {A, B})
     assert [tp.metadata for tp in released] == ["", ""]
     assert [tp.metadata for tp in CommitMarks().offsets({A: 5})] == [""]  # breaker off
@@ -154,7 +179,7 @@ def test_assignment_writes_attempt_one_before_the_partition_is_fetched() -> None
     kafka: dict[TopicPartitionKey, tuple[int, str]] = {A: (7, "")}
     p = Process(kafka)
     p.assign(A, B)
-    assert kafka == {A: (7, marker(1)), B: (0, marker(1))}  # B: no commit, low watermark
+    assert kafka == {A: At(7, 1), B: At(0, 1)}  # B: no commit, low watermark
     assert p.consumer.assigned == {A, B} and not p.guard.active and not p.consumer.paused
 
 
@@ -164,20 +189,20 @@ def test_a_death_is_counted_and_the_isolated_partition_runs_alone_one_record_at_
     p = Process(kafka, high=13)
     p.assign(A, B)
     assert p.guard.active and p.consumer.paused == {A, B}  # nothing fetched yet
-    assert kafka[B] == (3, marker(1))
-    assert kafka[A] == (10, marker(1))  # at rest: nothing charged until the record is taken
+    assert kafka[B] == At(3, 1)
+    assert kafka[A] == At(10, 1)  # at rest: nothing charged until the record is taken
     assert p.take(A)  # charged with this attempt before the task sees it
-    assert kafka[A] == (10, marker(2))
+    assert kafka[A] == At(10, 2)
     assert not p.guard.steer(1)  # in flight: no second record
     p.finish(A, 10)
-    assert p.guard.steer(0) and kafka[A] == (11, marker(1))  # committed after each, at rest
+    assert p.guard.steer(0) and kafka[A] == At(11, 1)  # committed after each, at rest
     p.take(A)  # the next record's charge: its attempt and the window's first death
-    assert kafka[A] == (11, marker(2))
+    assert kafka[A] == At(11, 2)
     p.finish(A, 11)
     p.take(A)
     p.finish(A, 12)
     assert p.guard.steer(0)  # the window's end: back to normal, attempt 1 again
-    assert kafka[A] == (13, marker(1)) and not p.committer.marks.sticky
+    assert kafka[A] == At(13, 1) and not p.committer.marks.sticky
     assert p.guard.steer(0) and not p.guard.active and not p.consumer.paused
 
 
@@ -187,11 +212,11 @@ def test_k_deaths_at_one_record_dead_letter_it_by_reference() -> None:
         p = Process(kafka)
         p.assign(A)
         p.take(A)
-        assert kafka[A] == (10, marker(attempt))
+        assert kafka[A] == At(10, attempt)
     p = Process(kafka)
     p.assign(A)
     assert p.take(A) == []  # not processed again
-    assert kafka[A] == (10, marker(3))  # no attempt written: it is not attempted
+    assert kafka[A] == At(10, 3)  # no attempt written: it is not attempted
     (out,) = p.committer.emitted
     headers = dict(out.headers or [])
     assert out.topic == "dlq" and out.ref.offset == 10
@@ -202,7 +227,7 @@ def test_k_deaths_at_one_record_dead_letter_it_by_reference() -> None:
     assert p.stats.dead_by_reason["poison"] == 1
     p.finish(A, 10)  # its dead letter is delivered
     p.guard.steer(0)
-    assert kafka[A] == (11, marker(1))  # the partition goes on, its count reset
+    assert kafka[A] == At(11, 1)  # the partition goes on, its count reset
 
 
 def test_a_charge_that_cannot_be_written_holds_the_record_back() -> None:
@@ -211,11 +236,11 @@ def test_a_charge_that_cannot_be_written_holds_the_record_back() -> None:
     p.assign(A)
     p.committer.fail = True
     assert p.take(A) == []  # taken from Kafka, not given to the task
-    assert kafka[A] == (10, marker(2))
+    assert kafka[A] == At(10, 2)
     assert p.guard.steer(1) and p.consumer.paused == {A}  # nothing more is taken meanwhile
     p.committer.fail = False
     (rec,) = p.guard.screen(ConsumedBatch([], {}, 0.0)).records  # the next step
-    assert rec.offset == 10 and kafka[A] == (10, marker(3))
+    assert rec.offset == 10 and kafka[A] == At(10, 3)
 
 
 def test_a_death_before_the_record_is_taken_charges_nothing() -> None:
@@ -227,7 +252,7 @@ def test_a_death_before_the_record_is_taken_charges_nothing() -> None:
         p = Process(kafka)
         p.assign(A)
         assert p.guard.steer(0)  # its turn begins, the partition is resumed ... and it dies
-        assert kafka[A] == (10, marker(2))
+        assert kafka[A] == At(10, 2)
 
 
 def test_suspects_take_turns_most_deaths_first_and_never_count_each_others_deaths() -> None:
@@ -235,7 +260,7 @@ def test_suspects_take_turns_most_deaths_first_and_never_count_each_others_death
     p = Process(kafka)
     p.assign(A, B)
     p.take(B)
-    assert kafka == {A: (0, marker(1)), B: (5, marker(3))}  # A's count untouched
+    assert kafka == {A: At(0, 1), B: At(5, 3)}  # A's count untouched
 
 
 def test_an_idle_partition_ends_its_isolation() -> None:
@@ -245,7 +270,7 @@ def test_an_idle_partition_ends_its_isolation() -> None:
     assert p.guard.steer(0) and p.guard.active
     p.clock[0] += 10.0  # nothing arrived (the last offsets were transaction markers)
     p.guard.steer(0)
-    assert kafka[A] == (4, marker(1)) and not p.committer.marks.sticky
+    assert kafka[A] == At(4, 1) and not p.committer.marks.sticky
 
 
 def test_a_revoked_isolated_partition_is_forgotten() -> None:
@@ -317,4 +342,17 @@ def test_a_release_hands_over_a_count_not_yet_resolved_and_clears_the_rest() -> 
     marks.kept[A] = (10, marker(2))  # read at assignment, the record at 10 never finished
     marks.kept[B] = (3, marker(2))  # ... this one did: the position moved on
     released = marks.offsets({A: 10, B: 4}, {A, B})
-    assert [(tp.partition, tp.metadata) for tp in released] == [(0, marker(2)), (1, "")]
+    assert [(tp.partition, tp.metadata) for tp in released] == [At(0, 2), (1, "")]
+
+
+def test_a_partition_this_process_lost_and_regains_is_not_suspect() -> None:
+    """A broker stall past the session timeout loses the partitions; the same process gets
+    them back and finds its own attempts=1 mark. That was no death: it used to come back
+    suspect (isolated record by record, slowing the recovery, and repeated stalls could add up
+    to a poison verdict on an innocent record)."""
+    kafka: dict[TopicPartitionKey, tuple[int, str]] = {}
+    p = Process(kafka)
+    kafka[A] = (10, marker(1))  # written by this very process before it lost A
+    kafka[B] = (5, "ktw.attempts=1;by=0123abcd")  # another process's: it died there
+    p.assign(A, B)
+    assert p.guard.active and set(p.guard._suspects) == {B}

@@ -17,31 +17,44 @@ tested against Apache Kafka 4.x in ``tests/integration/faults/test_poison.py``).
   resolved (it never finished the record at that position) is handed over as it was (*kept*):
   a suspect revoked before its turn must not lose its deaths.
 
+Each mark names the process that wrote it (``;by=<token>``, random per process). A partition
+this very process lost (a session timeout in a broker stall) and is given back finds its own
+mark: that was no death, so its own attempt is taken off the count (a normal mark reads 0 then;
+without this, every partition lost in a stall came back suspect and was isolated record by
+record, and repeated stalls could add up to a poison verdict on an innocent record).
+
 Foreign metadata (another tool's commit, a reset) reads as 0: no attempts.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 
 import confluent_kafka as ck
 
 from worker.wire.records import TopicPartitionKey
 
 PREFIX = "ktw.attempts="
-_PARSE = re.compile(r"ktw\.attempts=(\d{1,6})")
+_PARSE = re.compile(r"ktw\.attempts=(\d{1,6})(?:;by=([0-9a-f]{1,32}))?")
+# This process's token in its marks.
+WRITER = secrets.token_hex(6)
 
 
 def marker(attempts: int) -> str:
-    return f"{PREFIX}{attempts}"
+    return f"{PREFIX}{attempts};by={WRITER}"
 
 
 def attempts_in(metadata: str | None) -> int:
-    """The attempts a committed offset's metadata records (0: none, or not ours)."""
+    """The deaths a committed offset's metadata records (0: none, or not ours). A mark this
+    process wrote counts one less: its own attempt there did not end in a death."""
     if not metadata:
         return 0
     m = _PARSE.fullmatch(metadata)
-    return int(m.group(1)) if m else 0
+    if m is None:
+        return 0
+    k = int(m.group(1))
+    return k - 1 if m.group(2) == WRITER else k
 
 
 class CommitMarks:
