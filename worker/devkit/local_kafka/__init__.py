@@ -1,4 +1,5 @@
-"""A real single-node Apache Kafka 4.x (KRaft) broker for tests and demos.
+"""A real single-node Apache Kafka 4.x (KRaft) broker for tests and demos, and a 3-node
+cluster (LocalKafkaCluster) for cluster-level fault drills.
 
 Jars come from Maven Central via `mvn` (see pom.xml); the broker runs as a
 plain `java -cp libs/* kafka.Kafka` child process. No Docker, no tarball.
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .broker import LocalKafka
+from .cluster import LocalKafkaCluster
 from .errors import LocalKafkaError
 from .jars import DEFAULT_VERSION, ensure_jars, jar_cache_root
 from .security import Principal, Security
@@ -19,6 +21,7 @@ from .security import Principal, Security
 __all__ = [
     "DEFAULT_VERSION",
     "LocalKafka",
+    "LocalKafkaCluster",
     "LocalKafkaError",
     "Principal",
     "Security",

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 from .broker import LocalKafka
+from .cluster import LocalKafkaCluster
 from .errors import LocalKafkaError
 from .jars import DEFAULT_VERSION, ensure_jars
 from .security import Protocol, Security
@@ -33,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="add a SASL_SSL (SCRAM-SHA-512) listener and an authorizer")
     run.add_argument("--mtls", action="store_true",
                      help="add an mTLS listener (client certificates) and an authorizer")
+    run.add_argument("--brokers", type=int, default=1,
+                     help="nodes: 1 (default), or 2+ for a KRaft cluster (3: RF 3, min ISR "
+                          "2); PLAINTEXT only")
     return parser
 
 
@@ -47,6 +51,10 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     security = (Security(sasl_ssl=args.sasl_ssl, mtls=args.mtls)
                 if args.sasl_ssl or args.mtls else None)
+    if args.brokers > 1:
+        if security is not None:
+            raise LocalKafkaError("--brokers > 1 runs PLAINTEXT only (no --sasl-ssl / --mtls)")
+        return _run_cluster(args, stop)
     broker = LocalKafka(version=args.version, workdir=args.workdir, cache_dir=args.cache_dir,
                         num_partitions=args.partitions, security=security)
     started = time.monotonic()
@@ -73,6 +81,26 @@ def _run(args: argparse.Namespace) -> int:
                 return 1
     finally:
         broker.stop()
+    return 0
+
+
+def _run_cluster(args: argparse.Namespace, stop: threading.Event) -> int:
+    cluster = LocalKafkaCluster(args.brokers, version=args.version, workdir=args.workdir,
+                                cache_dir=args.cache_dir, num_partitions=args.partitions)
+    started = time.monotonic()
+    try:
+        cluster.start(timeout=max(args.timeout, 180.0))
+        if args.topic:
+            cluster.create_topics(args.topic, partitions=args.partitions)
+        print(cluster.bootstrap_servers, flush=True)
+        print(f"# {args.brokers} nodes ready in {time.monotonic() - started:.1f}s; logs under "
+              f"{cluster.workdir}; Ctrl-C to stop", file=sys.stderr, flush=True)
+        while not stop.wait(1.0):
+            if len(cluster.running()) < args.brokers:
+                print(f"a node exited unexpectedly; see {cluster.workdir}", file=sys.stderr)
+                return 1
+    finally:
+        cluster.stop()
     return 0
 
 

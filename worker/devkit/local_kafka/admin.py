@@ -17,15 +17,23 @@ def create_topics(
     partitions: int = 1,
     config: dict[str, str] | None = None,
     timeout: float = 30.0,
+    replication_factor: int = 1,
+    replica_assignment: list[list[int]] | None = None,
 ) -> None:
-    """Create topics (RF 1), ignoring ones that already exist, and wait until
-    every partition has a leader so an immediate produce does not race creation."""
+    """Create topics (RF 1 unless told), ignoring ones that already exist, and wait until
+    every partition has a leader so an immediate produce does not race creation.
+    ``replica_assignment``: node ids per partition, the first one its preferred leader (then
+    the partition count and replication factor are its shape)."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     new = [
-        NewTopic(n, num_partitions=partitions, replication_factor=1, config=dict(config or {}))
+        NewTopic(n, num_partitions=len(replica_assignment),
+                 replica_assignment=replica_assignment, config=dict(config or {}))
+        if replica_assignment else
+        NewTopic(n, num_partitions=partitions, replication_factor=replication_factor,
+                 config=dict(config or {}))
         for n in names
     ]
     futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)

@@ -155,3 +155,46 @@ def write_attempt_files(
     log4j_file = workdir / "log4j2.properties"
     log4j_file.write_text(log4j2_properties(log_file))
     return ports, props_file, log4j_file
+
+
+def cluster_node_properties(
+    *,
+    node_id: int,
+    broker_port: int,
+    controller_port: int,
+    voters: Mapping[int, int],
+    data_dir: Path,
+    num_partitions: int,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """One combined broker+controller node of a static KRaft quorum (``voters``: node id ->
+    controller port, every node a voter).
+
+    Durability as a production cluster has it: replication factor 3 (or the node count if
+    smaller), ``min.insync.replicas`` 2, the same for the transaction state log, the offsets
+    topic replicated 3 times; so one node down keeps every partition writable with acks=all and
+    two down refuse writes rather than lose them."""
+    nodes = len(voters)
+    rf = min(3, nodes)
+    min_isr = max(1, rf - 1)
+    props = server_properties(broker_port=broker_port, controller_port=controller_port,
+                              data_dir=data_dir, num_partitions=num_partitions)
+    # A static quorum (controller.quorum.voters, formatted without --standalone): every node
+    # knows every voter from its first start, so restarting one never needs a membership change.
+    del props["controller.quorum.bootstrap.servers"]
+    props.update({
+        "node.id": str(node_id),
+        "controller.quorum.voters": ",".join(f"{n}@127.0.0.1:{port}"
+                                             for n, port in sorted(voters.items())),
+        "default.replication.factor": str(rf),
+        "min.insync.replicas": str(min_isr),
+        "offsets.topic.replication.factor": str(rf),
+        "transaction.state.log.replication.factor": str(rf),
+        "transaction.state.log.min.isr": str(min_isr),
+        "share.coordinator.state.topic.replication.factor": str(rf),
+        "share.coordinator.state.topic.min.isr": str(min_isr),
+        # Three JVMs share a small machine: fewer request threads each.
+        "num.io.threads": "2",
+    })
+    props.update(extra or {})
+    return props

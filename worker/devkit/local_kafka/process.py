@@ -42,10 +42,11 @@ def appended_since(path: Path, offset: int) -> bytes:
         return b""
 
 
-def _java_cmd(libs: Path, log4j_conf: Path, main: str, *args: str) -> list[str]:
+def _java_cmd(libs: Path, log4j_conf: Path, main: str, *args: str,
+              heap: list[str] | None = None) -> list[str]:
     return [
         checked_java(),
-        *HEAP_OPTS,
+        *(HEAP_OPTS if heap is None else heap),
         *JVM_OPTS,
         f"-Dlog4j2.configurationFile={log4j_conf}",
         "-cp",
@@ -56,12 +57,16 @@ def _java_cmd(libs: Path, log4j_conf: Path, main: str, *args: str) -> list[str]:
 
 
 def format_storage(libs: Path, log4j_conf: Path, props: Path, cluster_id: str, log: Path,
-                   extra_args: tuple[str, ...] = ()) -> None:
+                   extra_args: tuple[str, ...] = (), *, standalone: bool = True,
+                   heap: list[str] | None = None) -> None:
     """`kafka-storage.sh format --standalone`: in 4.x the class is still kafka.tools.StorageTool.
-    ``extra_args``: e.g. ``--add-scram`` (a SCRAM user in the metadata from the first start)."""
+    ``extra_args``: e.g. ``--add-scram`` (a SCRAM user in the metadata from the first start).
+    ``standalone=False`` for a node of a static quorum (``controller.quorum.voters`` in its
+    properties), which StorageTool formats without ``--standalone``."""
+    mode = ("--standalone",) if standalone else ()
     cmd = _java_cmd(
         libs, log4j_conf, "kafka.tools.StorageTool",
-        "format", "--standalone", "-t", cluster_id, "-c", str(props), *extra_args,
+        "format", *mode, "-t", cluster_id, "-c", str(props), *extra_args, heap=heap,
     )
     with open(log, "ab") as out:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, check=False)
@@ -70,8 +75,9 @@ def format_storage(libs: Path, log4j_conf: Path, props: Path, cluster_id: str, l
         raise LocalKafkaError(msg)
 
 
-def launch_broker(libs: Path, log4j_conf: Path, props: Path, log: Path) -> subprocess.Popen[bytes]:
-    cmd = _java_cmd(libs, log4j_conf, "kafka.Kafka", str(props))
+def launch_broker(libs: Path, log4j_conf: Path, props: Path, log: Path,
+                  heap: list[str] | None = None) -> subprocess.Popen[bytes]:
+    cmd = _java_cmd(libs, log4j_conf, "kafka.Kafka", str(props), heap=heap)
     # setpriv's PDEATHSIG makes the kernel SIGTERM the broker if our process
     # dies without calling stop() (e.g. pytest killed by a CI timeout), so no
     # orphan JVM keeps ports and disk. setpriv execs, so the pid stays java's.
