@@ -1,10 +1,12 @@
-"""Cluster metadata for the worker's start-up checks and the admin commands: an AdminClient
-with the worker's connection and security settings, and the look-ups they share. Every
-librdkafka error leaves here as a :class:`~worker.exceptions.KafkaIOError`."""
+"""Cluster metadata for the worker's start-up checks, its side threads (the cluster probe,
+the orphan watch), the admin commands and the replay: the one AdminClient wrapper, with the
+worker's connection and security settings, and the look-ups they share. Every librdkafka
+error leaves here as a :class:`~worker.exceptions.KafkaIOError`."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,7 @@ from worker.exceptions import KafkaIOError, UnknownTopic
 # The settings every client of the worker shares (brokers, client id, security, kafka.extra)
 # and librdkafka's error classification: the worker's own clients are built from the same.
 from worker.kafka.clients import ClientSettings, common_settings, kafka_io_error
+from worker.kafka.consumer import Consumer
 
 _COORDINATOR_BUSY = frozenset({ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                                ck.KafkaError.COORDINATOR_NOT_AVAILABLE,
@@ -55,29 +58,68 @@ class TopicInfo:
         return int(self.configs["max.message.bytes"])
 
 
-class Admin:
-    """Metadata, configs and offsets; nothing here reads or writes a record."""
+@dataclass(frozen=True, slots=True)
+class Found:
+    """An offset found by timestamp, with the timestamp of the record there."""
 
-    def __init__(self, cfg: WorkerConfig, timeout: float = 30.0) -> None:
+    offset: int  # -1 when no record is at or after the time
+    timestamp: int
+
+
+class Admin:
+    """Metadata, configs, groups and offsets; nothing here reads or writes a record.
+
+    ``source``: the worker's config (its :func:`admin_settings`), or settings already built
+    by :mod:`worker.kafka.clients` (the loop's side threads get ``common_settings``)."""
+
+    def __init__(self, source: WorkerConfig | Mapping[str, Any], timeout: float = 30.0
+                 ) -> None:
         self.timeout = timeout
-        self._settings = admin_settings(cfg)
+        self._settings = (admin_settings(source) if isinstance(source, WorkerConfig)
+                          else ClientSettings(source))
         try:
             self.client = AdminClient(self._settings)
         except ck.KafkaException as exc:
             raise kafka_io_error(exc, "could not create the admin client") from exc
 
-    def metadata(self) -> Any:
+    def metadata(self, topic: str | None = None) -> Any:
+        """The cluster's metadata: every topic this client may see, or only ``topic``."""
         try:
-            return self.client.list_topics(timeout=self.timeout)
+            return self.client.list_topics(topic, timeout=self.timeout)
         except ck.KafkaException as exc:
             raise kafka_io_error(exc, "could not read cluster metadata") from exc
 
+    def answers(self) -> bool:
+        """Whether the cluster answers a metadata request with brokers, within the timeout
+        (a probe: never raises)."""
+        try:
+            return bool(self.metadata().brokers)
+        except (KafkaIOError, RuntimeError):
+            return False
+
+    def poll(self, timeout: float = 0.0) -> None:
+        """Serve the client's log lines and error events (a long-lived admin client)."""
+        self.client.poll(timeout)
+
     def partitions(self, topic: str) -> list[int]:
-        """The topic's partition ids; :class:`UnknownTopic` if it does not exist."""
-        found = self.metadata().topics.get(topic)
+        """The topic's partition ids; :class:`UnknownTopic` if it does not exist (naming the
+        topics there are)."""
+        topics = self.metadata().topics
+        found = topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
-            raise UnknownTopic(f"topic {topic!r} does not exist")
+            known = sorted(t for t in topics if not t.startswith("__"))
+            hint = f" (topics: {', '.join(known[:20])})" if known else ""
+            raise UnknownTopic(f"topic {topic!r} does not exist{hint}")
         return sorted(found.partitions)
+
+    def describe_group(self, group: str) -> Any:
+        """The group's description (state, members and their assignments)."""
+        try:
+            futures = self.client.describe_consumer_groups([group],
+                                                           request_timeout=self.timeout)
+        except ck.KafkaException as exc:
+            raise kafka_io_error(exc, f"describe group {group!r}") from exc
+        return wait(futures[group], f"describe group {group!r}", self.timeout)
 
     def configs(self, kind: ResourceType, name: str) -> dict[str, str]:
         res = ConfigResource(kind, name)
@@ -129,9 +171,9 @@ class Admin:
         rd_kafka_cgrp_op, librdkafka issue 5040) when that request meets NOT_COORDINATOR,
         as it does on a freshly started broker; a consumer has the group machinery it
         needs."""
-        settings = self._settings | {"group.id": group, "enable.auto.commit": False}
+        consumer = Consumer(self._settings | {"group.id": group, "enable.auto.commit": False})
         try:
-            consumer = ck.Consumer(settings)
+            consumer.open()
         except ck.KafkaException as exc:
             raise kafka_io_error(exc, "could not create a consumer to read committed offsets"
                                  ) from exc
@@ -142,10 +184,11 @@ class Admin:
                     got = consumer.committed([ck.TopicPartition(topic, p) for p in partitions],
                                              timeout=max(1.0, deadline - time.monotonic()))
                     break
-                except ck.KafkaException as exc:
-                    err = kafka_io_error(exc, f"committed offsets of group {group!r}")
+                except KafkaIOError as err:
                     if err.code not in _COORDINATOR_BUSY or time.monotonic() > deadline:
-                        raise err from exc
+                        raise KafkaIOError(f"committed offsets of group {group!r}: {err}",
+                                           code=err.code,
+                                           recoverable=err.recoverable) from err
                     time.sleep(0.2)
         finally:
             consumer.close()
@@ -158,22 +201,39 @@ class Admin:
                 out[tp.partition] = tp.offset
         return out
 
-    def watermarks(self, topic: str, partitions: list[int], *, committed_only: bool = False
+    def _list_offsets(self, topic: str, specs: dict[int, Any], what: str, *,
+                      committed_only: bool) -> dict[int, Any]:
+        """ListOffsets for ``topic``'s partitions: each partition's answer (offset,
+        timestamp)."""
+        if not specs:
+            return {}
+        level = (ck.IsolationLevel.READ_COMMITTED if committed_only
+                 else ck.IsolationLevel.READ_UNCOMMITTED)
+        request = {ck.TopicPartition(topic, p): spec for p, spec in specs.items()}
+        try:
+            futures = self.client.list_offsets(request, isolation_level=level,
+                                               request_timeout=self.timeout)
+        except ck.KafkaException as exc:
+            raise kafka_io_error(exc, f"list {what} offsets of {topic}") from exc
+        return {tp.partition: wait(f, f"list {what} offsets of {topic}", self.timeout)
+                for tp, f in futures.items()}
+
+    def watermarks(self, topic: str, partitions: Iterable[int], *, committed_only: bool = False
                    ) -> dict[int, tuple[int, int]]:
         """(log start, end) per partition. The end is the high watermark, or with
         ``committed_only`` the last stable offset (what a read_committed reader reaches)."""
-        level = (ck.IsolationLevel.READ_COMMITTED if committed_only
-                 else ck.IsolationLevel.READ_UNCOMMITTED)
-        ends: dict[str, dict[int, int]] = {}
-        for name, spec in (("earliest", OffsetSpec.earliest()),  # type: ignore[no-untyped-call]
-                           ("latest", OffsetSpec.latest())):  # type: ignore[no-untyped-call]
-            specs = {ck.TopicPartition(topic, p): spec for p in partitions}
-            try:
-                futures = self.client.list_offsets(specs, isolation_level=level,
-                                                   request_timeout=self.timeout)
-            except ck.KafkaException as exc:
-                raise kafka_io_error(exc, f"list {name} offsets of {topic}") from exc
-            ends[name] = {tp.partition: wait(f, f"list {name} offsets of {topic}",
-                                             self.timeout).offset
-                          for tp, f in futures.items()}
-        return {p: (ends["earliest"][p], ends["latest"][p]) for p in partitions}
+        parts = list(partitions)
+        ends = {name: self._list_offsets(topic, dict.fromkeys(parts, spec), name,
+                                         committed_only=committed_only)
+                for name, spec in (("earliest", OffsetSpec.earliest()),  # type: ignore[no-untyped-call]
+                                   ("latest", OffsetSpec.latest()))}  # type: ignore[no-untyped-call]
+        return {p: (ends["earliest"][p].offset, ends["latest"][p].offset) for p in parts}
+
+    def offsets_for_time(self, topic: str, partitions: Iterable[int], ms: int
+                         ) -> dict[int, Found]:
+        """Per partition, the first offset whose timestamp is >= ``ms`` (and that timestamp),
+        as a read_committed reader sees the partition."""
+        spec = OffsetSpec.for_timestamp(ms)
+        got = self._list_offsets(topic, dict.fromkeys(partitions, spec), "by-timestamp",
+                                 committed_only=True)
+        return {p: Found(r.offset, r.timestamp) for p, r in got.items()}

@@ -7,7 +7,7 @@ librdkafka errors wrapped as :class:`KafkaIOError` carrying librdkafka's retriab
 Exactly-once adds the transactional calls of the producer; their errors are wrapped as
 :class:`TransactionError` keeping librdkafka's three-way classification (retriable, abortable,
 fatal). :func:`member_consumer_settings` and :func:`transactional_producer_settings` are the
-worker's own clients; readers, the demo and replay keep the plain settings.
+worker's own clients; :func:`reader_settings` is the tools' consumer that never joins a group.
 """
 
 from __future__ import annotations
@@ -112,6 +112,17 @@ def consumer_settings(cfg: WorkerConfig) -> ClientSettings:
         }
     )
     conf.update(revealed(k.consumer_extra))
+    return conf
+
+
+def reader_settings(cfg: WorkerConfig, group: str) -> ClientSettings:
+    """A consumer that never joins ``group``: it ``assign()``s partitions (tools: replay,
+    redrive, generate's answer reader, the demo). librdkafka wants a ``group.id`` of every
+    consumer; nothing is committed in it unless the caller commits (auto commit and offset
+    store off), and aborted transactional output is never read."""
+    conf = consumer_settings(cfg)
+    conf.update({"group.id": group, "enable.auto.commit": False,
+                 "enable.auto.offset.store": False, "isolation.level": "read_committed"})
     return conf
 
 

@@ -164,6 +164,23 @@ class Consumer:
         except ck.KafkaException as exc:
             raise kafka_io_error(exc, "committed offsets unavailable") from exc
 
+    def assign(self, partitions: list[ck.TopicPartition]) -> None:
+        """Read these partitions from their offsets, outside any group (a reader's consumer:
+        :func:`worker.kafka.clients.reader_settings`); replaces the assignment."""
+        try:
+            self.client.assign(partitions)
+        except ck.KafkaException as exc:
+            where = partitions[0].topic if partitions else "nothing"
+            raise kafka_io_error(exc, f"assign {where} failed") from exc
+
+    def position(self, partitions: list[ck.TopicPartition]) -> list[ck.TopicPartition]:
+        """Where reading stands in each partition: one past the last record returned
+        (negative: nothing returned yet). Local, no broker round trip."""
+        try:
+            return list(self.client.position(partitions))
+        except ck.KafkaException as exc:
+            raise kafka_io_error(exc, "position unavailable") from exc
+
     def incremental_assign(self, partitions: list[ck.TopicPartition]) -> None:
         """Add partitions to the assignment (from the assign callback, which then leaves it
         to us: confluent-kafka assigns only what the callback did not)."""

@@ -53,12 +53,14 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import confluent_kafka as ck
 import structlog
-from confluent_kafka.admin import AdminClient
+
+from worker.kafka.admin import Admin
+from worker.kafka.clients import ClientSettings
 
 log = structlog.get_logger("worker")
 
@@ -102,11 +104,12 @@ class OrphanWatch:
     first POLLERS, or does not know yet; every SURVEY_EVERY_S otherwise); :meth:`due` tells the
     loop when to rejoin. The loop tells it this member's id (:meth:`note_member`)."""
 
-    def __init__(self, settings: dict[str, Any], group: str, topic: str,
+    def __init__(self, settings: Mapping[str, Any], group: str, topic: str,
                  session_timeout_ms: int, revoke_bound_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic, *,
                  rng: random.Random | None = None) -> None:
-        self._settings, self._group, self._topic = dict(settings), group, topic
+        # (a copy whose repr masks the secrets)
+        self._settings, self._group, self._topic = ClientSettings(settings), group, topic
         self.persist_s = persist_threshold(session_timeout_ms, revoke_bound_s)
         self._clock = clock
         self._rng = rng or random.Random()
@@ -198,7 +201,7 @@ class OrphanWatch:
         self.jitter_s = self._rng.uniform(0.0, JITTER_FRACTION * self.persist_s)
 
     def _run(self) -> None:
-        admin: AdminClient | None = None
+        admin: Admin | None = None
         while not self._stop.wait(CHECK_EVERY_S):
             now = self._clock()
             if not self.polls(now):
@@ -206,7 +209,7 @@ class OrphanWatch:
             with self._lock:
                 self._attempted = now
             try:
-                admin = admin or AdminClient(dict(self._settings))
+                admin = admin or Admin(self._settings, timeout=CHECK_TIMEOUT_S)
                 self.checks += 1
                 orphans, members = self._check(admin)
                 self.observe(orphans, members, self._clock())
@@ -221,12 +224,11 @@ class OrphanWatch:
                 (log.warning if self.failures == 1 else log.debug)(
                     "orphan_check_failed", error=f"{type(exc).__name__}: {exc}"[:300])
 
-    def _check(self, admin: AdminClient) -> tuple[set[int], list[str]]:
-        group = admin.describe_consumer_groups([self._group])[self._group].result(
-            timeout=CHECK_TIMEOUT_S)
+    def _check(self, admin: Admin) -> tuple[set[int], list[str]]:
+        group = admin.describe_group(self._group)
         if group.state != ck.ConsumerGroupState.STABLE or not group.members:
             return set(), []
-        meta = admin.list_topics(self._topic, timeout=CHECK_TIMEOUT_S).topics[self._topic]
+        meta = admin.metadata(self._topic).topics[self._topic]
         if meta.error is not None:
             return set(), []
         orphans = orphaned(len(meta.partitions), self._topic, (

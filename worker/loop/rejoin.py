@@ -10,23 +10,24 @@ get stuck the same way, so replacing it blindly on a timer does not help; a clie
 after the cluster answers joins at once.
 
 So, while partitions are lost, a side thread probes the cluster with a fresh admin client
-every second. The worker replaces its consumer client (:meth:`worker.kafka.Consumer.reopen`)
-only when the cluster has answered for ``SETTLE_S`` and librdkafka's statistics, taken after
-that, still show no connection to the group coordinator: the stuck state itself. A client
-that is merely rejoining (connected, waiting for the group) is left alone: replacing it then
-makes the new member wait for the old one's join. Replacements are at least ``MIN_GAP_S``
-apart, doubling up to ``MAX_GAP_S``.
+(:meth:`worker.kafka.admin.Admin.answers`) every second. The worker replaces its consumer
+client (:meth:`worker.kafka.Consumer.reopen`) only when the cluster has answered for
+``SETTLE_S`` and librdkafka's statistics, taken after that, still show no connection to the
+group coordinator: the stuck state itself. A client that is merely rejoining (connected,
+waiting for the group) is left alone: replacing it then makes the new member wait for the
+old one's join. Replacements are at least ``MIN_GAP_S`` apart, doubling up to ``MAX_GAP_S``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import confluent_kafka as ck
-from confluent_kafka.admin import AdminClient
+from worker.exceptions import KafkaIOError
+from worker.kafka.admin import Admin
+from worker.kafka.clients import ClientSettings
 
 SETTLE_S = 2.0
 MIN_GAP_S = 10.0
@@ -39,9 +40,9 @@ class ClusterProbe:
     """Whether a fresh client gets metadata from the cluster, checked off the loop's thread
     while :attr:`active`; :attr:`answering_since` is when it last started answering."""
 
-    def __init__(self, settings: dict[str, Any],
+    def __init__(self, settings: Mapping[str, Any],
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._settings, self._clock = settings, clock
+        self._settings, self._clock = ClientSettings(settings), clock  # repr masks secrets
         self.answering_since: float | None = None
         self._wake = threading.Event()
         self._active = False
@@ -75,9 +76,8 @@ class ClusterProbe:
 
     def _answers(self) -> bool:
         try:
-            admin = AdminClient(dict(self._settings))
-            return bool(admin.list_topics(timeout=PROBE_TIMEOUT_S).brokers)
-        except (ck.KafkaException, RuntimeError):
+            return Admin(self._settings, timeout=PROBE_TIMEOUT_S).answers()
+        except KafkaIOError:  # the client could not even be made (bad settings)
             return False
 
 

@@ -21,7 +21,9 @@ from rich.table import Table
 
 from worker.bundled import samples_dir
 from worker.config import WorkerConfig
-from worker.kafka import consumer_settings
+from worker.kafka import Consumer
+from worker.kafka.admin import Admin
+from worker.kafka.clients import reader_settings
 from worker.kafka.headers import read_headers
 from worker.loop.build import build_worker
 from worker.tools.produce import encode_job, produce_folder
@@ -54,10 +56,13 @@ def _brokers(cfg: WorkerConfig, console: Console) -> Iterator[WorkerConfig]:
 
 def _collect(cfg: WorkerConfig, topic: str, want: set[str], deadline: float,
              into: dict[str, Any]) -> None:
-    conf = consumer_settings(cfg) | {"group.id": f"demo-reader-{uuid.uuid4().hex[:8]}"}
-    reader = ck.Consumer(conf)
-    reader.subscribe([topic])
+    # Every partition from its beginning, outside any group: nothing is committed.
+    start = [ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING)
+             for p in Admin(cfg).partitions(topic)]
+    reader = Consumer(reader_settings(cfg, f"demo-reader-{uuid.uuid4().hex[:8]}"))
+    reader.open()
     try:
+        reader.assign(start)
         while not want <= into.keys() and time.monotonic() < deadline:
             for msg in reader.consume(100, timeout=0.5):
                 key = msg.key()

@@ -20,8 +20,10 @@ from urllib.parse import unquote, urlparse
 import confluent_kafka as ck
 
 from worker.config import WorkerConfig
-from worker.exceptions import ConfigError, JobRejected, KafkaIOError
-from worker.kafka import consumer_settings
+from worker.exceptions import ConfigError, JobRejected
+from worker.kafka import Consumer
+from worker.kafka.admin import Admin
+from worker.kafka.clients import reader_settings
 from worker.kafka.headers import read_headers
 from worker.tools.produce import send_jobs as send_records
 from worker.tools.replay.headers import as_dict
@@ -104,25 +106,17 @@ class AnswerReader:
     """Reads the results and DLQ topics from their current ends (open it before sending)."""
 
     def __init__(self, cfg: WorkerConfig, results_topic: str, dlq_topic: str | None) -> None:
-        conf = consumer_settings(cfg)
-        conf.update({"group.id": f"ktw-generate-{uuid.uuid4().hex[:12]}",
-                     "isolation.level": "read_committed", "enable.partition.eof": False})
         self.results_topic, self.dlq_topic = results_topic, dlq_topic
-        self._consumer = ck.Consumer(conf)
+        self._consumer = Consumer(reader_settings(cfg, f"ktw-generate-{uuid.uuid4().hex[:12]}")
+                                  | {"enable.partition.eof": False})
         try:
+            admin = Admin(cfg, timeout=30.0)
             tps = []
             for topic in [t for t in (results_topic, dlq_topic) if t]:
-                meta = self._consumer.list_topics(topic, timeout=30).topics[topic]
-                if meta.error is not None:
-                    raise KafkaIOError(f"topic {topic!r}: {meta.error.str()}")
-                for p in sorted(meta.partitions):
-                    _, high = self._consumer.get_watermark_offsets(
-                        ck.TopicPartition(topic, p), timeout=30)
-                    tps.append(ck.TopicPartition(topic, p, high))
+                marks = admin.watermarks(topic, admin.partitions(topic))
+                tps += [ck.TopicPartition(topic, p, high) for p, (_, high) in marks.items()]
+            self._consumer.open()
             self._consumer.assign(tps)
-        except ck.KafkaException as exc:
-            self._consumer.close()
-            raise KafkaIOError(f"cannot read {results_topic}: {exc}") from exc
         except BaseException:
             self._consumer.close()
             raise

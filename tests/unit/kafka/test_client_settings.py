@@ -68,3 +68,27 @@ def test_a_traceback_with_locals_of_a_failed_consumer_shows_no_secret() -> None:
     text = out.getvalue()
     assert "no.such.property" in text and "settings" in text  # the frame and its locals
     assert _leaked(text) == []
+
+
+def test_the_tools_and_side_threads_keep_their_settings_masked() -> None:
+    """Every client settings the replay and the loop's side threads (cluster probe, orphan
+    watch) hold print no secret; the replay's admin settings were once a plain dict."""
+    from worker.kafka.clients import common_settings, reader_settings
+    from worker.loop.orphans import OrphanWatch
+    from worker.loop.rejoin import ClusterProbe
+    from worker.tools.replay.kafka import (
+        admin_settings as replay_admin_settings,
+    )
+    from worker.tools.replay.kafka import (
+        replay_consumer_settings,
+        replay_producer_settings,
+    )
+
+    cfg = _cfg()
+    held = [replay_admin_settings(cfg), replay_consumer_settings(cfg, "r"),
+            replay_producer_settings(cfg), reader_settings(cfg, "g"),
+            ClusterProbe(common_settings(cfg.kafka))._settings,
+            OrphanWatch(common_settings(cfg.kafka), "g", "jobs", 45_000)._settings]
+    for settings in held:
+        assert settings["sasl.password"] == SECRETS["sasl.password"]
+        assert "sasl.password" in repr(settings) and _leaked(repr(settings)) == []

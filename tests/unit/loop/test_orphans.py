@@ -162,16 +162,16 @@ class FakeAdmin:
     def __init__(self, group: Any, partitions: int = 4, error: Any = None) -> None:
         self.group, self.partitions, self.error = group, partitions, error
 
-    def describe_consumer_groups(self, groups: list[str]) -> dict[str, Any]:
-        return {g: SimpleNamespace(result=lambda timeout: self.group) for g in groups}
+    def describe_group(self, group: str) -> Any:
+        return self.group
 
-    def list_topics(self, topic: str, timeout: float) -> Any:
+    def metadata(self, topic: str) -> Any:
         meta = SimpleNamespace(partitions=dict.fromkeys(range(self.partitions)),
                                error=self.error)
         return SimpleNamespace(topics={topic: meta})
 
-    def poll(self, timeout: float) -> int:
-        return 0
+    def poll(self, timeout: float) -> None:
+        pass
 
 
 def _admin(group: Any, error: Any = None) -> Any:
@@ -204,7 +204,7 @@ def test_check_finds_nothing_when_the_topic_does_not_answer() -> None:
 def test_a_failing_check_resets_the_clock_and_the_watch_goes_on(
         monkeypatch: pytest.MonkeyPatch, exc: Exception) -> None:
     monkeypatch.setattr(orphans, "CHECK_EVERY_S", 0.01)
-    monkeypatch.setattr(orphans, "AdminClient", lambda settings: object())
+    monkeypatch.setattr(orphans, "Admin", lambda settings, timeout: object())
     w = _watch()
     w.observe({0}, ["m-1"], 0.0)
 
@@ -327,8 +327,8 @@ def test_a_member_restarted_under_its_instance_id_keeps_its_place() -> None:
 def test_the_watch_thread_checks_only_while_this_member_polls(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(orphans, "CHECK_EVERY_S", 0.01)
-    monkeypatch.setattr(orphans, "AdminClient",
-                        lambda settings: FakeAdmin(_six_members(), partitions=6))
+    monkeypatch.setattr(orphans, "Admin",
+                        lambda settings, timeout: FakeAdmin(_six_members(), partitions=6))
     first, fourth = _watch(MEMBER_IDS["w0"]), _watch(MEMBER_IDS["w3"])
     for w in (first, fourth):
         w.start()

@@ -10,8 +10,8 @@ from worker.config import WorkerConfig
 from worker.exceptions import KafkaIOError
 from worker.kafka import Consumer
 from worker.kafka.admin import Admin
+from worker.kafka.clients import reader_settings
 from worker.tools.admin.deadletters import Reference
-from worker.tools.admin.redrive_kafka import assign, reader_settings
 
 
 class SourceFetcher:
@@ -32,7 +32,7 @@ class SourceFetcher:
         if not low <= ref.offset < high:
             held = f"offsets {low}..{high - 1}" if high > low else "no records"
             return f"{ref} no longer retained (the partition holds {held})"
-        assign(self.consumer, [ck.TopicPartition(ref.topic, ref.partition, ref.offset)])
+        self.consumer.assign([ck.TopicPartition(ref.topic, ref.partition, ref.offset)])
         deadline = time.monotonic() + self.admin.timeout
         while time.monotonic() < deadline:
             for msg in self.consumer.consume(1, timeout=0.5):

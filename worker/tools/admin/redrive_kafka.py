@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import confluent_kafka as ck
 import structlog
 
 from worker.config import WorkerConfig
 from worker.exceptions import DeliveryFailed, KafkaIOError
-from worker.kafka import Consumer, Producer, consumer_settings, is_fatal, producer_settings
-from worker.kafka.clients import kafka_io_error
+from worker.kafka import Consumer, Producer, is_fatal, producer_settings
+from worker.kafka.clients import ClientSettings, reader_settings
 from worker.kafka.headers import read_headers
 from worker.wire.records import Headers
 
@@ -22,16 +21,7 @@ log = structlog.get_logger("worker.admin")
 IDLE_TIMEOUT_S = 60.0  # no record while partitions are left: the broker is not answering
 
 
-def reader_settings(cfg: WorkerConfig, group: str) -> dict[str, Any]:
-    conf = consumer_settings(cfg)
-    # assign() only (the group never has members); offsets are committed explicitly, after
-    # the re-sent jobs are acknowledged. Aborted transactional output is never re-sent.
-    conf.update({"group.id": group, "enable.auto.commit": False,
-                 "enable.auto.offset.store": False, "isolation.level": "read_committed"})
-    return conf
-
-
-def sender_settings(cfg: WorkerConfig) -> dict[str, Any]:
+def sender_settings(cfg: WorkerConfig) -> ClientSettings:
     conf = producer_settings(cfg)
     conf.update({"enable.idempotence": True, "acks": "all"})  # whatever producer_extra says
     # Every record delivered or failed for good within this, so a confirm() that returns has
@@ -62,13 +52,6 @@ def scan_start(committed: int | None, low: int, end: int) -> int:
     return committed if committed is not None and low <= committed <= end else low
 
 
-def assign(consumer: Consumer, tps: list[ck.TopicPartition]) -> None:
-    try:
-        consumer.client.assign(tps)
-    except ck.KafkaException as exc:
-        raise kafka_io_error(exc, f"assign {tps[0].topic}") from exc
-
-
 class DlqReader:
     """Reads ``[start, end)`` of each DLQ partition, in batches; :meth:`stop` leaves a
     partition where it is. :meth:`commit` stores the redrive's progress."""
@@ -77,11 +60,13 @@ class DlqReader:
                  ranges: dict[int, tuple[int, int]]) -> None:
         self.topic, self.ends = topic, {p: end for p, (_, end) in ranges.items()}
         self.todo = {p for p, (start, end) in ranges.items() if start < end}
+        # assign() only (the group never has members); offsets are committed explicitly,
+        # after the re-sent jobs are acknowledged; aborted transactional output is never read.
         self.consumer = Consumer(reader_settings(cfg, group))
         self.consumer.open()
         if self.todo:
-            assign(self.consumer, [ck.TopicPartition(topic, p, ranges[p][0])
-                                    for p in sorted(self.todo)])
+            self.consumer.assign([ck.TopicPartition(topic, p, ranges[p][0])
+                                  for p in sorted(self.todo)])
 
     def active(self, partition: int) -> bool:
         return partition in self.todo
@@ -106,11 +91,8 @@ class DlqReader:
             if got:
                 last = time.monotonic()
                 yield got
-            try:
-                positions = self.consumer.client.position(
-                    [ck.TopicPartition(self.topic, p) for p in sorted(self.todo)])
-            except ck.KafkaException as exc:
-                raise kafka_io_error(exc, f"position on {self.topic}") from exc
+            positions = self.consumer.position(
+                [ck.TopicPartition(self.topic, p) for p in sorted(self.todo)])
             self.todo -= {tp.partition for tp in positions if tp.offset >= self.ends[tp.partition]}
             if self.todo and time.monotonic() - last > IDLE_TIMEOUT_S:
                 raise KafkaIOError(f"reading {self.topic}: nothing for {IDLE_TIMEOUT_S:.0f} s "

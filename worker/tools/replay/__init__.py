@@ -6,8 +6,9 @@ the engine and the source record; a state file makes an interrupted replay resum
 duplicating output; ``--compare`` joins the new results with an older results topic.
 
 Modules: ``ranges`` (bound syntax), ``resolve`` (bounds -> offsets, validation), ``ledger`` and
-``state`` (progress and the state file), ``scan`` (what a killed run already wrote), ``runner``
-(the loop), ``compare``/``histogram``/``report`` (what changed), ``cli`` (the command).
+``state`` (progress and the state file), ``scan`` (what a killed run already wrote), ``parts``
+(the replay's consumer, output, committer and start-up parts), ``runner`` (the worker loop over
+them), ``compare``/``histogram``/``report`` (what changed), ``cli`` (the command).
 """
 
 from worker.tools.replay.exceptions import (

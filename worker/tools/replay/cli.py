@@ -128,8 +128,9 @@ def _report(cfg: Any, s: ReplaySummary, old_topic: str | None, report_dir: Path 
 
     from rich.console import Console
 
+    from worker.kafka.admin import Admin
     from worker.tools.replay.compare.report import build_report, tables
-    from worker.tools.replay.kafka import Admin, admin_settings, replay_consumer_settings
+    from worker.tools.replay.kafka import replay_consumer_settings
 
     out = report_dir or Path(f"replay-report-{s.replay_id}")
     out.mkdir(parents=True, exist_ok=True)
@@ -143,7 +144,7 @@ def _report(cfg: Any, s: ReplaySummary, old_topic: str | None, report_dir: Path 
     if not s.finished:
         console.print("[yellow]not comparing: the replay has not reached its end[/]")
         return
-    admin = Admin(admin_settings(cfg))
+    admin = Admin(cfg)
     conf = replay_consumer_settings(cfg, s.replay_id)
     report = build_report(admin, conf, s.state, old_topic, out, top_n=top)
     for table in tables(report.comparison, old_topic):

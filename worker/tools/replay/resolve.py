@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from worker.kafka.admin import Admin, Found
 from worker.tools.replay.exceptions import BadRange, UnknownPartition
-from worker.tools.replay.kafka import Admin, Found
+from worker.tools.replay.kafka import topic_ends, topic_partitions
 from worker.tools.replay.ranges import Bound, check_order, iso_ms
 
 
@@ -27,7 +28,7 @@ class PartitionRange:
 
 
 def select_partitions(admin: Admin, topic: str, wanted: Sequence[int] | None) -> list[int]:
-    existing = admin.partitions(topic)
+    existing = topic_partitions(admin, topic)
     if wanted is None:
         return existing
     missing = sorted(set(wanted) - set(existing))
@@ -44,7 +45,7 @@ def resolve_range(admin: Admin, topic: str, partitions: Sequence[int] | None,
     """The offsets ``[start, end)`` to replay per selected partition."""
     parts = select_partitions(admin, topic, partitions)
     check_order(start, end)
-    marks = admin.watermarks(topic, parts)
+    marks = topic_ends(admin, topic, parts)
     if all(low >= high for low, high in marks.values()):
         raise BadRange(f"topic {topic!r} holds no records in partitions "
                        f"{', '.join(map(str, parts))}")

@@ -12,24 +12,27 @@ those source offsets are marked handled instead of being produced again. This ho
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import confluent_kafka as ck
 
 from worker.exceptions import JobRejected
+from worker.kafka.admin import Admin
 from worker.kafka.headers import read_headers
+from worker.kafka.reader import read_ranges
 from worker.tools.replay.headers import parse_written
-from worker.tools.replay.kafka import Admin, read_to_end
+from worker.tools.replay.kafka import topic_ends
 from worker.tools.replay.state import ReplayState
 from worker.wire.moderation_codec import decode_result
 
 
 def output_ends(admin: Admin, topic: str) -> dict[int, int]:
-    parts = admin.partitions(topic)
-    return {p: high for p, (_low, high) in admin.watermarks(topic, parts).items()}
+    return {p: high for p, (_low, high) in topic_ends(admin, topic).items()}
 
 
-def recover_written(admin: Admin, consumer_conf: dict[str, Any], state: ReplayState) -> int:
+def recover_written(admin: Admin, consumer_conf: Mapping[str, Any], state: ReplayState
+                    ) -> int:
     """Mark as handled every source record the replay's outputs already answer; return how
     many were found that the state file did not know about. Moves ``scan_from`` to the ends."""
     found = 0
@@ -50,7 +53,7 @@ def recover_written(admin: Admin, consumer_conf: dict[str, Any], state: ReplaySt
     for topic, starts in state.scan_from.items():
         ends = output_ends(admin, topic)
         ranges = {p: (starts.get(p, 0), end) for p, end in ends.items()}
-        read_to_end(consumer_conf, topic, ranges, on_message)
+        read_ranges(consumer_conf, topic, ranges, on_message)
         state.scan_from[topic] = dict(ends)
     for ledger in state.partitions.values():
         ledger.advance(None)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.config import WorkerConfig
+from worker.kafka.admin import Admin
 from worker.tools.replay.exceptions import ReplayError, StateMismatch
-from worker.tools.replay.kafka import Admin
+from worker.tools.replay.kafka import topic_partitions
 from worker.tools.replay.ledger import PartitionLedger
 from worker.tools.replay.ranges import Bound
 from worker.tools.replay.resolve import resolve_range
@@ -50,9 +51,10 @@ def check_outputs(cfg: WorkerConfig, admin: Admin, req: ReplayRequest) -> None:
         )
     if req.dlq_topic is not None and req.dlq_topic in (req.topic, req.to_topic):
         raise ReplayError("--dlq-topic must differ from --topic and --to-topic")
-    admin.partitions(req.to_topic)  # UnknownTopic if missing: topics are never auto-created
+    # UnknownTopic if missing: topics are never auto-created.
+    topic_partitions(admin, req.to_topic)
     if req.dlq_topic is not None:
-        admin.partitions(req.dlq_topic)
+        topic_partitions(admin, req.dlq_topic)
 
 
 def load_or_create(cfg: WorkerConfig, admin: Admin, req: ReplayRequest

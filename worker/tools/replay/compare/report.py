@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,14 @@ from rich.console import Console
 from rich.table import Table
 
 from worker.exceptions import JobRejected
+from worker.kafka.admin import Admin
 from worker.kafka.headers import read_headers
+from worker.kafka.reader import read_ranges
 from worker.tools.replay.compare.histogram import write_histogram
 from worker.tools.replay.compare.maths import Comparison, ResultView, compare, view_of
 from worker.tools.replay.exceptions import ReplayError
 from worker.tools.replay.headers import REPLAY_ID, as_dict
-from worker.tools.replay.kafka import Admin, read_to_end
+from worker.tools.replay.kafka import topic_ends
 from worker.tools.replay.state import ReplayState
 from worker.wire.moderation_codec import decode_result
 
@@ -39,12 +42,11 @@ class Report:
     files: list[Path]
 
 
-def read_results(admin: Admin, conf: dict[str, Any], topic: str,
+def read_results(admin: Admin, conf: Mapping[str, Any], topic: str,
                  starts: dict[int, int] | None = None, replay_id: str | None = None
                  ) -> dict[str, ResultView]:
     """Job id -> last result in ``topic`` (from ``starts``, else the beginning, to the end)."""
-    parts = admin.partitions(topic)
-    marks = admin.watermarks(topic, parts)
+    marks = topic_ends(admin, topic)
     ranges = {p: ((starts or {}).get(p, low), high) for p, (low, high) in marks.items()}
     out: dict[str, ResultView] = {}
 
@@ -59,11 +61,11 @@ def read_results(admin: Admin, conf: dict[str, Any], topic: str,
         if view is not None:
             out[view.id] = view
 
-    read_to_end(conf, topic, ranges, on_message)
+    read_ranges(conf, topic, ranges, on_message)
     return out
 
 
-def build_report(admin: Admin, conf: dict[str, Any], state: ReplayState, old_topic: str,
+def build_report(admin: Admin, conf: Mapping[str, Any], state: ReplayState, old_topic: str,
                  report_dir: Path, *, top_n: int = 20) -> Report:
     new = read_results(admin, conf, state.to_topic, state.output_start.get(state.to_topic),
                        state.replay_id)
