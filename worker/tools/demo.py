@@ -32,7 +32,11 @@ from worker.wire.moderation_codec import decode_result
 
 
 @contextlib.contextmanager
-def _brokers(cfg: WorkerConfig, console: Console) -> Iterator[WorkerConfig]:
+def local_brokers(cfg: WorkerConfig, console: Console,
+                  topics: dict[str, int] | None = None) -> Iterator[WorkerConfig]:
+    """``cfg`` as it is when it names brokers; else a local Kafka started for the demo (stopped
+    after it) with ``topics`` (name -> partitions; the moderation topics by default) created,
+    and ``cfg`` pointed at it."""
     if cfg.kafka.bootstrap_servers:
         yield cfg
         return
@@ -44,9 +48,11 @@ def _brokers(cfg: WorkerConfig, console: Console) -> Iterator[WorkerConfig]:
     bootstrap = broker.start()
     console.print(f"Kafka up at {bootstrap} in {time.monotonic() - started:.1f} s")
     try:
-        topics = cfg.topics
-        broker.create_topics([topics.jobs], partitions=3)
-        broker.create_topics([topics.results, topics.dlq], partitions=1)
+        if topics is None:
+            t = cfg.topics
+            topics = {t.jobs: 3, t.results: 1, t.dlq: 1}
+        for name, partitions in topics.items():
+            broker.create_topics([name], partitions=partitions)
         yield cfg.model_copy(
             update={"kafka": cfg.kafka.model_copy(update={"bootstrap_servers": bootstrap})}
         )
@@ -74,7 +80,7 @@ def _collect(cfg: WorkerConfig, topic: str, want: set[str], deadline: float,
 
 def run_demo(cfg: WorkerConfig, *, images: Path | None, timeout_s: float) -> bool:
     console = Console()
-    with _brokers(cfg, console) as cfg:
+    with local_brokers(cfg, console) as cfg:
         sent = produce_folder(cfg, images or samples_dir(), prefix="demo-")
         bad_id = "demo-corrupt-jpeg"
         _produce_raw(cfg, bad_id, encode_job(bad_id, b"\xff\xd8\xff\xe0 truncated jpeg"))

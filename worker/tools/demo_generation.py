@@ -13,12 +13,10 @@ so the first image comes back in seconds.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from worker.config import WorkerConfig
 from worker.config.generation import SizeSettings
 from worker.loop.build import build_worker
 from worker.tasks.generation.device import resolve_device
+from worker.tools.demo import local_brokers
 from worker.tools.generate import (
     AnswerReader,
     Answers,
@@ -77,27 +76,6 @@ def demo_config(cfg: WorkerConfig) -> WorkerConfig:
         "generation": g, "processing": cfg.processing.model_copy(update={"task": "generation"})})
 
 
-@contextlib.contextmanager
-def _brokers(cfg: WorkerConfig, console: Console) -> Iterator[WorkerConfig]:
-    if cfg.kafka.bootstrap_servers:
-        yield cfg
-        return
-    from worker.devkit.local_kafka import LocalKafka
-
-    console.print("[bold]starting a local Kafka[/] (KRaft, single node; first run fetches jars)")
-    broker = LocalKafka()
-    started = time.monotonic()
-    bootstrap = broker.start()
-    console.print(f"Kafka up at {bootstrap} in {time.monotonic() - started:.1f} s")
-    try:
-        t = cfg.generation.topics
-        broker.create_topics([t.jobs, t.results, t.dlq], partitions=1)
-        yield cfg.model_copy(
-            update={"kafka": cfg.kafka.model_copy(update={"bootstrap_servers": bootstrap})})
-    finally:
-        broker.stop()
-
-
 def run_generation_demo(cfg: WorkerConfig, *, out_dir: Path | None, timeout_s: float,
                         console: Console | None = None) -> DemoRun:
     """Serve, send, read back, save, summarise. Raises what the worker raised (a ConfigError
@@ -106,7 +84,8 @@ def run_generation_demo(cfg: WorkerConfig, *, out_dir: Path | None, timeout_s: f
     cfg = demo_config(cfg)
     resolve_device(cfg.generation)  # a device this machine lacks fails before Kafka starts
     out = out_dir or Path(tempfile.mkdtemp(prefix="ktw-demo-generation-"))
-    with _brokers(cfg, console) as cfg:
+    t = cfg.generation.topics
+    with local_brokers(cfg, console, {t.jobs: 1, t.results: 1, t.dlq: 1}) as cfg:
         worker = build_worker(cfg)  # resolves generation.device: fails here if it cannot run
         g = worker.task.settings
         run = DemoRun([], Answers(), out, (g.sizes[0].width, g.sizes[0].height), g.device,
