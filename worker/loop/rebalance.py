@@ -32,6 +32,11 @@ class Rebalance:
 
     def on_assign(self, consumer: Any, partitions: list[ck.TopicPartition]) -> None:
         p = self._parts
+        # librdkafka keeps a partition's pause across a rebalance: one paused when it was lost
+        # (an outage's wait, a hold) came back paused for good, and the worker answered
+        # nothing more (seen after a 180 s broker stall). Whatever still wants it paused
+        # pauses it again: the breaker below, the hold and the committer at their next check.
+        p.consumer.resume(partitions)
         self._rebalanced("assigned", partitions)
         if p.poison is not None:  # (assigns them itself, once their marks are written)
             p.poison.assigned(partitions)
