@@ -89,6 +89,7 @@ def build_parts(cfg: WorkerConfig, task: Task, vitals: Vitals | None = None) -> 
                      if cfg.kafka.cloudevents else None))
     committer = make_committer(cfg, consumer, assignment, task.remove, hops, outputs)
     committer.on_committed = vitals.note_committed  # (exactly-once: the lag)
+    committer.on_wait = vitals.alive
     # A record that kills the process is dead-lettered after so many deaths (poison.py).
     poison = (PoisonGuard(cfg.processing.poison_max_attempts,
                           cfg.batch.max_batch_size * cfg.batch.max_in_flight_batches,

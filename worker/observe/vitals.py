@@ -58,6 +58,10 @@ class Vitals:
         self.coordinator_up: bool | None = None
         self.stats_at: float | None = None
 
+    def alive(self) -> None:
+        """The loop is alive but waiting in a call (the liveness heartbeat)."""
+        self.beat = time.monotonic()
+
     def rebalanced(self, event: str, n_partitions: int) -> None:
         self.rebalances[event] += 1
         if event == "lost":

@@ -58,6 +58,7 @@ class FakeCommitter:
     fatal: BaseException | None = None
     transactional_id = None
     on_committed = None
+    on_wait = None
 
     def __init__(self) -> None:
         self.open: set[tuple[str, int, int]] = set()

@@ -120,6 +120,7 @@ class AtLeastOnce:
         self.transactional_id: str | None = None
         # Never called: the consumer commits, and its statistics see its commits.
         self.on_committed: Callable[[dict[TopicPartitionKey, int]], None] | None = None
+        self.on_wait: Callable[[], None] | None = None  # (no call here blocks past its budget)
         self._last_commit = time.monotonic()
         self._commit_sent: float | None = None  # when the unanswered async commit was sent
         self._unanswered = 0  # async commits sent and not yet reported

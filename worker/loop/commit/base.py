@@ -34,6 +34,9 @@ class Committer(Protocol):
     # Told the positions a committer committed other than through the consumer (inside
     # transactions), which the consumer's statistics never see (the lag metric needs them).
     on_committed: Callable[[dict[TopicPartitionKey, int]], None] | None
+    # Called while a call to Kafka blocks the loop (its liveness heartbeat): a budgeted wait
+    # of a live worker is no hang.
+    on_wait: Callable[[], None] | None
     # The metadata its commits carry: the crash-loop breaker's counts (worker/loop/poison.py).
     marks: CommitMarks
 

@@ -448,7 +448,17 @@ class ExactlyOnce:
             # partitions' next owner).
             self._commit(release=self._tracker.partitions())
 
+    @property
+    def on_wait(self) -> Callable[[], None] | None:
+        """Called while a transactional call blocks (the loop's liveness heartbeat)."""
+        return self._txn.on_wait
+
+    @on_wait.setter
+    def on_wait(self, beat: Callable[[], None] | None) -> None:
+        self._txn.on_wait = beat
+
     def close(self, *, failed: bool) -> None:
+        self._txn.close()
         if failed:
             # Nothing of a failed transactional producer may be delivered any more (and
             # flushing a fenced one fails inside its delivery callbacks).

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import confluent_kafka as ck
 import structlog
@@ -51,6 +53,10 @@ from worker.kafka.clients import FENCED_CODES, DeliveryCallback
 from worker.loop.output import Output
 
 log = structlog.get_logger("worker.loop.commit.transactions")
+
+
+# How often a blocking transactional call reports that the loop is alive (see _blocking).
+WAIT_BEAT_S = 0.5
 
 
 class _Stuck(Exception):
@@ -86,6 +92,9 @@ class Transactions:
         self._backoff_s = backoff_s
         self._clock = clock
         self._sleep = sleep
+        # Called while a transactional call blocks (the loop's liveness heartbeat).
+        self.on_wait: Callable[[], None] | None = None
+        self._caller: ThreadPoolExecutor | None = None
         self.open = False
         # A reset's new client has not registered its transactional.id yet (see reinit()).
         self.needs_init = False
@@ -225,6 +234,29 @@ class Transactions:
         self._suspect = False
         self.sequence += 1
 
+    def _blocking(self, call: Callable[[float], None], timeout: float) -> None:
+        """``call(timeout)``, with ``on_wait`` called every WAIT_BEAT_S while it runs. A
+        transactional call can block far past its timeout (librdkafka held
+        send_offsets_to_transaction 60 s against a 10 s timeout after a broker stall), and the
+        loop's liveness heartbeat is not stepped meanwhile: the wait is the budgeted wait of a
+        worker that is alive, not a hang for the orchestrator to restart."""
+        if self.on_wait is None:
+            call(timeout)
+            return
+        if self._caller is None:
+            self._caller = ThreadPoolExecutor(1, thread_name_prefix="txn-call")
+        fut = self._caller.submit(call, timeout)
+        while True:
+            try:
+                fut.result(timeout=WAIT_BEAT_S)
+                return
+            except FutureTimeout:
+                self.on_wait()
+
+    def close(self) -> None:
+        if self._caller is not None:
+            self._caller.shutdown(wait=False)
+
     # -- retries -----------------------------------------------------------------------------
     def _retrying(self, what: str, call: Callable[[float], None], *, budget_s: float,
                   on_deadline: str, abortable_is_fatal: bool = False) -> None:
@@ -234,7 +266,7 @@ class Transactions:
             attempt += 1
             left = deadline - self._clock()
             try:
-                call(max(0.1, min(self._op_timeout_s, left)))
+                self._blocking(call, max(0.1, min(self._op_timeout_s, left)))
                 return
             except TransactionError as exc:
                 if exc.fatal or (exc.abortable and abortable_is_fatal):

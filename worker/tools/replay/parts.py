@@ -188,6 +188,7 @@ class ReplayCommitter:
 
     transactional_id: str | None = None
     on_committed: Callable[[dict[TopicPartitionKey, int]], None] | None = None
+    on_wait: Callable[[], None] | None = None
 
     def __init__(self, cfg: WorkerConfig, req: ReplayRequest, state: ReplayState,
                  outputs: ReplayOutputs, reader: RangeReader, progress: ReplayProgress) -> None:

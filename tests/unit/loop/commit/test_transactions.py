@@ -362,3 +362,32 @@ def test_fatal_error_events_count_as_fatal_whatever_their_flag() -> None:
     assert not event.fatal() and is_fatal(event)
     assert is_fatal(ck.KafkaError(ck.KafkaError.FENCED_INSTANCE_ID, "fenced", fatal=True))
     assert not is_fatal(ck.KafkaError(ck.KafkaError._TRANSPORT, "broker down"))
+
+
+def test_a_call_blocking_past_its_timeout_keeps_the_loops_heartbeat() -> None:
+    """librdkafka held send_offsets_to_transaction 60 s against a 10 s timeout after a broker
+    stall: the loop did not step, /healthz failed and an orchestrator would have restarted a
+    worker that was only waiting. The call now runs on a helper thread while on_wait beats."""
+    import threading
+
+    release = threading.Event()
+
+    class SlowProducer(ScriptedProducer):
+        def commit_transaction(self, timeout: float) -> None:
+            release.wait(5)
+            super().commit_transaction(timeout)
+
+    p = SlowProducer()
+    t = _txn(p)
+    beats: list[int] = []
+
+    def beat() -> None:
+        beats.append(1)
+        if len(beats) == 3:
+            release.set()
+
+    t.on_wait = beat
+    t.produce(OUT, _noop)
+    t.commit(OFFSETS, object())
+    assert len(beats) >= 3 and t.commits == 1
+    t.close()
