@@ -35,8 +35,11 @@ class Feeder(threading.Thread):
         self.sent_at: dict[str, float] = {}
         self.failures: list[str] = []
         self._halt = threading.Event()
+        # A job sent while the broker is frozen waits for it: librdkafka's default 300 s
+        # delivery timeout failed the feeder itself in a 300 s stall.
         self._producer = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                                      "linger.ms": 5, **CLIENT_RECOVERY})
+                                      "linger.ms": 5, "message.timeout.ms": 900_000,
+                                      **CLIENT_RECOVERY})
 
     def run(self) -> None:
         start = time.monotonic()
