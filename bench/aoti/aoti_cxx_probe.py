@@ -1,5 +1,5 @@
 """Does torch's C++ package loader (``torch._C._aoti.AOTIModelPackageLoader``), used without
-importing ``torch._inductor`` (1.5 s of a start on the H200 machine, 2026-12-02), load a cached
+importing ``torch._inductor`` (1.5 s of a start on the H200 machine), load a cached
 bundle's package and answer like ``aoti_load_package`` does? One fresh process per run, which
 imports only torch, CUDA and onnxruntime before the load (the loader workaround's order).
 

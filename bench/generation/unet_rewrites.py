@@ -11,7 +11,7 @@ rewrite that wins on the H200 moves into the SD modules with tests.
   needed). The cross-attention's key and value see 77 text tokens, too few to gain from it.
   Outputs come back in bfloat16 (what row-wise scaling supports on every torch the engine
   runs on) and are cast to the network's dtype; the bias is added after. ``use_fast_accum``
-  stays at its default (off), as measured on 2026-12-03.
+  stays at its default (off), as measured (bench/NOTES.md).
 - ``fp8_qkv``: both.
 """
 

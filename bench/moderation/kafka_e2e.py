@@ -157,7 +157,7 @@ def main() -> None:
             # Every sustained run answers a backlog produced before its processes start; the
             # group's first assignment waits for all of them (BROKER). Producing once they
             # held partitions made the producer the limit (~13k jobs/s here), and the window
-            # was misread (pipeline_bench.end_to_end, 2026-12-01 evening).
+            # was misread (pipeline_bench.end_to_end).
             r = end_to_end(bootstrap, photos, args.jobs, args.preprocess, None, procs,
                            args.gpus, produce_after_ready=False)
             runs.append(r)

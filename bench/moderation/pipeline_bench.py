@@ -230,7 +230,7 @@ def produce_jobs(bootstrap: str, topic: str, photos: list[bytes], n: int, prefix
 # VM (1,000 msg/s, plain producer, two readers at once) consume(2000, 0.005) read p50 4.5-4.7 /
 # p99 10.4-17.3 ms where poll() for the first record and then taking what is already fetched
 # read 1.5-1.8 / 7.2-14.2 ms. The reader therefore polls ("prompt"); "window" is the earlier
-# reader, kept to compare with records made before 2026-12-04.
+# reader, kept to compare with the records it made.
 READER_FETCH_WAIT_MS, READER_CONSUME_TIMEOUT_S = 5, 0.005
 READER_MODES = ("prompt", "window")
 
@@ -239,7 +239,8 @@ def collect(bootstrap: str, topic: str, n: int, timeout: float, sink: dict[str, 
             produced: dict[str, float] | None = None, mode: str = "prompt") -> None:
     """Arrival wall time per result key (the reader polls continuously); with ``produced``,
     also each result's CreateTime (the worker's produce call), in seconds. ``mode``: "prompt"
-    stamps a record when it is there; "window" is consume(2000, 5 ms) as before 2026-12-04."""
+    stamps a record when it is there; "window" is consume(2000, 5 ms), the reader the older
+    records used."""
     import confluent_kafka as ck
 
     if mode not in READER_MODES:
@@ -428,8 +429,8 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
         out["reader_span_s"] = float((ts[-1] - ts[0]) / 1e3) if len(ts) else 0.0
         if producing is not None:
             # Jobs produced while the workers answered: the rate cannot exceed the producer's.
-            # (Before 2026-12-01 evening the window was sampled only after the producer
-            # finished, so such runs read several times too high.)
+            # (Sampled only after the producer finished, the window read several times too
+            # high.)
             rate_in = n / (producing[1] - producing[0])
             out["producer_jobs_per_s"] = rate_in
             out["producer_bound"] = out["sustained_fps"] >= 0.9 * rate_in
@@ -446,7 +447,7 @@ def end_to_end(bootstrap: str, photos: list[bytes], n: int, preprocess: str,
         if window_reader is not None:
             window_reader.join(30)
         wlat = np.array([(windowed[k] - sent[k]) * 1e3 for k in windowed if k in sent])
-        if len(wlat):  # the same results through the reader of the records before 2026-12-04
+        if len(wlat):  # the same results through the window reader
             out["window_reader"] = {"latency_p50_ms": float(np.percentile(wlat, 50)),
                                     "latency_p99_ms": float(np.percentile(wlat, 99)),
                                     "latency_n": len(wlat),

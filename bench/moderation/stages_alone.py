@@ -13,7 +13,7 @@ by one barrier:
 
 A stage's rate is all images over the span from the common start to the last process's end.
 Each stage runs ``reps`` times (the order task, engine, decode repeated) and the median counts:
-single one-second runs of the same stage spread 14k-25k img/s on the H200 (2026-12-02).
+single one-second runs of the same stage spread 14k-25k img/s on the H200.
 The GPU path's slowest stage is the smaller of engine and decode; ``task`` chains both.
 """
 

@@ -12,7 +12,7 @@ process reports its own monotonic times from its start:
 
     python bench/start/cuda_start_probe.py --out DIR [--rounds 4]
 
-On the H200 (2026-12-03) ``overlap`` beat ``serial`` by 0.24 s and 0.5 s by the medians of two
+On the H200 ``overlap`` beat ``serial`` by 0.24 s and 0.5 s by the medians of two
 calls, but inside the worker the same thread saved 0.11 s of the engine's load and cost as much
 in the import (three-way warm-start A/B, bench/NOTES.md), so the worker does not do it.
 """

@@ -1,7 +1,7 @@
 """Warm start as a user meets it: `trt-worker run` started as a fresh process, broker already
 up, one job waiting in the topic; seconds from the process's start to its result at a reader.
 The group has a committed offset before the job, as a restarted worker's group has
-(``--fresh-group``: a new group, as every run before 2026-12-03 measured).
+(``--fresh-group``: a new group, as the older records measured).
 
 Per task (open_nsfw moderation on the torch backend with GPU preprocessing; SD 1.5 generation
 with random weights, one 512x512 image of 20 steps), the first run builds the engine cache and
@@ -101,7 +101,7 @@ def one_run(bootstrap: str, task: str, cache: Path, blobs: Path, cpu: bool,
     if not fresh_group:
         # A restart: the group has the offset its previous process committed (here 0, with
         # the job after it). A group without one starts with librdkafka's offset reset, which
-        # waits a fixed 100 ms before asking for the log's start (2026-12-03, on the VM).
+        # waits a fixed 100 ms before asking for the log's start (on the VM).
         group = ck.Consumer({"bootstrap.servers": bootstrap,
                              "group.id": cfg["kafka"]["group_id"]})
         group.commit(offsets=[ck.TopicPartition(tp["jobs"], 0, 0)], asynchronous=False)
@@ -221,7 +221,7 @@ def main() -> None:
     ap.add_argument("--engines", type=json.loads, default=None,
                     help='JSON merged into the engines section, e.g. \'{"autotune": false}\'')
     ap.add_argument("--fresh-group", action="store_true",
-                    help="a new consumer group per run, as every run before 2026-12-03 (default: "
+                    help="a new consumer group per run, as the older records (default: "
                          "the group has a committed offset, as a restarted worker's has)")
     ap.add_argument("--profile", action="store_true",
                     help="one more cached run per task under py-spy (speedscope JSON in --out)")

@@ -3,12 +3,12 @@
 The packages are bound to the bundle's weights by reference (``user_managed=True``). torch
 releases before pytorch/pytorch#194480 never release such bindings, so without
 ``engines.backends.aoti.kept.shared_weights`` every activate/deactivate cycle left one copy
-of the weights on the device (this test on the H200, torch 2.11, 2026-12-02: 2,103,808 bytes
+of the weights on the device (this test on the H200, torch 2.11: 2,103,808 bytes
 more per cycle for 2,103,300 bytes of weights).
 
 torch keeps a cuBLAS workspace (32 MiB on the H200) for every stream that ran a matmul, until it
 is told to drop them, and each activation makes new streams, so the measurement drops them
-first (found on the H200, 2026-12-02: 71 MB more per cycle without that; a new stream and one
+first (found on the H200: 71 MB more per cycle without that; a new stream and one
 matmul alone: 33.5 MB).
 """
 

@@ -106,7 +106,7 @@ def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -
 
 
 def test_gpu_task_accepts_and_rejects_mutated_jpegs_like_the_cpu_path() -> None:
-    # First run on an H200 (2026-12-02): nvJPEG decoded two files whose DC Huffman table holds
+    # On an H200 nvJPEG decoded two files whose DC Huffman table holds
     # a symbol over 15, which the CPU decoder refuses; jpeg_plain now sends files with tables
     # libjpeg would refuse to the CPU decoder (images/jpeg_tables.py). A failure names the files
     # the two paths judge differently.

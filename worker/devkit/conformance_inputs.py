@@ -59,7 +59,7 @@ def mutated_jpegs(n: int = 48, seed: int = 7) -> dict[str, bytes]:
     """Complete baseline JPEGs (a grey or YCbCr frame, ending with the end-of-image marker) of one
     photo with 1-4 bytes changed, in the headers (tables, frame, scan) or the entropy-coded
     data, half and half. The CPU decoder refuses about a third of them; which of those nvJPEG
-    also refuses is what the parity tests ask (2026-12-02: two with a bad DC Huffman table it
+    also refuses is what the parity tests ask (two with a bad DC Huffman table it
     decoded)."""
     buf = io.BytesIO()
     synthetic_photo().save(buf, "JPEG", quality=90)

@@ -6,7 +6,7 @@ Python code meanwhile, the loop and the batch threads alike. A GPU worker's heap
 the first job: importing torch and its compiler leaves ~330k tracked objects, and a full
 collection walks all of them (200-240 ms on the 2-core VM, ~160 ms on the H200's host). A
 backlog of held jobs promotes enough objects to start one every ~10k jobs, and at Python's young
-threshold (700) a young collection every few hundred (bench/NOTES.md, "2026-12-01, evening").
+threshold (700) a young collection every few hundred (bench/NOTES.md).
 Freezing the heap once warm (``gc.freeze``, which CPython added for servers that fork, and which
 serves a long-lived heap the same way: frozen objects are never walked) leaves full collections
 with what the loop made since; a higher young threshold makes young ones rare while the jobs,

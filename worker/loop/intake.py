@@ -39,7 +39,7 @@ class Intake:
         """``prompt``: return as soon as a record is there (an idle worker, whose wait is the
         long poll timeout); otherwise wait out ``timeout_s`` (at most a millisecond with work
         pending) for up to ``room`` records: at 5k jobs/s a process, taking records as they
-        came made 3.5x as many, smaller takes and batches (H200, 2026-12-04)."""
+        came made 3.5x as many, smaller takes and batches (H200)."""
         n = max(1, min(1000, room))
         take = self._consumer.take if prompt else self._consumer.consume
         msgs = take(n, timeout_s)

@@ -270,7 +270,7 @@ _register_admin()
 def main() -> None:
     # A native crash (a segfault in a GPU library, torch's package loader, librdkafka) prints
     # every thread's Python stack to stderr before the process dies, so the log says where:
-    # on the H200 (2026-12-02) torch's AOTInductor loader died silently until this was on.
+    # on the H200 torch's AOTInductor loader died silently until this was on.
     with contextlib.suppress(ValueError, OSError):  # a stderr without a file descriptor
         faulthandler.enable(all_threads=True)
     try:

@@ -5,10 +5,9 @@ Each child is a plain `trt-worker run` with one GPU visible (``CUDA_VISIBLE_DEVI
 instance id (``<instance_id>-gpu<i>``, with K > 1 ``<instance_id>-gpu<i>-<j>``: stable when the
 base is, e.g. a StatefulSet pod name) and its own metrics port (``metrics.port + n``, n counting
 the children). Several processes per GPU trade latency for throughput: each has its own
-nvJPEG decoder, Python loop and CUDA context, which the GPU time-slices (bench/NOTES.md,
-2026-12-01 night: 1, 2 and 4 processes on one H200) unless they run under MPS (``--mps``,
-:mod:`worker.tools.mps`; 2026-12-01 late: four processes 17.2k frames/s time-sliced, 31.5k
-under MPS). SIGTERM/SIGINT are passed on to every child;
+nvJPEG decoder, Python loop and CUDA context, which the GPU time-slices unless they run under
+MPS (``--mps``, :mod:`worker.tools.mps`; figures in docs/performance.md). SIGTERM/SIGINT are
+passed on to every child;
 when one child exits non-zero the others are stopped and its exit code is returned, so an
 orchestrator restarts the group as one unit (a pod) instead of running on with a GPU idle.
 Processes, not threads: each worker's host path is GIL-bound and its own CUDA context.

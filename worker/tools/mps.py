@@ -2,8 +2,7 @@
 
 Without MPS each worker process has its own CUDA context and the GPU time-slices between them:
 one process's nvJPEG decode never runs beside another's engine. Under MPS the processes' work
-goes through one server and runs concurrently. On one H200 (bench/NOTES.md, 2026-12-01 late)
-four processes did 17.2k frames/s without MPS and 31.5k with it; two did 22.8k with it.
+goes through one server and runs concurrently (figures: docs/performance.md).
 
 `trt-worker run --gpus N --procs-per-gpu K --mps` starts a private control daemon (its pipe
 and log folders in a fresh temporary folder, handed to the children as

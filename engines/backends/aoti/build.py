@@ -175,7 +175,7 @@ def off_by(got: Any, ref: Any, dtype: str, precision: str) -> tuple[float, float
     difference in levels, within one level. At float32 at most 1% of the values may differ (a
     rounding boundary crossed; the torch and ONNX Runtime engines differ the same way); at a
     reduced precision any number may (the SD 1.5 VAE in fp16 on the H200 crossed more than 1%
-    of them, 2026-12-02, never by more than one level)."""
+    of them, never by more than one level)."""
     if np.issubdtype(np.dtype(dtype), np.integer):
         diff = (got - ref).abs()
         few = float((diff > 0).double().mean()) <= 0.01

@@ -6,7 +6,7 @@ uncompressed (a package is itself a zip of compiled code; compressing again gain
 costs load time). Members are named by :func:`shape_name`. Each is loaded from a file
 (:func:`load_from_bundle`): torch's loader takes a path, and given bytes it writes them to a
 file itself, after the caller has held the whole package in memory. For a 1 GB package on the
-2-core VM that took 11.6-13.9 s against 5.4-6.2 s streamed to a file (2026-12-02).
+2-core VM that took 11.6-13.9 s against 5.4-6.2 s streamed to a file.
 """
 
 from __future__ import annotations
@@ -83,12 +83,12 @@ class Package:
 
     torch's C++ loader used directly, without ``torch._inductor.aoti_load_package``: that one
     imports ``torch._inductor`` (1.5 s of every start on the H200 machine with bytecode
-    compiled, 2026-12-02, against 0.01-0.06 s for the package loads themselves) only to read
+    compiled, against 0.01-0.06 s for the package loads themselves) only to read
     the package's metadata and compare its CPU ISA with this machine's (which compiled and ran
     test libraries in subprocesses: 36 s on the first load there). The engine cache key already
     pins the device, the torch version and the build options. Four fresh processes on the H200
     that imported only torch, CUDA and onnxruntime loaded the SD packages this way
-    (``bench/aoti/aoti_cxx_probe.py``, 2026-12-02)."""
+    (``bench/aoti/aoti_cxx_probe.py``)."""
 
     def __init__(self, loader: Any) -> None:
         from torch.utils import _pytree
@@ -111,7 +111,7 @@ class Package:
 
 def _onnxruntime_loaded() -> None:
     """Import onnxruntime (a dependency of the worker in every install) before the first CUDA
-    package loads. On the H200 machine (torch 2.11.0+cu130, driver 580, 2026-12-02) every
+    package loads. On the H200 machine (torch 2.11.0+cu130, driver 580) every
     AOTInductor package load in a process without it died with SIGSEGV inside torch's package
     loader (``AOTIModelPackageLoader``): 17 of 17, from a tiny two-layer MLP to the SD nets,
     in fresh processes and right after compiling, and also through the model-container

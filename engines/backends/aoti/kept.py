@@ -1,12 +1,12 @@
 """One copy of an engine's weights per process, where torch never releases them.
 
-torch releases before pytorch/pytorch#194480 (2026-08; torch 2.11 on the H200 among them) never
+torch releases before pytorch/pytorch#194480 (torch 2.11 on the H200 among them) never
 let go of a tensor bound by reference: their AOTInductor runtime, compiled into every package,
 makes a handle for each such constant and never deletes it, so the weights' storage outlives
 the package. On those, :func:`shared_weights` reads a bundle's weights once per process per
 artifact file and device, and every later load (the build's check, then each activation of a
 runner) binds the same copy; otherwise each activation of a runner would add a copy (measured
-on the H200, 2026-12-02: one weights' worth of device memory per activate/deactivate cycle).
+on the H200: one weights' worth of device memory per activate/deactivate cycle).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ user_managed=True)`` (the package keeps pointers to the caller's tensors). So al
 a bundle share one copy on the device, and a load reads the weights straight from the bundle
 into device memory. With the weights inside the library, torch extracts every package to a
 temporary directory and loads the library's weights itself: the SD UNet's 1.73 GB package took
-5.0 s to load on the H200 (10.6 s as the first load in a process), 2026-12-02.
+5.0 s to load on the H200 (10.6 s as the first load in a process).
 
 Two stored (uncompressed) members of the bundle:
 

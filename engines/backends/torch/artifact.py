@@ -73,7 +73,7 @@ def load_native(native: NativeNet, device: str, precision: str,
     # (bench/generation/sd_load_profile.py): 0.5 s (one run) instead of 1.35 s (median of two)
     # for the three SD 1.5 engines. The skeleton takes the artifact's precision before the load:
     # into float32 parameters, each fp16 tensor was converted on the CPU and copied at twice its
-    # size (the SD UNet's load took 0.9-1.0 s of a warm start, bench/NOTES.md 2026-12-02).
+    # size (the SD UNet's load took 0.9-1.0 s of a warm start, bench/NOTES.md).
     net = native.skeleton(device).to(dtype=getattr(torch, DTYPES[precision]))
     state = torch.load(entry.artifact, map_location="cpu", weights_only=True, mmap=True)
     net.load_state_dict(state, strict=True)

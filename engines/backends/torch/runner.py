@@ -278,7 +278,7 @@ class TorchRunner(Runner):
         shapes = graph_shapes(self.spec, key)
         try:
             # One sample per key, copied into each slot's own input (drawing it per slot cost
-            # ~0.3 s per batch-128 slot of a start-up: bench/NOTES.md, 2026-12-01 night).
+            # ~0.3 s per batch-128 slot of a start-up: bench/NOTES.md).
             samples = [torch.from_numpy(sample_input(t.dtype, s)).to(self.device)
                        for t, s in zip(self.spec.inputs, shapes, strict=True)]
             ring = []

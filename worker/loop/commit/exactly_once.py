@@ -170,7 +170,7 @@ class ExactlyOnce:
         (loop/output.stand_in). Its source stays marked until a transaction with the stand-in
         commits (:meth:`_settle_too_large`): when this transaction aborts too (another record
         refused), the next rewind must not redo it at full size, or the aborts can go round
-        for good, each one learning some records and forgetting others (CI, 2026-12-04)."""
+        for good, each one learning some records and forgetting others (seen in CI)."""
         why = "refused by its topic before the rewind"
         return stand_in(out, self.cfg.kafka.client_id, self._outputs, why) or out
 

@@ -140,8 +140,8 @@ class Transactions:
             if exc.code == ck.KafkaError._STATE:
                 # librdkafka refused the record because its transaction state went wrong
                 # under us: a purge report from the transaction just aborted came in late
-                # and failed the next one (seen once in the abort drill under load,
-                # 2026-12-02). Nothing of this transaction can commit, but a new client with
+                # and failed the next one (seen once in the abort drill under
+                # load). Nothing of this transaction can commit, but a new client with
                 # the same transactional.id starts clean, so the abort replaces the client.
                 self.fail(str(exc), timed_out=True)
                 raise TransactionError(str(exc), code=exc.code, abortable=True) from exc

@@ -2,7 +2,7 @@
 importing torchvision.
 
 ``import torchvision`` imports its models, datasets, ops and, through them, torch._dynamo: it
-took 5-11 s of a GPU worker's 12 s warm start on the H200 (py-spy, 2026-12-01), for two
+took 5-11 s of a GPU worker's 12 s warm start on the H200 (py-spy), for two
 operators. Both live in torchvision's image extension library, which is loaded here by path
 with ``torch.ops.load_library``, as torchvision itself loads it. Where that library cannot be
 found or loaded (another layout, a future torchvision), the decoders come from

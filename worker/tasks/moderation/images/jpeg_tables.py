@@ -3,7 +3,7 @@
 The GPU path hands "plain" JPEGs to nvJPEG and everything else to the CPU decoder, so both
 paths accept and reject the same images only if nothing the CPU decoder refuses counts as plain.
 libjpeg checks the tables and scan headers when a scan starts and refuses the whole image where
-one is unsound; nvJPEG checks less. On an H200 (2026-12-02) nvJPEG decoded baseline JPEGs whose
+one is unsound; nvJPEG checks less. On an H200 nvJPEG decoded baseline JPEGs whose
 DC Huffman table held a symbol over 15, which libjpeg refuses ("broken data stream"); those
 images were scored on the GPU path and dead-lettered on the CPU path.
 

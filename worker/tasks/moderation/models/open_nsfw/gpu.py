@@ -92,7 +92,7 @@ class OpenNsfwGpuModel(OpenNsfwModel):
         lap("plain_batches")
         if self._gpu_decode and self._decoder_warming is None:
             # nvJPEG's first decode (its handles, the decode and resize kernels) took 0.66-0.69 s
-            # of a 3.8 s cached start on the H200 (2026-12-03). A thread pays for it while the
+            # of a 3.8 s cached start on the H200. A thread pays for it while the
             # worker joins its group and serves: until it is done the pipeline's rows are
             # decoded on the CPU, which accepts and rejects the same images (scores within
             # 3e-2: libjpeg's IDCT, not nvJPEG's).
