@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -50,14 +51,15 @@ def environment() -> dict[str, Any]:
             except (ImportError, OSError, RuntimeError) as exc:
                 env["driver"] = f"unknown ({type(exc).__name__})"
     except ImportError:
-        pass
+        env["torch"] = None  # not installed (the CPU default runs without it)
     try:
         import onnxruntime
 
         env["onnxruntime"] = onnxruntime.__version__
     except ImportError:
-        pass
-    return env
+        env["onnxruntime"] = None
+    # Every record, GPU or CPU, carries the same provenance (dirty flag, library versions, CPU).
+    return {**provenance(), **env}
 
 
 def gc_totals(heap: Any) -> dict[str, dict[str, float]]:
@@ -98,13 +100,11 @@ def provenance() -> dict[str, Any]:
     except OSError:
         dirty = None
     cpu_model = platform.processor() or None
-    try:
+    with contextlib.suppress(OSError):  # (no /proc: platform's answer stands)
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu_model = line.split(":", 1)[1].strip()
                 break
-    except OSError:
-        pass
     rec: dict[str, Any] = {"commit": commit(), "dirty": dirty, "cpu_model": cpu_model,
                            "cpus": os.cpu_count(), "python": platform.python_version()}
     for dist in ("torch", "torchvision", "onnxruntime", "pillow", "confluent-kafka"):

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,12 +49,7 @@ def add_modes(p: argparse.ArgumentParser) -> None:
 
 def finish(name: str, params: dict[str, Any], runs: list[dict[str, Any]], started: float,
            ok: bool) -> Path:
-    env = environment()
-    # The commit alone does not say whether the run used uncommitted changes.
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                            capture_output=True, text=True, check=False,
-                            cwd=Path(__file__).parent)
-    env["dirty"] = bool(status.stdout.strip())
+    env = environment()  # (commit, dirty flag, versions: bench.common.provenance)
     record = {"bench": name, "env": env, "params": params, "runs": runs,
               "wall_s": round(time.monotonic() - started, 1), "ok": ok}
     path = write(name, record)

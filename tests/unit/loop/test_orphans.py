@@ -171,7 +171,7 @@ class FakeAdmin:
         return SimpleNamespace(topics={topic: meta})
 
     def poll(self, timeout: float) -> None:
-        pass
+        """Nothing queued to serve in the stand-in."""
 
 
 def _admin(group: Any, error: Any = None) -> Any:

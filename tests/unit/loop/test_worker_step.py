@@ -73,7 +73,8 @@ class FakeCommitter:
         for o in outs:
             self.open.discard((o.ref.topic, o.ref.partition, o.ref.offset))
 
-    def tick(self, *, force: bool = False) -> None: ...
+    def tick(self, *, force: bool = False) -> None:
+        """Outputs count as delivered when emitted: nothing to settle."""
 
     def pending(self) -> int:
         return len(self.open)
@@ -119,7 +120,8 @@ class FakeTask:
         self.removed: list[set[TopicPartitionKey]] = []
         self.closed = False
 
-    def warm_up(self) -> None: ...
+    def warm_up(self) -> None:
+        """No engine to warm."""
 
     def admit(self, batch: ConsumedBatch) -> list[Answer]:
         rejected = []
@@ -159,7 +161,8 @@ class FakeTask:
     def in_flight(self) -> int:
         return len(self.launched)
 
-    def wait(self, timeout: float) -> None: ...
+    def wait(self, timeout: float) -> None:
+        """Batches finish when the test says (finish()): no wait."""
 
     def ready(self) -> bool:
         return True
@@ -202,9 +205,11 @@ class FakeMembership:
         self._consumer.closed = True
         self.events.append("leave")
 
-    def step(self, now: float, vitals: Vitals) -> None: ...
+    def step(self, now: float, vitals: Vitals) -> None:
+        """No rejoin or orphan in these tests."""
 
-    def rebalanced(self) -> None: ...
+    def rebalanced(self) -> None:
+        """Nothing seen before a rebalance to forget."""
 
     def assigned(self) -> None:
         self.events.append("assigned")

@@ -280,24 +280,26 @@ class ReplayCommitter:
     def uncommitted(self) -> dict[TopicPartitionKey, int]:
         return {}  # (nothing is committed: the partition hold never holds a replay back)
 
+    # A replay owns no group: no offset is ever committed (its progress is the state file's
+    # checkpoint), and no partition is revoked, lost or rewound under it.
     def on_commit(self, err: ck.KafkaError | None, partitions: list[ck.TopicPartition]
                   ) -> None:
-        pass
+        """No consumer commit is ever made."""
 
     def revoked(self, keys: set[TopicPartitionKey]) -> None:
-        pass
+        """Never called: no group assigns the range."""
 
     def lost(self, keys: set[TopicPartitionKey]) -> None:
-        pass
+        """Never called: no group assigns the range."""
 
     def forget(self, keys: set[TopicPartitionKey]) -> None:
-        pass
+        """Nothing is kept per partition beyond the checkpoint."""
 
     def request_abort(self, reason: str) -> None:
-        pass
+        """No transaction to abort."""
 
     def track(self, key: TopicPartitionKey, committed: int) -> None:
-        pass
+        """The crash-loop breaker's hook: a replay has no committed positions to guard."""
 
     def position(self, key: TopicPartitionKey) -> int | None:
         return None
@@ -382,22 +384,22 @@ class NoGroup:
             log.warning("replay_consumer_close_failed", error=str(exc)[:300])
 
     def start(self) -> None:
-        pass
+        """No group to watch."""
 
     def stop(self) -> None:
-        pass
+        """No group to watch."""
 
     def step(self, now: float, vitals: Vitals) -> None:
-        pass
+        """No group to rejoin."""
 
     def rebalanced(self) -> None:
-        pass
+        """Never called: no group."""
 
     def assigned(self) -> None:
-        pass
+        """Never called: no group."""
 
     def lost(self) -> None:
-        pass
+        """Never called: no group."""
 
     def totals(self) -> dict[str, int]:
         return {}

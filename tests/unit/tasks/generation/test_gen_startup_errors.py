@@ -28,7 +28,7 @@ class _Unloadable:
         raise BackendUnavailable("torch backend needs CUDA; none is available")
 
     def deactivate(self) -> None:
-        pass
+        """Never activated: nothing to release."""
 
 
 def test_a_backend_that_cannot_load_at_warm_up_is_a_config_error() -> None:

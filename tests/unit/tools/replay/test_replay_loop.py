@@ -115,7 +115,7 @@ class FakeConsumerClient:
         self.log.commits += 1
 
     def close(self) -> None:
-        pass
+        """The stand-in holds no connection."""
 
 
 class FakeProducerClient:
@@ -185,7 +185,8 @@ class FakeTask:
                        b"result:" + (r.value or b""), [("ktw.engine", b"engine-1")])
                 for r, epoch in done]
 
-    def remove(self, keys: Any) -> None: ...
+    def remove(self, keys: Any) -> None:
+        """Never called: a replay has no revocations."""
 
     def held(self) -> int:
         return len(self.queued)
@@ -193,7 +194,8 @@ class FakeTask:
     def in_flight(self) -> int:
         return 0
 
-    def wait(self, timeout: float) -> None: ...
+    def wait(self, timeout: float) -> None:
+        """Batches finish on their own thread; the loop's wait is not needed here."""
 
     def ready(self) -> bool:
         return True
