@@ -162,7 +162,8 @@ class BatchedTask(abc.ABC, Generic[P]):
                           else {ONE_KIND: batchers})
         self._max_message_bytes = max_message_bytes
         # (future of its outcomes, time.monotonic() at submit, the batch)
-        self._in_flight: list[tuple[Future[Any], float, Batch[P]]] = []
+        # (future, time.monotonic() at submit, batch, its attempt: 1, or more after an outage)
+        self._in_flight: list[tuple[Future[Any], float, Batch[P], int]] = []
         # Times an item failed in a batch of its own (poisoned-batch isolation: _isolate), by
         # (its job's source, the item).
         self._failed_alone: dict[tuple[SourceRef, int], int] = {}
@@ -172,7 +173,6 @@ class BatchedTask(abc.ABC, Generic[P]):
         # their batch slot, so nothing new is launched into the same outage.
         self._waiting: list[tuple[float, int, Batch[P]]] = []
         self._outage: str | None = None  # the last outage's error, until a batch succeeds
-        self._retry_of: dict[int, int] = {}  # id(future) of a relaunched batch -> its attempt
 
     @property
     def batchers(self) -> dict[str, DynamicBatcher[P]]:
@@ -227,19 +227,18 @@ class BatchedTask(abc.ABC, Generic[P]):
             free -= len(due.batches)
         return answers
 
-    def _launch(self, batch: Batch[P]) -> None:
-        self._in_flight.append((self.submit(batch), time.monotonic(), batch))
+    def _launch(self, batch: Batch[P], attempt: int = 1) -> None:
+        self._in_flight.append((self.submit(batch), time.monotonic(), batch, attempt))
 
     def collect(self, *, block: bool) -> list[Answer]:
         answers: list[Answer] = []
         pending = []
         in_flight_before = len(self._in_flight)
         for entry in self._in_flight[:in_flight_before]:
-            fut, started, batch = entry
+            fut, started, batch, attempt = entry
             if not (block or fut.done()):
                 pending.append(entry)
                 continue
-            attempt = self._retry_of.pop(id(fut), 1) if self._retry_of else 1
             try:
                 outcomes = fut.result()
             except Exception as exc:  # fatal ones re-raised, outages waited, the rest isolated
@@ -376,9 +375,7 @@ class BatchedTask(abc.ABC, Generic[P]):
                             reason="shutting down while its outage lasts; not committed")
                 self._dropped(batch.items)
             elif due <= now:
-                fut = self.submit(batch)
-                self._in_flight.append((fut, time.monotonic(), batch))
-                self._retry_of[id(fut)] = attempt + 1
+                self._launch(batch, attempt + 1)
             else:
                 keep.append((due, attempt, batch))
         self._waiting = keep

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import config, process, workspace
@@ -24,7 +23,7 @@ log = logging.getLogger(__name__)
 BIND_ATTEMPTS = 3  # free_port() is racy; retry with new ports on a bind clash
 
 
-class LocalKafka:
+class LocalKafka(process.Runs):
     """Context manager around a `kafka.Kafka` JVM; nothing happens until start()."""
 
     def __init__(
@@ -248,18 +247,6 @@ class LocalKafka:
 
             self._acls = Acls(self.bootstrap_servers)
         return self._acls
-
-    def __enter__(self) -> LocalKafka:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __del__(self) -> None:
         # Last-resort guard against a leaked JVM when stop() was never called.

@@ -19,7 +19,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from . import config, process, workspace
@@ -90,7 +89,7 @@ class ClusterNode:
         return self.proc is not None and self.proc.poll() is None
 
 
-class LocalKafkaCluster:
+class LocalKafkaCluster(process.Runs):
     """Context manager around ``brokers`` KRaft JVMs; nothing happens until start().
 
     Restart nodes from the thread that started the cluster (or another long-lived one): a
@@ -488,18 +487,6 @@ class LocalKafkaCluster:
             assignment = [[leader, *others[:rf - 1]] for _ in range(partitions)]
         create_topics(self.bootstrap_servers, names, partitions, config,
                       replication_factor=rf, replica_assignment=assignment)
-
-    def __enter__(self) -> LocalKafkaCluster:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __del__(self) -> None:
         # Last-resort guard against leaked JVMs when stop() was never called.

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import abc
 import os
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 from .errors import LocalKafkaError, tail
 from .java import checked_java
@@ -135,3 +138,22 @@ def terminate(proc: subprocess.Popen[bytes], timeout: float) -> bool:
         proc.kill()
         proc.wait(timeout=30)
         return False
+
+
+class Runs(abc.ABC):
+    """A broker or cluster as a context manager: started on entry, stopped on exit."""
+
+    @abc.abstractmethod
+    def start(self, timeout: float = 90.0) -> str:
+        """Start and wait until clients are answered; the bootstrap servers."""
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
