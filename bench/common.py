@@ -48,6 +48,11 @@ def environment() -> dict[str, Any]:
 
                 pynvml.nvmlInit()
                 env["driver"] = pynvml.nvmlSystemGetDriverVersion()
+                h = pynvml.nvmlDeviceGetHandleByIndex(0)
+                env["gpu_clocks_mhz"] = {
+                    "sm": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                    "sm_max": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+                    "mem": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)}
             except (ImportError, OSError, RuntimeError) as exc:
                 env["driver"] = f"unknown ({type(exc).__name__})"
     except ImportError:
@@ -92,13 +97,17 @@ def provenance() -> dict[str, Any]:
         except md.PackageNotFoundError:
             return None
 
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                             capture_output=True, text=True, check=False,
-                             cwd=Path(__file__).parent)
-        dirty: bool | None = bool(out.stdout.strip()) if out.returncode == 0 else None
-    except OSError:
-        dirty = None
+    dirty: bool | None = None
+    if os.environ.get("BENCH_DIRTY") in ("0", "1"):  # the GPU machine's copy has no git
+        dirty = os.environ["BENCH_DIRTY"] == "1"
+    else:
+        try:
+            out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, check=False,
+                                 cwd=Path(__file__).parent)
+            dirty = bool(out.stdout.strip()) if out.returncode == 0 else None
+        except OSError:
+            dirty = None
     cpu_model = platform.processor() or None
     with contextlib.suppress(OSError):  # (no /proc: platform's answer stands)
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -107,7 +116,8 @@ def provenance() -> dict[str, Any]:
                 break
     rec: dict[str, Any] = {"commit": commit(), "dirty": dirty, "cpu_model": cpu_model,
                            "cpus": os.cpu_count(), "python": platform.python_version()}
-    for dist in ("torch", "torchvision", "onnxruntime", "pillow", "confluent-kafka"):
+    for dist in ("torch", "torchvision", "onnxruntime", "pillow", "confluent-kafka", "msgspec",
+                 "nvidia-nvimgcodec-cu13", "nvidia-nvjpeg", "nvidia-dali-cuda130"):
         rec[dist.replace("-", "_")] = version(dist)
     try:
         import confluent_kafka

@@ -26,6 +26,11 @@
 #   device:  bash bench/device_kafka.sh warm-ab ROUNDS [ARGS]  # carry .before: warm starts of
 #            this checkout and the staged older one, alternating (JSON under $OUT/after, /before;
 #            VARIANT_ENV="NAME=VALUE ..." adds this checkout under those variables as a third side)
+#   device:  bash bench/device_kafka.sh hdstage              # carry .whl .dec .frames
+#            (nvImageCodec, nvJPEG, HdrHistogram, the HD frame corpus; made here by
+#             `bash bench/device_kafka.sh hdpack`)
+#   device:  bash bench/device_kafka.sh framesgpu [ARGS]     # bench/moderation/frames_gpu.py
+#   device:  bash bench/device_kafka.sh framese2e [ARGS]     # bench/frames_e2e.py (broker)
 #   device:  bash bench/device_kafka.sh kernels [ARGS]       # carry .whl:
 #            bench/generation/unet_kernels.py
 #            (no broker; the built engines come back in $OUT/aoti-cache)
@@ -68,7 +73,7 @@ wheels() {  # the worker's runtime dependencies the GPU image lacks, for Python 
     local py=.venv/bin/python
     [ -x "$py" ] || py=python3
     local pins
-    pins=$("$py" -m pip list --format=freeze 2>/dev/null | grep -iE '^(annotated.types|click|confluent.kafka|markdown.it.py|mdurl|opennsfw.onnx|pydantic|pydantic.core|pydantic.settings|python.dotenv|rich|shellingham|structlog|typer|typing.extensions|typing.inspection)==')
+    pins=$("$py" -m pip list --format=freeze 2>/dev/null | grep -iE '^(annotated.types|click|confluent.kafka|markdown.it.py|mdurl|msgspec|opennsfw.onnx|pydantic|pydantic.core|pydantic.settings|python.dotenv|rich|shellingham|structlog|typer|typing.extensions|typing.inspection)==')
     rm -rf .whl && mkdir -p .whl
     # shellcheck disable=SC2086
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
@@ -81,10 +86,12 @@ install_wheels() {  # install_wheels DIR: its carried wheels into /tmp/site (eve
         "$1"/*.whl || return 1
     # The staged commit stays for later calls that carry no .whl (SKIP_INSTALL=1).
     [ -f "$1/COMMIT" ] && cp "$1/COMMIT" /tmp/site/COMMIT
+    [ -f "$1/DIRTY" ] && cp "$1/DIRTY" /tmp/site/DIRTY
     return 0
 }
 
 staged_commit() { cat .whl/COMMIT 2>/dev/null || cat /tmp/site/COMMIT 2>/dev/null || echo unknown; }
+staged_dirty() { cat .whl/DIRTY 2>/dev/null || cat /tmp/site/DIRTY 2>/dev/null; }
 
 case "${1:-}" in
 stage)
@@ -97,6 +104,8 @@ stage)
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl py-spy
     git rev-parse --short HEAD > .whl/COMMIT
+    if [ -z "$(git status --porcelain --untracked-files=no)" ]; then echo 0; else echo 1; fi \
+        > .whl/DIRTY
     rm -rf .before
     if [ -n "${2:-}" ]; then
         mkdir -p .before && git archive "$2" | tar -x -C .before
@@ -138,6 +147,33 @@ parts)  # carry some .partK: their pieces gather in /tmp/parts; whole wheels go 
         fi
         rm -f "$name"
     done < SHA256SUMS)
+    ;;
+hdpack)  # here: .dec (nvImageCodec without the TIFF, JPEG 2000 and OpenCV extensions and the
+    # other Pythons' bindings: 25 MB -> 9 MB with nvJPEG) and .frames (thumb, 720p, 1080p, q85)
+    grep -qs '^/.dec/' .git/info/exclude || printf '/.dec/\n/.frames/\n' >> .git/info/exclude
+    rm -rf .dec /tmp/ktw-dec && mkdir -p .dec /tmp/ktw-dec/pkg
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any \
+        -d /tmp/ktw-dec nvidia-nvimgcodec-cu13==0.9.0.20 "nvidia-nvjpeg==13.*" hdrhistogram pbr \
+        || exit 1
+    (cd /tmp/ktw-dec/pkg && unzip -q ../nvidia_nvimgcodec_cu13-*.whl && \
+        find nvidia/nvimgcodec -name 'nvimgcodec_impl.cpython-*.so' ! -name '*-312-*' -delete && \
+        rm -f nvidia/nvimgcodec/extensions/lib{opencv,nvtiff,nvjpeg2k,tiff}_ext* && \
+        tar -czf "$ROOT/.dec/nvimgcodec-0.9.0.20-cp312-stripped.tgz" .)
+    mv /tmp/ktw-dec/nvidia_nvjpeg-*.whl /tmp/ktw-dec/hdrhistogram-*.whl /tmp/ktw-dec/pbr-*.whl .dec/
+    .venv/bin/python bench/frames.py > /dev/null || exit 1
+    rm -rf .frames && mkdir -p .frames/frames && cp .cache/frames/manifest.json .frames/
+    for c in thumb 720p 1080p; do cp -r ".cache/frames/frames/$c-q85" .frames/frames/; done
+    du -sh .dec .frames
+    ;;
+hdstage)  # carry .whl .dec .frames: the wheels, nvImageCodec (stripped to what decodes
+    # JPEGs for Python 3.12) with nvJPEG and HdrHistogram, and the frame corpus (/tmp/frames)
+    install_wheels .whl || exit 1
+    tar -xzf .dec/nvimgcodec-*.tgz -C /tmp/site || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+        .dec/*.whl || exit 1
+    rm -rf /tmp/frames && cp -r .frames /tmp/frames && du -sh /tmp/frames
     ;;
 jars)
     version=$(python3 -c 'import re,sys; print(re.search(r"DEFAULT_VERSION = \"([^\"]+)\"", open("worker/devkit/local_kafka/jars.py").read()).group(1))')
@@ -216,7 +252,7 @@ stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
 (out / f"warm-ab-{stamp}.json").write_text(json.dumps(merged, indent=1))
 EOF
     ;;
-bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext)
+bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e)
     what=$1
     shift
     mkdir -p "$OUT"
@@ -238,6 +274,10 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|
         echo "bytecode in $PYTHONPYCACHEPREFIX: $(find /tmp/pyc -name '*.pyc' | wc -l) files"
     fi
     export PYTHONUNBUFFERED=1 GIT_DIR=/nonexistent
+    # nvImageCodec finds nvJPEG by its soname; the records' dirty flag (no git there).
+    export LD_LIBRARY_PATH=/tmp/site/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    BENCH_DIRTY=$(staged_dirty)
+    export BENCH_DIRTY
     # The checkout's commit in every record (kafka_e2e reads BENCH_CODE_COMMIT, the rest
     # BENCH_COMMIT); bench-before sets its own below.
     BENCH_CODE_COMMIT=$(staged_commit)
@@ -249,8 +289,9 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|
         PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -v -p no:cacheprovider \
             --durations=15 tests/gpu "$@" > "$OUT/gpu_tests.txt" 2>&1
         tail -25 "$OUT/gpu_tests.txt" ;;
-    probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext)
+    probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e)
         script=$(case $what in
+                 framesgpu) echo moderation/frames_gpu ;; framese2e) echo frames_e2e ;;
                  probe) echo moderation/task_probe ;; warm) echo start/warm_start ;;
                  cudastart) echo start/cuda_start_probe ;; aotitext) echo aoti/aoti_text_build ;;
                  kernels) echo generation/unet_kernels ;; build) echo aoti/engines_build ;;

@@ -76,9 +76,12 @@ def hist_summary(h: Any) -> dict[str, Any]:
 
 
 def producer_main(bootstrap: str, topic: str, frames: list[bytes], rate: float, seconds: float,
-                  prefix: str, start_at: float, out: Any) -> None:
+                  prefix: str, start_at: float, out: Any, share: tuple[int, int] = (0, 1)
+                  ) -> None:
     """Open loop: job i is due at start_at + i / rate (wall clock) and sent then, never later
-    because of answers. Reports (scheduled count, sent count, worst send lateness s)."""
+    because of answers. With ``share`` (k, n) this process sends the jobs i with i % n == k
+    (n producer processes split one schedule). Reports (scheduled count, sent count, worst
+    send lateness s)."""
     import confluent_kafka as ck
     import msgpack
 
@@ -86,6 +89,7 @@ def producer_main(bootstrap: str, topic: str, frames: list[bytes], rate: float, 
                      "enable.idempotence": True, "queue.buffering.max.kbytes": 1 << 21,
                      "log_level": 3})
     n = int(rate * seconds)
+    mine = range(share[0], n, share[1])
     errors: list[str] = []
 
     def delivered(err: Any, msg: Any) -> None:
@@ -94,7 +98,7 @@ def producer_main(bootstrap: str, topic: str, frames: list[bytes], rate: float, 
 
     late = 0.0
     sent = 0
-    for i in range(n):
+    for i in mine:
         due = start_at + i / rate
         wait = due - time.time()
         if wait > 0:  # sleep, never spin: the worker needs the cores
@@ -111,7 +115,7 @@ def producer_main(bootstrap: str, topic: str, frames: list[bytes], rate: float, 
             errors.append("local queue full")
         p.poll(0)
     left = p.flush(60)
-    out.put({"scheduled": n, "sent": sent, "undelivered": left, "errors": errors[:5],
+    out.put({"scheduled": len(mine), "sent": sent, "undelivered": left, "errors": errors[:5],
              "n_errors": len(errors), "max_send_late_s": round(late, 4)})
 
 
@@ -127,9 +131,12 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
     start_at = time.time() + 1.0
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=producer_main, daemon=True, name="open-loop-producer",
-                       args=(bootstrap, topic, frames, rate, seconds, prefix, start_at, q))
-    proc.start()
+    procs = [ctx.Process(target=producer_main, daemon=True, name=f"open-loop-producer-{k}",
+                         args=(bootstrap, topic, frames, rate, seconds, prefix, start_at, q,
+                               (k, args.producers)))
+             for k in range(args.producers)]
+    for proc in procs:
+        proc.start()
     steady_from, steady_to = start_at + args.warmup_s, start_at + seconds
     n = int(rate * seconds)
     backlog: list[tuple[float, float]] = []
@@ -142,11 +149,18 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
                 done = sum(1 for k in reader.results if k.startswith(prefix))
             if now >= steady_from:
                 backlog.append((now - steady_from, due - done))
-        report = q.get(timeout=120)
-        proc.join(30)
+        reports = [q.get(timeout=120) for _ in procs]
+        for proc in procs:
+            proc.join(30)
     finally:
-        if proc.is_alive():
-            proc.kill()
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+    report = {"producers": len(reports),
+              **{k: sum(r[k] for r in reports) for k in ("scheduled", "sent", "undelivered",
+                                                         "n_errors")},
+              "errors": [e for r in reports for e in r["errors"]][:5],
+              "max_send_late_s": max(r["max_send_late_s"] for r in reports)}
     bounded_growth = _slope(backlog) <= GROWTH_BOUND * rate
     bounded_end = bool(backlog) and backlog[-1][1] <= END_BOUND_S * rate
     # drain: wait for the rest (bounded), so the next rate starts on an empty queue
@@ -176,6 +190,41 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
             "backlog_max": max((b for _, b in backlog), default=None),
             "bounded": bounded_growth and bounded_end and not dlq,
             "latency": hist_summary(hist), "latency_hdr": hist.encode().decode()}
+
+
+def burst(bootstrap: str, topic: str, reader: Reader, frames: list[bytes],
+          args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    """A backlog drain, named as such: ``--burst-jobs`` jobs sent as fast as the producer
+    processes can, while the worker answers; frames/s = jobs / (last answer - first send)."""
+    n = args.burst_jobs
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    start_at = time.time() + 1.0
+    fast = 1e7  # jobs/s: no sleeps, the producers' own pace
+    procs = [ctx.Process(target=producer_main, daemon=True, name=f"burst-producer-{k}",
+                         args=(bootstrap, topic, frames, fast, n / fast, prefix, start_at, q,
+                               (k, args.producers)))
+             for k in range(args.producers)]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + args.drain_s + 60
+    done = 0
+    while time.monotonic() < deadline:
+        with reader.lock:
+            done = sum(1 for k in reader.results if k.startswith(prefix))
+        if done >= n:
+            break
+        time.sleep(0.2)
+    for proc in procs:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    with reader.lock:
+        arrivals = [v[0] for k, v in reader.results.items() if k.startswith(prefix)]
+    span = (max(arrivals) - start_at) if arrivals else None
+    return {"jobs": n, "answered": len(arrivals),
+            "frames_per_s": round(len(arrivals) / span, 1) if span else None,
+            "span_s": round(span, 2) if span else None}
 
 
 def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argparse.Namespace,
@@ -208,8 +257,15 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
                 raise BenchFailed(f"warm-up not answered ({reader.answered()}/{WARMUP_JOBS}); "
                                   f"{reader.error or ''} log {log_path}:\n{log_tail(log_path)}")
             time.sleep(0.1)
+        drain: dict[str, Any] | None = None
+        if args.burst_jobs:
+            drain = burst(bootstrap, topics["jobs"], reader, frames, args, "b-")
+            print(f"  run {index + 1} backlog drain: {drain}", flush=True)
+            if args.auto_rates and drain["frames_per_s"]:
+                rates = sorted(round(f * drain["frames_per_s"], -1) for f in args.auto_rates)
         for k, rate in enumerate(rates):
             step = one_rate(bootstrap, topics["jobs"], reader, frames, rate, args, f"r{k}-")
+            step["rate_index"] = k
             steps.append(step)
             lat = step["latency"]
             print(f"  run {index + 1} rate {rate:g}/s: {step['throughput_steady']}/s answered, "
@@ -228,25 +284,30 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
         reader.halt.set()
         reader.join(15)
     bounded = [s["offered_rate"] for s in steps if s["bounded"]]
-    return {"run": index + 1, "steps": steps, "worker_exit_code": rc,
+    return {"run": index + 1, "backlog_drain": drain, "rates": rates, "steps": steps,
+            "worker_exit_code": rc,
             "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
             "sustained_rate": max(bounded) if bounded else None, "worker_log": str(log_path)}
 
 
-def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def pooled(runs: list[dict[str, Any]], by_index: bool = False) -> dict[str, Any]:
+    """Per offered rate (``by_index``: per position in each run's rates, for rates set from
+    each run's own drain) the runs' throughputs and their latencies pooled."""
     from hdrh.histogram import HdrHistogram
 
     out: dict[str, Any] = {}
     by_rate: dict[float, list[dict[str, Any]]] = {}
     for r in runs:
         for s in r["steps"]:
-            by_rate.setdefault(s["offered_rate"], []).append(s)
+            by_rate.setdefault(s["rate_index"] if by_index else s["offered_rate"],
+                               []).append(s)
     for rate, steps in sorted(by_rate.items()):
         h = _histogram()
         for s in steps:
             h.add(HdrHistogram.decode(s["latency_hdr"]))
         tp = [s["throughput_steady"] for s in steps]
-        out[f"{rate:g}"] = {
+        out[f"rate#{rate}" if by_index else f"{rate:g}"] = {
+            "offered_rates": [s["offered_rate"] for s in steps],
             "runs": len(steps), "bounded_runs": sum(s["bounded"] for s in steps),
             "throughput_median": statistics.median(tp), "throughput_min": min(tp),
             "throughput_max": max(tp),
@@ -261,20 +322,32 @@ def main() -> int:
                     choices=[*frame_corpus.CLASSES, "mixed"],
                     help="frame class; mixed: 720p with a 4K still every 30th")
     ap.add_argument("--quality", type=int, default=85, choices=frame_corpus.QUALITIES)
-    ap.add_argument("--rates", required=True, help="offered rates, jobs/s, comma separated")
+    ap.add_argument("--rates", default="", help="offered rates, jobs/s, comma separated")
+    ap.add_argument("--burst-jobs", type=int, default=0,
+                    help="before the rates, a backlog drain of this many jobs (0: none)")
+    ap.add_argument("--auto-rates", default="",
+                    help="offered rates as fractions of the drain's frames/s (needs "
+                         "--burst-jobs), e.g. 0.5,0.8,1.0: the first is the half-load point")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup-s", type=float, default=5.0)
     ap.add_argument("--steady-s", type=float, default=30.0)
     ap.add_argument("--drain-s", type=float, default=30.0)
     ap.add_argument("--start-timeout", type=float, default=180.0)
     ap.add_argument("--partitions", type=int, default=3)
+    ap.add_argument("--producers", type=int, default=1,
+                    help="producer processes splitting each rate's schedule")
+    ap.add_argument("--machine-note", default="2-core VM shared with ~7 other engineers "
+                    "working at the same time: figures are noisy, low-side")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     metavar="SECTION.KEY=VALUE", help="worker config override (repeatable)")
     ap.add_argument("--label", default="", help="added to the record's file name")
     ap.add_argument("--cache", type=Path, default=frame_corpus.DEFAULT_CACHE)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    rates = sorted(float(r) for r in args.rates.split(","))
+    rates = sorted(float(r) for r in args.rates.split(",") if r)
+    args.auto_rates = [float(f) for f in args.auto_rates.split(",") if f]
+    if not rates and not (args.auto_rates and args.burst_jobs):
+        ap.error("give --rates, or --burst-jobs with --auto-rates")
     args.overrides = dict(kv.split("=", 1) for kv in args.overrides)
 
     def on_term(signum: int, frame: Any) -> None:
@@ -309,13 +382,16 @@ def main() -> int:
         "bench": "frames-e2e", "env": environment(),
         "provenance": {**provenance(), "broker": "local Kafka (KRaft, worker.devkit)",
                        "broker_version": broker_version,
-                       "machine_shared": "2-core VM shared with ~7 other engineers working "
-                                         "at the same time: figures are noisy, low-side"},
+                       "machine": args.machine_note},
         "params": {"frames": args.frames, "quality": args.quality, "rates": rates,
-                   "repeats": args.repeats, "warmup_s": args.warmup_s,
+                   "repeats": args.repeats, "burst_jobs": args.burst_jobs,
+                   "auto_rates": args.auto_rates, "warmup_s": args.warmup_s,
                    "steady_s": args.steady_s, "partitions": args.partitions,
                    "worker_config_overrides": args.overrides, "warmup_jobs": WARMUP_JOBS,
-                   "worker_command": "python -m worker run (CPU default: onnxruntime)"},
+                   "producers": args.producers,
+                   "worker_command": "python -m worker run" + (
+                       " with the overrides above" if args.overrides
+                       else " (CPU default: onnxruntime)")},
         "frames": frame_corpus.stream_record(frames), "frames_manifest": manifest,
         "method": {"open_loop": "a producer process sends job i at start + i/rate",
                    "latency": "result arrival at the reader - scheduled send time, jobs "
@@ -330,7 +406,8 @@ def main() -> int:
                            "median": statistics.median(known) if known else None,
                            "min": min(known) if known else None,
                            "max": max(known) if known else None},
-        "per_rate": pooled(runs), "wall_s": round(time.monotonic() - started, 1),
+        "per_rate": pooled(runs, by_index=bool(args.auto_rates and args.burst_jobs)),
+        "wall_s": round(time.monotonic() - started, 1),
     }
     name = f"frames-e2e-{args.frames}-q{args.quality}" + (f"-{args.label}" if args.label else "")
     path = write(name, record, args.out)

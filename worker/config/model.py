@@ -84,6 +84,10 @@ class ModelSettings(Section):
     # Where images are decoded and resized: "cpu" (Pillow on a thread pool) or "gpu" (nvJPEG
     # and torch kernels; torch and aoti backends only).
     preprocess: Literal["cpu", "gpu"] = "cpu"
+    # preprocess = gpu: who decodes JPEGs. "torchvision": nvJPEG's batched decoder (one call
+    # per batch, one lock per process); "nvimgcodec": nvImageCodec (the nvidia-nvimgcodec-cu13
+    # and nvidia-nvjpeg wheels) with the hardware JPEG engines first, one decoder per thread.
+    gpu_jpeg_decoder: Literal["torchvision", "nvimgcodec"] = "torchvision"
     # GPU backends: overlap H2D / compute / D2H on three streams (false: one stream, serial).
     pipeline_overlap: bool = True
     policies: dict[str, Thresholds] = Field(default_factory=_default_policies)
@@ -106,6 +110,8 @@ class ModelSettings(Section):
     def _preprocess_supported(self) -> ModelSettings:
         if self.preprocess == "gpu" and self.backend not in TORCH_NETWORK_BACKENDS:
             raise ValueError("preprocess = gpu needs backend = torch or aoti")
+        if self.gpu_jpeg_decoder == "nvimgcodec" and self.preprocess != "gpu":
+            raise ValueError("gpu_jpeg_decoder = nvimgcodec needs preprocess = gpu")
         if self.preprocess == "gpu" and self.jpeg_roundtrip:
             raise ValueError("preprocess = gpu cannot re-encode JPEG like the reference does; "
                              "set jpeg_roundtrip = false with it")

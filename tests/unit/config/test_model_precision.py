@@ -29,3 +29,12 @@ def test_every_listed_combination_is_accepted() -> None:
         for precision in precisions:
             assert load_config(model={"backend": backend, "precision": precision}
                                ).model.effective_precision == precision
+
+
+def test_the_nvimgcodec_decoder_needs_gpu_preprocessing() -> None:
+    with pytest.raises(ConfigError, match="gpu_jpeg_decoder = nvimgcodec needs preprocess = gpu"):
+        load_config(model={"gpu_jpeg_decoder": "nvimgcodec"})
+    cfg = load_config(model={"backend": "torch", "preprocess": "gpu", "jpeg_roundtrip": False,
+                             "gpu_jpeg_decoder": "nvimgcodec"})
+    assert cfg.model.gpu_jpeg_decoder == "nvimgcodec"
+    assert load_config().model.gpu_jpeg_decoder == "torchvision"

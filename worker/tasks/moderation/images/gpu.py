@@ -33,11 +33,34 @@ from worker.tasks.moderation.images.cpu import (
 )
 
 
-def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
-                ) -> list[Any | JobRejected]:
+def _gpu_decode(datas: list[bytes], jpeg_idx: list[int], device: Any, decoder: str
+                ) -> list[Any | None]:
+    """The JPEGs at ``jpeg_idx`` decoded on ``device``; None for each the decoder refuses."""
     import torch
 
-    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs
+    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs, decode_jpegs_nvimgcodec
+
+    if decoder == "nvimgcodec":
+        try:
+            return decode_jpegs_nvimgcodec([datas[i] for i in jpeg_idx], device)
+        except RuntimeError:  # the whole call failed: the CPU decides for each file
+            return [None] * len(jpeg_idx)
+    raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg_idx]
+    try:
+        return decode_jpegs(raw, device)
+    except RuntimeError:
+        decoded: list[Any | None] = []
+        for t in raw:  # one bad file fails the whole batch call: find it
+            try:
+                decoded.append(decode_jpegs([t], device)[0])
+            except RuntimeError:
+                decoded.append(None)  # the CPU decoder's verdict, in the caller
+        return decoded
+
+
+def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits, decoder: str
+                ) -> list[Any | JobRejected]:
+    import torch
 
     out: list[Any | JobRejected] = [None] * len(datas)
     jpeg_idx: list[int] = []
@@ -65,16 +88,7 @@ def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
                 continue
             out[i] = torch.from_numpy(rgb).permute(2, 0, 1).to(device, non_blocking=True)
     if jpeg_idx:
-        raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg_idx]
-        try:
-            decoded = decode_jpegs(raw, device)
-        except RuntimeError:
-            decoded = []
-            for t in raw:  # one bad file fails the whole batch call: find it
-                try:
-                    decoded.append(decode_jpegs([t], device)[0])
-                except RuntimeError:
-                    decoded.append(None)  # the CPU decoder's verdict, below
+        decoded: list[Any] = list(_gpu_decode(datas, jpeg_idx, device, decoder))
         for k, i in enumerate(jpeg_idx):
             if decoded[k] is None:
                 # nvJPEG refuses some valid JPEGs (CMYK, rare subsamplings): the CPU decides,
@@ -89,15 +103,16 @@ def _decode_all(datas: list[bytes], device: Any, limits: ImageLimits
     return out
 
 
-def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = None
-                  ) -> list[JobRejected | None]:
+def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = None,
+                  decoder: str = "torchvision") -> list[JobRejected | None]:
     """Decode ``datas`` and write row i of ``out`` (uint8 [N, 224, 224, 3]) for each good
-    image. Returns, per input, None or the rejection; bad rows are left untouched."""
+    image. Returns, per input, None or the rejection; bad rows are left untouched.
+    ``decoder``: "torchvision" or "nvimgcodec" (:mod:`.jpeg_ops`)."""
     import torch
     import torch.nn.functional as F
 
     limits = limits or ImageLimits()
-    images: list[Any] = _decode_all(datas, out.device, limits)
+    images: list[Any] = _decode_all(datas, out.device, limits, decoder)
     by_size: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, img in enumerate(images):
         if not isinstance(img, JobRejected):
@@ -112,17 +127,22 @@ def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = Non
     return [img if isinstance(img, JobRejected) else None for img in images]
 
 
-def warm_decoder(data: bytes, device: Any, limits: ImageLimits | None = None) -> None:
+def warm_decoder(data: bytes, device: Any, limits: ImageLimits | None = None,
+                 decoder: str = "torchvision") -> None:
     """Decode the JPEG ``data`` once on ``device`` as batches are decoded (nvJPEG's first call
     creates its handles and loads its kernels). Raises what the decoder raises, where
     :func:`prepare_batch` would quietly decode on the CPU instead: a decoder that cannot work
     must be known before batches are sent to it."""
     import torch
 
-    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs
+    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs, decode_jpegs_nvimgcodec
 
-    decode_jpegs([torch.frombuffer(bytearray(data), dtype=torch.uint8)], device)
+    if decoder == "nvimgcodec":
+        if decode_jpegs_nvimgcodec([data], device)[0] is None:
+            raise RuntimeError("nvImageCodec decoded no image from the warm-up JPEG")
+    else:
+        decode_jpegs([torch.frombuffer(bytearray(data), dtype=torch.uint8)], device)
     out = torch.empty((1, CROP, CROP, 3), dtype=torch.uint8, device=device)
-    (rejected,) = prepare_batch([data], out, limits)
+    (rejected,) = prepare_batch([data], out, limits, decoder)
     if rejected is not None:
         raise RuntimeError(f"the warm-up image was refused: {rejected}")

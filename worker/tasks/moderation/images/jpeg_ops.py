@@ -1,5 +1,6 @@
-"""torchvision's JPEG decoders (nvJPEG batched on CUDA, libjpeg-turbo on the CPU) without
-importing torchvision.
+"""The GPU path's JPEG decoders: torchvision's (nvJPEG batched on CUDA, libjpeg-turbo on the CPU),
+loaded without importing torchvision, and nvImageCodec's (``model.gpu_jpeg_decoder =
+"nvimgcodec"``: the hardware JPEG engines first, nvJPEG's CUDA decoder for what they refuse).
 
 ``import torchvision`` imports its models, datasets, ops and, through them, torch._dynamo: it
 took 5-11 s of a GPU worker's 12 s warm start on the H200 (py-spy), for two
@@ -65,3 +66,52 @@ def decode_jpegs(datas: list[Any], device: Any) -> list[Any]:
     if device.type == "cuda":
         return list(ops.decode_jpegs_cuda(datas, RGB, device))
     return [ops.decode_jpeg(t, RGB, False) for t in datas]
+
+
+# nvImageCodec: one Decoder per thread (NVIDIA's own multi-engine pattern; sharing one across
+# threads at once is undocumented). Backends in order: the hardware engines (baseline JPEGs),
+# then nvJPEG's CUDA and hybrid decoders for the rest; no CPU backend: a file no GPU backend
+# takes comes back as None and the caller's CPU decoder judges it, as with torchvision.
+_local = threading.local()
+
+
+def nvimgcodec_available() -> bool:
+    return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+
+
+def _nvimgcodec_decoder(device: Any) -> Any:
+    dec = getattr(_local, "decoder", None)
+    if dec is None or _local.device != device.index:
+        from nvidia import nvimgcodec as nvc
+
+        backends = [nvc.Backend(nvc.BackendKind.HW_GPU_ONLY),
+                    nvc.Backend(nvc.BackendKind.GPU_ONLY),
+                    nvc.Backend(nvc.BackendKind.HYBRID_CPU_GPU)]
+        dec = nvc.Decoder(device_id=device.index or 0, max_num_cpu_threads=1,
+                          backends=backends)
+        _local.params = nvc.DecodeParams(apply_exif_orientation=False,
+                                         color_spec=nvc.ColorSpec.SRGB,
+                                         sample_format=nvc.SampleFormat.P_RGB)
+        _local.decoder, _local.device = dec, device.index
+    return dec
+
+
+def decode_jpegs_nvimgcodec(datas: list[bytes], device: Any) -> list[Any | None]:
+    """RGB uint8 [3, H, W] CUDA tensors for JPEG bytes, decoded by nvImageCodec on the current
+    torch stream (the work is queued on it; nothing waits for the GPU here); None where no GPU
+    backend decodes a file."""
+    import torch
+
+    dec = _nvimgcodec_decoder(device)
+    from nvidia import nvimgcodec as nvc
+
+    stream = torch.cuda.current_stream(device).cuda_stream
+    images = dec.decode([nvc.CodeStream(d) for d in datas], params=_local.params,
+                        cuda_stream=stream)
+    out: list[Any | None] = []
+    for img in images:
+        t = None if img is None else torch.utils.dlpack.from_dlpack(img)
+        if t is not None and t.shape[0] != RGB and t.shape[-1] == RGB:  # interleaved after all
+            t = t.permute(2, 0, 1)
+        out.append(t)
+    return out

@@ -126,7 +126,7 @@ class OpenNsfwGpuModel(OpenNsfwModel):
                 stream = self._prep_stream()
                 with torch.cuda.stream(stream):
                     warm_decoder(sample, torch.device(self.pipeline.runner.device),
-                                 self._limits)
+                                 self._limits, self.cfg.model.gpu_jpeg_decoder)
                 stream.synchronize()
             except torch.cuda.OutOfMemoryError as exc:
                 # Other processes may still be loading on this GPU: a little later there can
@@ -201,7 +201,8 @@ class OpenNsfwGpuModel(OpenNsfwModel):
             stream = self._prep_stream()
             try:
                 with torch.cuda.stream(stream):
-                    rejects = prepare_batch(images, slot.dev_in[:n], self._limits)
+                    rejects = prepare_batch(images, slot.dev_in[:n], self._limits,
+                                            self.cfg.model.gpu_jpeg_decoder)
                 event: Event = self._local.ready
                 event.record_on(stream.cuda_stream)
                 ready = event
