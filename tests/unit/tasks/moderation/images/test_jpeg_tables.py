@@ -215,3 +215,30 @@ def test_a_walk_resumed_after_a_known_header_judges_like_a_fresh_one() -> None:
     assert jpeg_tables._RESUME_AT  # the second pass had states to resume from
     assert resumed == fresh
     assert 500 < sum(fresh) < len(fuzzed)
+
+
+def test_the_numpy_searches_for_large_files_find_what_the_byte_searches_find() -> None:
+    """Files from 32 KB on are searched with numpy; the answers must be the regex's and
+    bytes.count's, including markers at the very end and runs of fill bytes."""
+    import random
+
+    import numpy as np
+
+    from worker.tasks.moderation.images.jpeg_tables import (
+        _NEXT_MARKER,
+        _count_sos,
+        _marker_positions,
+    )
+
+    rng = random.Random(7)
+    for _ in range(60):
+        n = rng.randrange(33_000, 70_000)
+        data = bytes(rng.choice((0xFF, 0xDA, 0x00, 0xD3, 0xD9, rng.randrange(256)))
+                     for _ in range(n))
+        assert _count_sos(data) == data.count(b"\xff\xda")
+        ends = _marker_positions(data)
+        for start in (0, 1, n // 3, n - 3, n - 2, n - 1):
+            k = int(np.searchsorted(ends, start))
+            found = _NEXT_MARKER.search(data, start)
+            assert (int(ends[k]) if k < len(ends) else None) == (
+                found.start() if found else None)
