@@ -227,6 +227,17 @@ def burst(bootstrap: str, topic: str, reader: Reader, frames: list[bytes],
             "span_s": round(span, 2) if span else None}
 
 
+def _delete_topics(bootstrap: str, names: list[str]) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the futures end
+    for fut in admin.delete_topics(names, operation_timeout=30).values():
+        try:
+            fut.result(timeout=30)
+        except Exception as exc:  # noqa: BLE001  (disk hygiene only: the run's figures stand)
+            print(f"  topic not deleted: {exc}", flush=True)
+
+
 def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argparse.Namespace,
             index: int, logs: Path) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
@@ -283,6 +294,7 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
             kill_worker(proc)
         reader.halt.set()
         reader.join(15)
+        _delete_topics(bootstrap, list(topics.values()))
     bounded = [s["offered_rate"] for s in steps if s["bounded"]]
     return {"run": index + 1, "backlog_drain": drain, "rates": rates, "steps": steps,
             "worker_exit_code": rc,
@@ -334,6 +346,9 @@ def main() -> int:
     ap.add_argument("--drain-s", type=float, default=30.0)
     ap.add_argument("--start-timeout", type=float, default=180.0)
     ap.add_argument("--partitions", type=int, default=3)
+    ap.add_argument("--retention-s", type=float, default=0,
+                    help="broker log retention (0: the broker's default); topics are deleted "
+                         "after each run either way")
     ap.add_argument("--producers", type=int, default=1,
                     help="producer processes splitting each rate's schedule")
     ap.add_argument("--machine-note", default="2-core VM shared with ~7 other engineers "
@@ -363,7 +378,15 @@ def main() -> int:
     print(f"{len(frames)} {args.frames} q{args.quality} frames "
           f"{frame_corpus.stream_record(frames)}; rates {rates}; logs {logs}", flush=True)
     started = time.monotonic()
-    kafka = local_kafka_class()()
+    broker: dict[str, str] = {}
+    if args.retention_s:
+        # HD frames at GPU rates write ~0.5-1 GB/s: without this a run fills the disk. Topics
+        # are also deleted after each run.
+        broker = {"log.retention.ms": str(int(args.retention_s * 1000)),
+                  "log.retention.check.interval.ms": "5000",
+                  "log.segment.bytes": str(256 << 20), "log.segment.delete.delay.ms": "1000",
+                  "num.network.threads": "8", "num.io.threads": "16"}
+    kafka = local_kafka_class()(extra_config=broker) if broker else local_kafka_class()()
     runs: list[dict[str, Any]] = []
     try:
         bootstrap = kafka.start(timeout=180)
@@ -385,6 +408,7 @@ def main() -> int:
                        "machine": args.machine_note},
         "params": {"frames": args.frames, "quality": args.quality, "rates": rates,
                    "repeats": args.repeats, "burst_jobs": args.burst_jobs,
+                   "broker_config": broker,
                    "auto_rates": args.auto_rates, "warmup_s": args.warmup_s,
                    "steady_s": args.steady_s, "partitions": args.partitions,
                    "worker_config_overrides": args.overrides, "warmup_jobs": WARMUP_JOBS,
