@@ -31,6 +31,7 @@
 #             `bash bench/device_kafka.sh hdpack`)
 #   device:  bash bench/device_kafka.sh framesgpu [ARGS]     # bench/moderation/frames_gpu.py
 #   device:  bash bench/device_kafka.sh framese2e [ARGS]     # bench/frames_e2e.py (broker)
+#   device:  bash bench/device_kafka.sh hde2e CLASS DECODER REPEATS   # both, GPU worker preset
 #   device:  bash bench/device_kafka.sh kernels [ARGS]       # carry .whl:
 #            bench/generation/unet_kernels.py
 #            (no broker; the built engines come back in $OUT/aoti-cache)
@@ -147,6 +148,24 @@ parts)  # carry some .partK: their pieces gather in /tmp/parts; whole wheels go 
         fi
         rm -f "$name"
     done < SHA256SUMS)
+    ;;
+hde2e)  # hde2e CLASS DECODER REPEATS [ARGS]: after hdstage, jars and jdk. The GPU stages alone
+    # for CLASS (4 threads), then the GPU worker live on it, all in this call
+    cls=$2 dec=$3 reps=$4
+    shift 4
+    case $cls in thumb) burst=20000 ;; 720p) burst=5000 ;; *) burst=3000 ;; esac
+    SKIP_INSTALL=1 LIMIT_S=${STAGES_LIMIT_S:-150} bash "$0" framesgpu --cache /tmp/frames \
+        --classes "$cls" --threads 4 --skip-task
+    SKIP_INSTALL=1 bash "$0" framese2e --cache /tmp/frames --frames "$cls" --repeats "$reps" \
+        --burst-jobs "$burst" --auto-rates 0.5,0.8,1.0 --warmup-s 3 --partitions 8 \
+        --producers 4 --retention-s 30 --label "gpu-$dec" \
+        --machine-note "GPU machine of the device tool: 1 H200, 16 cores; broker, producers, \
+reader and worker on the same host" \
+        --set model.backend=torch --set model.preprocess=gpu --set model.jpeg_roundtrip=false \
+        --set model.gpu_jpeg_decoder="$dec" --set batch.max_batch_size=128 \
+        --set batch.max_delay_ms=4 --set batch.max_in_flight_batches=4 \
+        --set batch.fetch_queue_kbytes=262144 --set batch.high_watermark=8192 \
+        --set batch.low_watermark=2048 --set batch.poll_timeout_ms=5 "$@"
     ;;
 hdpack)  # here: .dec (nvImageCodec without the TIFF, JPEG 2000 and OpenCV extensions and the
     # other Pythons' bindings: 25 MB -> 9 MB with nvJPEG) and .frames (thumb, 720p, 1080p, q85)
