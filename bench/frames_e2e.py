@@ -24,6 +24,7 @@ python bench/frames_e2e.py --frames 1080p --quality 85 --rates 30,40,50 --repeat
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -378,6 +379,8 @@ def main() -> int:
     print(f"{len(frames)} {args.frames} q{args.quality} frames "
           f"{frame_corpus.stream_record(frames)}; rates {rates}; logs {logs}", flush=True)
     started = time.monotonic()
+    name = f"frames-e2e-{args.frames}-q{args.quality}" + (f"-{args.label}" if args.label else "")
+    path: Path | None = None
     broker: dict[str, str] = {}
     if args.retention_s:
         # HD frames at GPU rates write ~0.5-1 GB/s: without this a run fills the disk. Topics
@@ -387,60 +390,73 @@ def main() -> int:
                   "log.segment.bytes": str(256 << 20), "log.segment.delete.delay.ms": "1000",
                   "num.network.threads": "8", "num.io.threads": "16"}
     kafka = local_kafka_class()(extra_config=broker) if broker else local_kafka_class()()
+    def make_record(broker_version: str | None, failure: str | None) -> dict[str, Any]:
+        sustained = [r["sustained_rate"] for r in runs]
+        known = [s for s in sustained if s is not None]
+        record: dict[str, Any] = {
+            "bench": "frames-e2e", "env": environment(),
+            "provenance": {**provenance(), "broker": "local Kafka (KRaft, worker.devkit)",
+                           "broker_version": broker_version,
+                           "machine": args.machine_note},
+            "params": {"frames": args.frames, "quality": args.quality, "rates": rates,
+                       "repeats": args.repeats, "burst_jobs": args.burst_jobs,
+                       "broker_config": broker,
+                       "auto_rates": args.auto_rates, "warmup_s": args.warmup_s,
+                       "steady_s": args.steady_s, "partitions": args.partitions,
+                       "worker_config_overrides": args.overrides, "warmup_jobs": WARMUP_JOBS,
+                       "producers": args.producers,
+                       "worker_command": "python -m worker run" + (
+                           " with the overrides above" if args.overrides
+                           else " (CPU default: onnxruntime)")},
+            "frames": frame_corpus.stream_record(frames), "frames_manifest": manifest,
+            "method": {"open_loop": "a producer process sends job i at start + i/rate",
+                       "latency": "result arrival at the reader - scheduled send time, jobs "
+                                  "scheduled in the steady window; HdrHistogram (us), encoded",
+                       "bounded": f"backlog growth <= {GROWTH_BOUND} x rate per s over the "
+                                  f"steady window and backlog at its end <= {END_BOUND_S} s of "
+                                  "jobs, no dead letters",
+                       "sustained_rate": "highest bounded offered rate of a run; rates above "
+                                         "the first unbounded one are not tried"},
+            "runs": runs,
+            "sustained_rate": {"per_run": sustained,
+                               "median": statistics.median(known) if known else None,
+                               "min": min(known) if known else None,
+                               "max": max(known) if known else None},
+            "per_rate": pooled(runs, by_index=bool(args.auto_rates and args.burst_jobs)),
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+        record["failure"] = failure  # a run that failed: the runs before it stand
+        return record
+
     runs: list[dict[str, Any]] = []
+    failure: str | None = None
+    broker_version = getattr(kafka, "version", None)
     try:
         bootstrap = kafka.start(timeout=180)
         try:
             for i in range(args.repeats):
                 runs.append(one_run(bootstrap, frames, rates, args, i, logs))
+                # After each run, into one file: a call cut off by its limit keeps those done.
+                path = path or write(name, {}, args.out)
+                path.write_text(json.dumps(make_record(broker_version, None), indent=2,
+                                           sort_keys=True))
         finally:
-            broker_version = getattr(kafka, "version", None)
             kafka.stop()
     except BenchFailed as exc:
         print(f"FAIL: {exc}", file=sys.stderr)
+        failure = str(exc)[-2000:]
+    if not runs:
         return 1
-    sustained = [r["sustained_rate"] for r in runs]
-    known = [s for s in sustained if s is not None]
-    record: dict[str, Any] = {
-        "bench": "frames-e2e", "env": environment(),
-        "provenance": {**provenance(), "broker": "local Kafka (KRaft, worker.devkit)",
-                       "broker_version": broker_version,
-                       "machine": args.machine_note},
-        "params": {"frames": args.frames, "quality": args.quality, "rates": rates,
-                   "repeats": args.repeats, "burst_jobs": args.burst_jobs,
-                   "broker_config": broker,
-                   "auto_rates": args.auto_rates, "warmup_s": args.warmup_s,
-                   "steady_s": args.steady_s, "partitions": args.partitions,
-                   "worker_config_overrides": args.overrides, "warmup_jobs": WARMUP_JOBS,
-                   "producers": args.producers,
-                   "worker_command": "python -m worker run" + (
-                       " with the overrides above" if args.overrides
-                       else " (CPU default: onnxruntime)")},
-        "frames": frame_corpus.stream_record(frames), "frames_manifest": manifest,
-        "method": {"open_loop": "a producer process sends job i at start + i/rate",
-                   "latency": "result arrival at the reader - scheduled send time, jobs "
-                              "scheduled in the steady window; HdrHistogram (us), encoded",
-                   "bounded": f"backlog growth <= {GROWTH_BOUND} x rate per s over the "
-                              f"steady window and backlog at its end <= {END_BOUND_S} s of "
-                              "jobs, no dead letters",
-                   "sustained_rate": "highest bounded offered rate of a run; rates above "
-                                     "the first unbounded one are not tried"},
-        "runs": runs,
-        "sustained_rate": {"per_run": sustained,
-                           "median": statistics.median(known) if known else None,
-                           "min": min(known) if known else None,
-                           "max": max(known) if known else None},
-        "per_rate": pooled(runs, by_index=bool(args.auto_rates and args.burst_jobs)),
-        "wall_s": round(time.monotonic() - started, 1),
-    }
-    name = f"frames-e2e-{args.frames}-q{args.quality}" + (f"-{args.label}" if args.label else "")
-    path = write(name, record, args.out)
+    record = make_record(broker_version, failure)
+    path = path or write(name, {}, args.out)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True))
+    sustained = record["sustained_rate"]["per_run"]
     for rate, s in record["per_rate"].items():
         print(f"rate {rate}/s: bounded {s['bounded_runs']}/{s['runs']}, throughput median "
               f"{s['throughput_median']} ({s['throughput_min']}-{s['throughput_max']}), pooled "
               f"{s['latency_pooled']}")
     print(f"sustained rate per run {sustained}; record {path}")
-    return 0
+    return 1 if failure else 0
 
 
 if __name__ == "__main__":
