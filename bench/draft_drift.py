@@ -147,6 +147,9 @@ def main() -> None:
     ap.add_argument("--variants", type=int, default=24)
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--draft-side", type=int, default=DRAFT_SIDE,
+                    help="the least side libjpeg may scale to (256: the resize target; 512 "
+                         "keeps twice its pixels, a smaller scale for HD frames)")
     ap.add_argument("--cache", type=Path, default=frame_corpus.DEFAULT_CACHE)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -168,7 +171,7 @@ def main() -> None:
         runner.activate()
         try:
             for name, images in sets.items():
-                got[name] = (worst(runner, images, None), worst(runner, images, DRAFT_SIDE))
+                got[name] = (worst(runner, images, None), worst(runner, images, args.draft_side))
                 print(f"{name}: {compare(*got[name])['abs_delta_nsfw']}", flush=True)
         finally:
             runner.deactivate()
@@ -179,10 +182,10 @@ def main() -> None:
     for cls in frame_corpus.CLASSES:
         images = frame_corpus.load(cls, 85, args.cache)[:24]
         timing[cls] = {"full_ms": decode_ms(images, None),
-                       "draft_ms": decode_ms(images, DRAFT_SIDE)}
+                       "draft_ms": decode_ms(images, args.draft_side)}
     record: dict[str, Any] = {
         "bench": "draft-drift", "env": environment(),
-        "params": {"draft_side": DRAFT_SIDE, "variants": args.variants, "steps": args.steps,
+        "params": {"draft_side": args.draft_side, "variants": args.variants, "steps": args.steps,
                    "seed": args.seed, "thresholds": {"review": REVIEW, "block": BLOCK},
                    "engine": "worker engine_plan, onnxruntime fp32, real open_nsfw weights",
                    "preprocess": "decode_views + preprocess_open_nsfw (JPEG round trip on), "

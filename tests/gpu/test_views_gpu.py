@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from worker.tasks.moderation.images.jpeg_ops import nvimgcodec_available
+
 
 def _cases() -> dict[str, bytes]:
     from PIL import Image
@@ -22,6 +24,10 @@ def _cases() -> dict[str, bytes]:
     buf = io.BytesIO()
     photo.save(buf, "JPEG", quality=92)
     out["plain"] = buf.getvalue()
+    for name, size in (("hd_720p", (1280, 720)), ("hd_1080p", (1920, 1080))):
+        buf = io.BytesIO()  # an HD frame's size and coding (4:2:0 baseline, q85)
+        photo.resize(size, Image.Resampling.BICUBIC).save(buf, "JPEG", quality=85)
+        out[name] = buf.getvalue()
     buf = io.BytesIO()
     photo.convert("CMYK").save(buf, "JPEG", quality=92)
     out["cmyk"] = buf.getvalue()
@@ -45,7 +51,13 @@ def _cases() -> dict[str, bytes]:
     return out
 
 
-def _gpu_outcomes(cases: dict[str, bytes], preprocess: str) -> dict[str, Any]:
+NVIMGCODEC = pytest.mark.skipif(not nvimgcodec_available(),
+                                reason="nvImageCodec (nvidia-nvimgcodec-cu13) is not installed")
+DECODERS = ["torchvision", pytest.param("nvimgcodec", marks=NVIMGCODEC)]
+
+
+def _gpu_outcomes(cases: dict[str, bytes], preprocess: str, decoder: str = "torchvision"
+                  ) -> dict[str, Any]:
     """Each case's outcome from the GPU model (open_nsfw on the torch backend, no engine
     cache), run in batches of at most 8 jobs, by case name."""
     from tests.unit.tasks.moderation.parts_support import image_part, run_batch
@@ -55,7 +67,9 @@ def _gpu_outcomes(cases: dict[str, bytes], preprocess: str) -> dict[str, Any]:
     from worker.tasks.moderation.models.open_nsfw.gpu import OpenNsfwGpuModel
 
     cfg = load_config(model={"backend": "torch", "preprocess": preprocess,
-                             "jpeg_roundtrip": False}, engines={"use_cache": False})
+                             "jpeg_roundtrip": False,
+                             **({"gpu_jpeg_decoder": decoder} if preprocess == "gpu" else {})},
+                      engines={"use_cache": False})
     runner, plan = make_runner(cfg)
     runner.activate()
     task = OpenNsfwGpuModel(cfg, runner, plan.spec, plan.profiles)
@@ -75,8 +89,11 @@ def _gpu_outcomes(cases: dict[str, bytes], preprocess: str) -> dict[str, Any]:
     return outcomes
 
 
-@pytest.mark.parametrize("preprocess", ["cpu", "gpu"])
-def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -> None:
+@pytest.mark.parametrize(("preprocess", "decoder"), [
+    ("cpu", "torchvision"), ("gpu", "torchvision"),
+    pytest.param("gpu", "nvimgcodec", marks=NVIMGCODEC)])
+def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str, decoder: str
+                                                              ) -> None:
     from engines.backends.onnxruntime import OrtRunner
     from worker.config import load_config
     from worker.exceptions import JobRejected
@@ -85,7 +102,7 @@ def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -
 
     cases = _cases()
     names = list(cases)
-    outcomes = _gpu_outcomes(cases, preprocess)
+    outcomes = _gpu_outcomes(cases, preprocess, decoder)
     truncated = outcomes.pop("truncated")
     # Rejected like the CPU path rejects it (nvJPEG alone would have scored it).
     assert truncated.rejection is not None and "corrupt image data" in str(truncated.rejection)
@@ -100,12 +117,13 @@ def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str) -
                              for v in decode_views(cases[name])])
             ref = float(ort.infer({"input:0": rows}).result()["outputs"][:, 1].max())
             got = o.scores["nsfw"]
-            print(f"{preprocess} {name}: gpu {got:.4f} cpu fp32 {ref:.4f}")
+            print(f"{preprocess} {decoder} {name}: gpu {got:.4f} cpu fp32 {ref:.4f}")
             # fp16 engine, and nvJPEG's IDCT on the gpu path for the plain JPEG.
             assert abs(got - ref) < 3e-2, (name, got, ref)
 
 
-def test_gpu_task_accepts_and_rejects_mutated_jpegs_like_the_cpu_path() -> None:
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_gpu_task_accepts_and_rejects_mutated_jpegs_like_the_cpu_path(decoder: str) -> None:
     # On an H200 nvJPEG decoded two files whose DC Huffman table holds
     # a symbol over 15, which the CPU decoder refuses; jpeg_plain now sends files with tables
     # libjpeg would refuse to the CPU decoder (images/jpeg_tables.py). A failure names the files
@@ -123,7 +141,8 @@ def test_gpu_task_accepts_and_rejects_mutated_jpegs_like_the_cpu_path() -> None:
         except JobRejected:
             cpu_accepts[name] = False
     names = list(cases)
-    gpu_accepts = {name: o.rejection is None for name, o in _gpu_outcomes(cases, "gpu").items()}
+    gpu_accepts = {name: o.rejection is None
+                   for name, o in _gpu_outcomes(cases, "gpu", decoder).items()}
     print(f"\nmutated JPEGs: {sum(cpu_accepts.values())} of {len(cases)} accepted on the CPU")
     differ = sorted(n for n in names if gpu_accepts[n] != cpu_accepts[n])
     assert not differ, [(n, "gpu accepts" if gpu_accepts[n] else "gpu rejects") for n in differ]

@@ -76,7 +76,11 @@ _local = threading.local()
 
 
 def nvimgcodec_available() -> bool:
-    return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+    """Whether nvImageCodec's Python package is installed (not whether a GPU can run it)."""
+    try:
+        return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+    except ModuleNotFoundError:  # no "nvidia" namespace package at all
+        return False
 
 
 def _nvimgcodec_decoder(device: Any) -> Any:
