@@ -229,10 +229,11 @@ class OpenNsfwGpuModel(OpenNsfwModel):
 
     def score_pixels(self, policy: str, pixels: Any, captions: Sequence[str]
                      ) -> list[dict[str, float]]:
-        """Generated images on a CUDA device: resized and cropped there, written into the
-        pipeline slot's device rows and scored by its graph; nothing goes through the host
-        but the scores. Pixels elsewhere take the plain runner's path."""
-        if not getattr(pixels, "is_cuda", False) or self.pipeline.compute is None:
+        """Generated images resized and cropped on the pipeline's device, written into its
+        slot's device rows and scored by its graph: pixels already on a CUDA device (the VAE's
+        output) never go through the host; host pixels are uploaded once, as uint8. Without
+        the pipeline (not activated) the plain runner's path."""
+        if self.pipeline.compute is None:
             return super().score_pixels(policy, pixels, captions)
         import torch
 
@@ -245,8 +246,8 @@ class OpenNsfwGpuModel(OpenNsfwModel):
             part = pixels[lo:lo + step]
             n = len(part)
             slot = self.pipeline.acquire(n)
-            # The pixels were written on their producer's stream: this one waits for it.
-            stream.wait_stream(torch.cuda.current_stream(part.device))
+            if part.is_cuda:  # written on their producer's stream: this one waits for it
+                stream.wait_stream(torch.cuda.current_stream(part.device))
             with torch.cuda.stream(stream):
                 slot.dev_in[:n] = crop_generated(part.to(self.pipeline.runner.device,
                                                          non_blocking=True))
