@@ -96,7 +96,7 @@ class TextModel(ModerationModel):
         emb = embed_chunks(self.engine.runner, tok, flat, self.engine.max_batch)
         out, at = [], 0
         for item in chunks:
-            if not item:  # nothing to score (blank texts only): no label is met
+            if not item:  # the contract refuses a blank prompt: an item without text is a bug
                 raise ValueError("score_texts: an item without text")
             out.append(self.banks[policy].scores(emb[at:at + len(item)]))
             at += len(item)
