@@ -58,6 +58,24 @@ class GenerationTopics(Section):
         return self
 
 
+class GenerationModeration(Section):
+    """What checks a job's prompt and its images (``generation.moderation``).
+
+    Policies are moderation's (``model.policies`` and ``moderation.policies``, by name): the
+    same thresholds and rules as moderation jobs, never a copy. Each model of a policy says
+    what it can score of a generation job (its prompt, its pixels); see
+    :mod:`worker.tasks.generation.safety`.
+    """
+
+    # The policy every generated image is scored by before it is published, or "off".
+    policy: str = Field("off", min_length=1, max_length=64)
+    # The policy prompts are scored by; None: ``policy``. "off": no prompt check.
+    prompt_policy: str | None = Field(None, min_length=1, max_length=64)
+    # Where a blocked image's PNG goes (a human look, an appeal); None: nowhere, it is dropped
+    # and the result holds only its seed, scores and rule.
+    quarantine: BlobSettings | None = None
+
+
 def _sizes() -> list[SizeSettings]:
     return [SizeSettings(width=512, height=512), SizeSettings(width=768, height=768)]
 
@@ -98,6 +116,10 @@ class GenerationSettings(Section):
     # Kafka's default message.max.bytes is 1048588; keep headroom for headers and framing.
     results_max_bytes: int = Field(1_000_000, ge=4096)
     blob: BlobSettings = Field(default_factory=BlobSettings)
+    moderation: GenerationModeration = Field(default_factory=GenerationModeration)
+    # Score the prompt (and negative prompt) before generating: "auto" when the prompt policy
+    # runs a model that scores text alone; "on" refuses to start without one.
+    prompt_check: Literal["auto", "on", "off"] = "auto"
     topics: GenerationTopics = Field(default_factory=GenerationTopics)
 
     @model_validator(mode="after")

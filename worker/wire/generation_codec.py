@@ -16,7 +16,13 @@ import msgpack
 
 from worker.exceptions import SchemaViolation
 from worker.tasks.generation.schedulers import SCHEDULERS
-from worker.wire.generation_jobs import SEED_MODULUS, GenerationJob, GenerationResult
+from worker.wire.generation_jobs import (
+    SEED_MODULUS,
+    BlobRef,
+    Check,
+    GenerationJob,
+    GenerationResult,
+)
 from worker.wire.job_maps import NON_BLANK, refuse_duplicate_keys
 
 # The msgpack framing rules (no ext types, UTF-8 strings, a map at the top) are the same for
@@ -144,16 +150,31 @@ def encode_generation_job(job_id: str, prompt: str, *, negative_prompt: str | No
     return payload
 
 
+def _blob(ref: BlobRef) -> dict[str, Any]:
+    return {"uri": ref.uri, "sha256": ref.sha256, "bytes": ref.bytes,
+            "content_type": ref.content_type}
+
+
+def _check(check: Check) -> dict[str, Any]:
+    return {"verdict": check.verdict.value, "scores": dict(check.scores), "rule": check.rule}
+
+
 def generation_result_to_dict(result: GenerationResult) -> dict[str, Any]:
+    """The result's wire map. Moderation fields (an image's verdict, scores, rule and
+    quarantine; the prompt's check) are written as set: the task sets them on v2 results only
+    (worker.tasks.generation.results), and v1's schema refuses them."""
     images = []
     for im in result.images:
         doc: dict[str, Any] = {"index": im.index, "seed": im.seed, "width": im.width,
                                "height": im.height}
         if im.blob is not None:
-            doc["blob"] = {"uri": im.blob.uri, "sha256": im.blob.sha256, "bytes": im.blob.bytes,
-                           "content_type": im.blob.content_type}
-        else:
+            doc["blob"] = _blob(im.blob)
+        elif im.png is not None or not im.withheld:
             doc["png"] = im.png
+        if im.check is not None:
+            doc.update(_check(im.check))
+        if im.quarantine is not None:
+            doc["quarantine"] = _blob(im.quarantine)
         images.append(doc)
     out: dict[str, Any] = {
         "v": result.schema_version, "id": result.id, "status": result.status.value,
@@ -163,6 +184,8 @@ def generation_result_to_dict(result: GenerationResult) -> dict[str, Any]:
     }
     if result.error is not None:
         out["error"] = result.error
+    if result.prompt_check is not None:
+        out["prompt_check"] = _check(result.prompt_check)
     if result.source is not None:
         out["source"] = {"topic": result.source.topic, "partition": result.source.partition,
                          "offset": result.source.offset}

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from worker.wire.moderation_jobs import Status
+from worker.wire.moderation_jobs import Status, Verdict
 from worker.wire.records import SourceRef
 from worker.wire.versions import V1, schema_ids
 
-# ktw.schema header values by contract version (worker.wire.versions). v2 changed nothing in
-# generation jobs and results but their ``v``.
+# ktw.schema header values by contract version (worker.wire.versions). v2 jobs are v1's; v2
+# results add moderation's verdicts (per image, and on the prompt) and the status "blocked".
 GENERATION_JOB_SCHEMAS = schema_ids("generation-job")
 GENERATION_RESULT_SCHEMAS = schema_ids("generation-result")
 SEED_MODULUS = 2**32
@@ -50,6 +50,17 @@ class BlobRef:
 
 
 @dataclass(frozen=True, slots=True)
+class Check:
+    """A moderation policy's decision on a prompt or an image: the verdict, the rule that
+    decided it, every score as ``<model>.<label>`` (worker.tasks.moderation.scoring)."""
+
+    verdict: Verdict
+    rule: str
+    scores: dict[str, float]
+    reason: str = ""  # for people (logs, a v1 result's error); not a field of its own
+
+
+@dataclass(frozen=True, slots=True)
 class GeneratedImage:
     index: int
     seed: int
@@ -57,6 +68,13 @@ class GeneratedImage:
     height: int
     png: bytes | None = None
     blob: BlobRef | None = None
+    check: Check | None = None  # the image's moderation, when a policy is configured
+    quarantine: BlobRef | None = None  # a blocked image's PNG, when a quarantine is configured
+
+    @property
+    def withheld(self) -> bool:
+        """Blocked by moderation: never published (no png, no blob)."""
+        return self.check is not None and self.check.verdict is Verdict.BLOCK
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +89,4 @@ class GenerationResult:
     error: str | None = None
     source: SourceRef | None = None
     schema_version: int = V1  # the job's: the version the result is encoded in
+    prompt_check: Check | None = None  # the prompt's moderation, when it was checked

@@ -24,6 +24,9 @@ class Status(StrEnum):
     EXPIRED = "expired"
     REJECTED = "rejected"
     ERROR = "error"
+    # Generation results v2 only: the job's prompt was blocked by the moderation policy, and
+    # nothing was generated (worker.tasks.generation.safety).
+    BLOCKED = "blocked"
 
 
 class Verdict(StrEnum):

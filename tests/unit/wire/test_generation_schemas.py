@@ -30,11 +30,12 @@ from worker.wire.generation_codec import (
 from worker.wire.generation_jobs import (
     GENERATION_RESULT_SCHEMAS,
     BlobRef,
+    Check,
     GeneratedImage,
     GenerationJob,
     GenerationResult,
 )
-from worker.wire.moderation_jobs import Status
+from worker.wire.moderation_jobs import Status, Verdict
 from worker.wire.records import SourceRef
 
 SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
@@ -98,18 +99,26 @@ def test_job_example_decodes_with_the_codec(contract: Any, path: Path) -> None:
         schema_version=wire["v"])
 
 
+def _check(doc: dict[str, Any]) -> Check | None:
+    return Check(Verdict(doc["verdict"]), doc["rule"], doc["scores"]) if "verdict" in doc \
+        else None
+
+
 def _result_from_example(doc: dict[str, Any]) -> GenerationResult:
     images = []
     for im in doc["images"]:
         blob = BlobRef(**im["blob"]) if "blob" in im else None
         png = base64.b64decode(im["png"]) if "png" in im else None
-        images.append(GeneratedImage(im["index"], im["seed"], im["width"], im["height"], png, blob))
+        quarantine = BlobRef(**im["quarantine"]) if "quarantine" in im else None
+        images.append(GeneratedImage(im["index"], im["seed"], im["width"], im["height"], png, blob,
+                                     _check(im), quarantine))
     src = doc.get("source")
     return GenerationResult(
         id=doc["id"], status=Status(doc["status"]), model_id=doc["model_id"],
         engine_hashes=doc["engine_hashes"], random_weights=doc["random_weights"],
         images=tuple(images), timings_ms=doc["timings_ms"], error=doc.get("error"),
-        source=SourceRef(**src) if src else None, schema_version=doc["v"])
+        source=SourceRef(**src) if src else None, schema_version=doc["v"],
+        prompt_check=_check(doc.get("prompt_check", {})))
 
 
 @pytest.mark.parametrize("path", RESULTS, ids=_ids(RESULTS))
@@ -164,6 +173,46 @@ def test_result_schema_rules(contract: Any, status: Status, images: Any, valid: 
 @pytest.mark.parametrize("version", [1, 2])
 def test_result_header_names_the_results_version(version: int) -> None:
     assert GENERATION_RESULT_SCHEMAS[version] == f"generation-result/v{version}"
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+BLOCK = Check(Verdict.BLOCK, "block:open_nsfw.nsfw", {"open_nsfw.nsfw": 0.9, "open_nsfw.sfw": 0.1})
+REVIEW = Check(Verdict.REVIEW, "review:open_nsfw.nsfw", {"open_nsfw.nsfw": 0.5})
+ALLOW = Check(Verdict.ALLOW, "allow", {"open_nsfw.nsfw": 0.01})
+QUARANTINE = BlobRef("s3://q/a.png", "0" * 64, 10)
+
+
+@pytest.mark.parametrize(
+    ("status", "images", "prompt", "valid"),
+    [
+        (Status.OK, (_image(png=PNG, check=ALLOW), _image(index=1, check=BLOCK)), ALLOW, True),
+        (Status.OK, (_image(check=BLOCK, quarantine=QUARANTINE),), None, True),  # all withheld
+        (Status.OK, (_image(png=PNG, check=REVIEW),), None, True),
+        (Status.OK, (_image(blob=QUARANTINE, check=REVIEW),), None, True),
+        (Status.OK, (_image(png=PNG, check=BLOCK),), None, False),  # a blocked image published
+        (Status.OK, (_image(blob=QUARANTINE, check=BLOCK),), None, False),
+        (Status.OK, (_image(check=REVIEW),), None, False),  # only a block has no png
+        (Status.OK, (_image(png=PNG, check=ALLOW, quarantine=QUARANTINE),), None, False),
+        (Status.OK, (_image(png=PNG, check=Check(Verdict.BLOCK, "allow", {})),), None, False),
+        (Status.OK, (_image(png=PNG, check=Check(Verdict.ALLOW, "allow", {"x.y": 1.5})),), None,
+         False),  # a score outside [0, 1]
+        (Status.BLOCKED, (), BLOCK, True),
+        (Status.BLOCKED, (), None, False),  # blocked says what blocked it
+        (Status.BLOCKED, (), ALLOW, False),
+        (Status.BLOCKED, (_image(png=PNG),), BLOCK, False),  # nothing generated
+    ],
+    ids=["mixed", "all-withheld-quarantined", "review", "review-blob", "block-with-png",
+         "block-with-blob", "review-without-png", "quarantine-on-allow", "verdict-rule-disagree",
+         "score-over-1", "blocked", "blocked-no-check", "blocked-allow", "blocked-with-image"],
+)
+def test_v2_moderation_rules(contract: Any, status: Status, images: Any, prompt: Check | None,
+                             valid: bool) -> None:
+    doc = generation_result_to_dict(GenerationResult("j", status, "m", HASHES, True, images,
+                                                     {"total": 1.0}, schema_version=2,
+                                                     prompt_check=prompt))
+    assert (contract.errors("generation-result.v2", doc) == []) is valid
+    # v1 has none of these fields and no status blocked: the task never writes them there
+    assert contract.errors("generation-result", doc | {"v": 1}) != []
 
 
 def test_an_image_with_both_png_and_blob_is_refused(contract: Any) -> None:

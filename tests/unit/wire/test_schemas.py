@@ -206,9 +206,9 @@ def test_the_transport_prose_is_what_the_producer_does() -> None:
     assert conf["partitioner"] == "murmur2_random"
 
 
-@pytest.mark.parametrize("document", ["moderation-job", "generation-job", "generation-result"])
+@pytest.mark.parametrize("document", ["moderation-job", "generation-job"])
 def test_v2_differs_from_v1_only_in_its_version(contract: Any, document: str) -> None:
-    """Jobs (and generation results) kept their fields in v2: only v and the prose moved."""
+    """Jobs kept their fields in v2: only v and the prose moved."""
     def versionless(schema: dict[str, Any]) -> dict[str, Any]:
         s = json.loads(json.dumps(schema))
         for key in ("$id", "title", "description"):
@@ -219,6 +219,21 @@ def test_v2_differs_from_v1_only_in_its_version(contract: Any, document: str) ->
     v1, v2 = contract.schema(document), contract.schema(f"{document}.v2")
     assert (v1["properties"]["v"]["const"], v2["properties"]["v"]["const"]) == (1, 2)
     assert versionless(v1) == versionless(v2)
+
+
+def test_generation_result_v2_is_v1_plus_moderation(contract: Any) -> None:
+    """v2 generation results keep every v1 field as it was and add moderation only: the status
+    blocked, prompt_check, and an image's verdict, scores, rule and quarantine."""
+    v1, v2 = contract.schema("generation-result"), contract.schema("generation-result.v2")
+    added = {"prompt_check"}
+    assert set(v2["properties"]) - set(v1["properties"]) == added
+    assert set(v2["properties"]["status"]["enum"]) - set(v1["properties"]["status"]["enum"]) \
+        == {"blocked"}
+    i1, i2 = (s["properties"]["images"]["items"]["properties"] for s in (v1, v2))
+    assert set(i2) - set(i1) == {"verdict", "scores", "rule", "quarantine"}
+    assert {k: i2[k] for k in i1} == i1
+    same = set(v1["properties"]) - {"v", "status", "images"}
+    assert {k: v2["properties"][k] for k in same} == {k: v1["properties"][k] for k in same}
 
 
 def _base64_length(n: int) -> int:

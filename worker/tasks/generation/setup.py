@@ -1,4 +1,5 @@
-"""From the config to a ready GenerationTask: weights, engines (cached), blob store.
+"""From the config to a ready GenerationTask: weights, engines (cached), blob store, and the
+moderation of prompts and images (:mod:`worker.tasks.generation.safety`).
 
 Refuses to start without weights: a local SD folder (``generation.weights_dir``) or an explicit
 ``generation.random_weights`` architecture; random weights are announced in the log at start
@@ -22,6 +23,7 @@ from worker.config.generation import GenerationSettings
 from worker.exceptions import ConfigError
 from worker.tasks.generation.blobs import make_blob_store
 from worker.tasks.generation.device import placed
+from worker.tasks.generation.safety import make_safety, resolve
 from worker.tasks.generation.task import GenerationTask
 
 log = structlog.get_logger("worker.tasks.generation")
@@ -100,7 +102,11 @@ def make_generation_task(cfg: WorkerConfig,
                          on_build: Callable[[BuildRecipe], None] | None = None
                          ) -> GenerationTask:
     g = placed(cfg.generation)  # first: a device the machine lacks fails before any load
-    return GenerationTask(g, make_engines(cfg, on_build, g),
-                          make_blob_store(cfg.generation.blob),
+    resolve(cfg)  # a moderation setting that cannot work fails before any load too
+    engines = make_engines(cfg, on_build, g)
+    quarantine = g.moderation.quarantine
+    safety = make_safety(cfg)
+    return GenerationTask(g, engines, make_blob_store(cfg.generation.blob),
                           max_in_flight_batches=cfg.batch.max_in_flight_batches,
-                          max_jobs_per_batch=jobs_per_batch(cfg))
+                          max_jobs_per_batch=jobs_per_batch(cfg), safety=safety,
+                          quarantine=None if quarantine is None else make_blob_store(quarantine))

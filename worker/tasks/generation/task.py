@@ -28,17 +28,20 @@ from worker.tasks.generation import sampler
 from worker.tasks.generation.blobs import BlobStore
 from worker.tasks.generation.intake import IntakeRules
 from worker.tasks.generation.png import encode_png
-from worker.tasks.generation.results import fit_result, images_for
+from worker.tasks.generation.results import fit_result, images_for, in_version, store
+from worker.tasks.generation.safety import Safety, generated_pixels
 from worker.tasks.generation.schedulers import make_schedule
 from worker.tasks.protocol import source_ref
 from worker.wire.generation_codec import decode_generation_job, encode_generation_result
 from worker.wire.generation_jobs import (
     GENERATION_RESULT_SCHEMAS,
+    BlobRef,
+    Check,
     GeneratedImage,
     GenerationJob,
     GenerationResult,
 )
-from worker.wire.moderation_jobs import Status
+from worker.wire.moderation_jobs import Status, Verdict
 from worker.wire.records import Headers, SourceRecord, SourceRef
 
 
@@ -69,8 +72,12 @@ class GenerationOutcome:
 class GenerationTask(BatchedTask[GenerationPending]):
     def __init__(self, settings: GenerationSettings, engines: SdEngines, blobs: BlobStore, *,
                  max_in_flight_batches: int = 2, max_jobs_per_batch: int = 8,
-                 own_engines: bool = True) -> None:
+                 own_engines: bool = True, safety: Safety | None = None,
+                 quarantine: BlobStore | None = None) -> None:
+        """``safety``: the prompt and image checks (None: neither); ``quarantine``: where
+        blocked images' PNGs go (None: nowhere)."""
         self.settings, self.engines, self.blobs = settings, engines, blobs
+        self.safety, self.quarantine = safety, quarantine
         self._own_engines = own_engines  # False: engines shared with others stay loaded
         self.rules = IntakeRules(frozenset((s.width, s.height) for s in settings.sizes),
                                  settings.min_steps, settings.max_steps,
@@ -146,6 +153,8 @@ class GenerationTask(BatchedTask[GenerationPending]):
         A backend this machine cannot run is a ConfigError naming the settings to change: the
         cause is the configuration, and the command line reports it as one line."""
         g = self.settings
+        if self.safety is not None:
+            self.safety.warm_up()
         try:
             self.engines.activate()
             if g.warm_up == "first_use" or (g.warm_up == "auto" and not g.on_cuda):
@@ -167,8 +176,12 @@ class GenerationTask(BatchedTask[GenerationPending]):
     def close(self) -> None:
         self._batch_pool.shutdown(wait=True)
         self._png_pool.shutdown(wait=True)
-        if self._own_engines:
-            self.engines.deactivate()
+        try:
+            if self.safety is not None:
+                self.safety.close()
+        finally:
+            if self._own_engines:
+                self.engines.deactivate()
 
     def _run(self, batch: Batch[GenerationPending]) -> list[GenerationOutcome]:
         items = batch.items
@@ -176,21 +189,52 @@ class GenerationTask(BatchedTask[GenerationPending]):
         # An engine failure is raised, never answered "error": out of memory waits and runs
         # again (an outage), anything else is split down to the job that fails alone, which
         # is dead-lettered (worker.tasks.batched).
-        stamps, pngs = self._generate(items, started)
+        prompts = self._check_prompts(items)
+        checked = time.monotonic()
+        go = [p for p, c in zip(items, prompts, strict=True)
+              if c is None or c.verdict is not Verdict.BLOCK]
+        stamps: dict[str, float] = {}
+        pngs: dict[tuple[int, int], bytes] = {}
+        checks: dict[tuple[int, int], Check] = {}
+        quarantined: dict[tuple[int, int], BlobRef] = {}
+        if go:  # the UNet runs for the jobs whose prompt passed, and for them only
+            stamps, pngs, checks = self._generate(go, checked)
+            quarantined = self._quarantine(go, pngs, checks)
+        if self.safety is not None and self.safety.prompt_policy is not None:
+            stamps["prompt_check"] = (checked - started) * 1e3
         outcomes = []
-        for pos, p in enumerate(items):
+        position = {id(p): pos for pos, p in enumerate(go)}
+        for p, prompt in zip(items, prompts, strict=True):
+            done = time.monotonic()
             timings = {"queue": (started - p.consumed_at) * 1e3, **stamps,
-                       "total": (time.monotonic() - p.consumed_at) * 1e3}
+                       "total": (done - p.consumed_at) * 1e3}
+            pos = position.get(id(p))
+            if pos is None:
+                assert prompt is not None
+                timings = {k: timings[k] for k in ("queue", "prompt_check", "total")}
+                result = self._result(p, Status.BLOCKED, timings=timings, error=(
+                    f"prompt blocked by moderation: {prompt.rule}"), prompt_check=prompt)
+                outcomes.append(GenerationOutcome(p, in_version(result)))
+                continue
             seeds = [p.job.image_seed(i) for i in range(p.job.num_images)]
-            images = images_for(pngs, pos, seeds, p.job.width, p.job.height)
-            result = self._result(p, Status.OK, timings=timings, images=images)
-            fitted = fit_result(result, self.settings.results_max_bytes, self.blobs,
-                                time.monotonic)
+            images = images_for(pngs, pos, seeds, p.job.width, p.job.height, checks,
+                                quarantined)
+            result = self._result(p, Status.OK, timings=timings, images=images,
+                                  prompt_check=prompt)
+            fitted = fit_result(in_version(result), self.settings.results_max_bytes,
+                                self.blobs, time.monotonic)
             outcomes.append(GenerationOutcome(p, fitted))
         return outcomes
 
+    def _check_prompts(self, items: list[GenerationPending]) -> list[Check | None]:
+        safety = self.safety
+        if safety is None or safety.prompt_policy is None:
+            return [None] * len(items)
+        return list(safety.check_prompts([p.job for p in items]))
+
     def _generate(self, items: list[GenerationPending], started: float
-                  ) -> tuple[dict[str, float], dict[tuple[int, int], bytes]]:
+                  ) -> tuple[dict[str, float], dict[tuple[int, int], bytes],
+                             dict[tuple[int, int], Check]]:
         e = self.engines
         with self._engines_lock:
             gpu_start = time.monotonic()
@@ -206,14 +250,54 @@ class GenerationTask(BatchedTask[GenerationPending]):
             pixels = {row.tag: px for c in chunks
                       for row, px in zip(c.rows, sampler.images_of(c), strict=True)}
             decoded = time.monotonic()
+        checks = self._check_images(items, pixels)
+        moderated = time.monotonic()
         level = self.settings.png_compress_level
-        futures = {tag: self._png_pool.submit(encode_png, px, level) for tag, px in pixels.items()}
+        # A blocked image is encoded only for a quarantine; otherwise it never becomes a PNG.
+        keep = self.quarantine is not None
+        futures = {tag: self._png_pool.submit(encode_png, px, level) for tag, px in pixels.items()
+                   if keep or tag not in checks or checks[tag].verdict is not Verdict.BLOCK}
         pngs = {tag: f.result() for tag, f in futures.items()}
         done = time.monotonic()
         stamps = {"engines_wait": gpu_start - started, "text": encoded - gpu_start,
-                  "denoise": denoised - encoded,
-                  "vae": decoded - denoised, "png": done - decoded}
-        return {k: v * 1e3 for k, v in stamps.items()}, pngs
+                  "denoise": denoised - encoded, "vae": decoded - denoised,
+                  "png": done - moderated}
+        if self.safety is not None and self.safety.image_policy is not None:
+            stamps["moderation"] = moderated - decoded
+        return {k: v * 1e3 for k, v in stamps.items()}, pngs, checks
+
+    def _check_images(self, items: list[GenerationPending],
+                      pixels: dict[tuple[int, int], np.ndarray]
+                      ) -> dict[tuple[int, int], Check]:
+        """Each image's check under the image policy (none when it is off), on the pixels the
+        VAE made, images of one size scored together."""
+        safety = self.safety
+        if safety is None or safety.image_policy is None or not pixels:
+            return {}
+        by_shape: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        for tag, px in pixels.items():
+            by_shape.setdefault(px.shape, []).append(tag)
+        checks: dict[tuple[int, int], Check] = {}
+        for tags in by_shape.values():
+            batch = generated_pixels([pixels[t] for t in tags])
+            found = safety.check_images(batch, [items[pos].job.prompt for pos, _ in tags])
+            checks.update(zip(tags, found, strict=True))
+        return checks
+
+    def _quarantine(self, items: list[GenerationPending], pngs: dict[tuple[int, int], bytes],
+                    checks: dict[tuple[int, int], Check]) -> dict[tuple[int, int], BlobRef]:
+        """Blocked images' PNGs in the quarantine store (when one is configured), then out of
+        ``pngs``: they are never published."""
+        out: dict[tuple[int, int], BlobRef] = {}
+        for tag, check in checks.items():
+            if check.verdict is not Verdict.BLOCK:
+                continue
+            png = pngs.pop(tag, None)
+            if self.quarantine is not None and png is not None:
+                job = items[tag[0]].job
+                out[tag] = store(self.quarantine, job.id, tag[1], job.image_seed(tag[1]), png,
+                                 "quarantine store")
+        return out
 
     def _chunks(self, items: list[GenerationPending], emb: dict[str, np.ndarray]
                 ) -> list[sampler.DenoiseChunk]:
@@ -236,9 +320,10 @@ class GenerationTask(BatchedTask[GenerationPending]):
 
     def _result(self, p: GenerationPending, status: Status, *,
                 timings: dict[str, float] | None = None, error: str | None = None,
-                images: tuple[GeneratedImage, ...] = ()) -> GenerationResult:
+                images: tuple[GeneratedImage, ...] = (), prompt_check: Check | None = None
+                ) -> GenerationResult:
         return GenerationResult(
             id=p.job.id, status=status, model_id=self.model_id,
             engine_hashes=self.engines.engine_hashes(), random_weights=self.engines.random_weights,
             images=images, timings_ms=timings or {}, error=error, source=p.ref,
-            schema_version=p.job.schema_version)
+            schema_version=p.job.schema_version, prompt_check=prompt_check)

@@ -109,7 +109,6 @@ def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = Non
     image. Returns, per input, None or the rejection; bad rows are left untouched.
     ``decoder``: "torchvision" or "nvimgcodec" (:mod:`.jpeg_ops`)."""
     import torch
-    import torch.nn.functional as F
 
     limits = limits or ImageLimits()
     images: list[Any] = _decode_all(datas, out.device, limits, decoder)
@@ -117,14 +116,30 @@ def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = Non
     for i, img in enumerate(images):
         if not isinstance(img, JobRejected):
             by_size[(int(img.shape[1]), int(img.shape[2]))].append(i)
-    off = (RESIZE - CROP) // 2
     for idx in by_size.values():
-        x = torch.stack([images[i] for i in idx]).float()
-        x = F.interpolate(x, size=(RESIZE, RESIZE), mode="bilinear", antialias=True,
-                          align_corners=False)
-        x = x[:, :, off:off + CROP, off:off + CROP].round_().clamp_(0, 255)
-        out[idx] = x.to(torch.uint8).permute(0, 2, 3, 1)
+        out[idx] = resize_crop(torch.stack([images[i] for i in idx]))
     return [img if isinstance(img, JobRejected) else None for img in images]
+
+
+def resize_crop(x: Any) -> Any:
+    """open_nsfw's geometry on torch: uint8 RGB [N, 3, H, W] (one size) -> uint8 RGB
+    [N, 224, 224, 3] (bilinear with antialiasing to 256, PIL's BILINEAR semantics, centre
+    crop 224), computed on the device ``x`` lives on."""
+    import torch
+    import torch.nn.functional as F
+
+    off = (RESIZE - CROP) // 2
+    y = F.interpolate(x.float(), size=(RESIZE, RESIZE), mode="bilinear", antialias=True,
+                      align_corners=False)
+    y = y[:, :, off:off + CROP, off:off + CROP].round_().clamp_(0, 255)
+    return y.to(torch.uint8).permute(0, 2, 3, 1)
+
+
+def crop_generated(pixels: Any) -> Any:
+    """Generated images (uint8 RGB [N, H, W, 3], the VAE's layout) -> open_nsfw's uint8 rows
+    [N, 224, 224, 3], on their device: the path a decoded job image takes, without an image
+    file in between."""
+    return resize_crop(pixels.permute(0, 3, 1, 2))
 
 
 def warm_decoder(data: bytes, device: Any, limits: ImageLimits | None = None,

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import abc
 import importlib.util
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from engines.backends.base import Runner
 from engines.profiles import Profile
@@ -50,6 +50,9 @@ class ModerationModel(abc.ABC):
     """One model of moderation (a name in ``PolicySettings.models``)."""
 
     name: str
+    # What it can score of generated content: a text alone (a prompt), pixels (an image).
+    scores_texts: ClassVar[bool] = False
+    scores_pixels: ClassVar[bool] = False
 
     # -- start-up ------------------------------------------------------------------------
     @classmethod
@@ -97,6 +100,20 @@ class ModerationModel(abc.ABC):
     @abc.abstractmethod
     def identity(self) -> tuple[str, str]:
         """(model id, engine hash) for the results it scored."""
+
+    # -- generated content (worker.tasks.generation.safety) ------------------------------
+    def score_texts(self, policy: str, texts: Sequence[Sequence[str]]) -> list[dict[str, float]]:
+        """Scores under ``policy`` of each entry of ``texts``, the texts of one item (a prompt
+        and its negative prompt) scored as one text of several chunks. Only where
+        ``scores_texts``."""
+        raise NotImplementedError(f"model {self.name!r} does not score texts alone")
+
+    def score_pixels(self, policy: str, pixels: Any, captions: Sequence[str]
+                     ) -> list[dict[str, float]]:
+        """Scores under ``policy`` of each image of ``pixels`` (a torch uint8 tensor
+        [N, H, W, 3], RGB, on the CPU or a CUDA device: preprocessing runs where it lives),
+        ``captions[i]`` the text image i was asked to show. Only where ``scores_pixels``."""
+        raise NotImplementedError(f"model {self.name!r} does not score pixels")
 
     # -- lifecycle -----------------------------------------------------------------------
     def warm_up(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -225,6 +226,36 @@ class OpenNsfwGpuModel(OpenNsfwModel):
             return None, rejects, prep
         handle = self.pipeline.launch(slot, n, input_ready=ready)
         return handle.result(), rejects, prep
+
+    def score_pixels(self, policy: str, pixels: Any, captions: Sequence[str]
+                     ) -> list[dict[str, float]]:
+        """Generated images resized and cropped on the pipeline's device, written into its
+        slot's device rows and scored by its graph: pixels already on a CUDA device (the VAE's
+        output) never go through the host; host pixels are uploaded once, as uint8. Without
+        the pipeline (not activated) the plain runner's path."""
+        if self.pipeline.compute is None:
+            return super().score_pixels(policy, pixels, captions)
+        import torch
+
+        from worker.tasks.moderation.images.gpu import crop_generated
+
+        stream = self._prep_stream()
+        out: list[dict[str, float]] = []
+        step = self.pipeline.sizes[-1]
+        for lo in range(0, len(pixels), step):
+            part = pixels[lo:lo + step]
+            n = len(part)
+            slot = self.pipeline.acquire(n)
+            if part.is_cuda:  # written on their producer's stream: this one waits for it
+                stream.wait_stream(torch.cuda.current_stream(part.device))
+            with torch.cuda.stream(stream):
+                slot.dev_in[:n] = crop_generated(part.to(self.pipeline.runner.device,
+                                                         non_blocking=True))
+            ready: Event = self._local.ready
+            ready.record_on(stream.cuda_stream)
+            scores = self.pipeline.launch(slot, n, input_ready=ready).result()
+            out += [self.named(scores[i]) for i in range(n)]
+        return out
 
     def _fill_host_rows(self, slot: Any, images: list[bytes]) -> list[JobRejected | None]:
         """CPU preprocessing into the slot's pinned host rows (one pool task per image)."""

@@ -10,7 +10,7 @@ view preprocessed to the engine's fixed input, and the job scores its worst view
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +34,7 @@ from worker.tasks.moderation.images.cpu import (
     ImageLimits,
     decode_image,
     decode_views,
+    normalize_pixels,
     preprocess_open_nsfw,
 )
 from worker.tasks.moderation.models.base import Finished, ModelContext, ModerationModel
@@ -53,6 +54,7 @@ class OpenNsfwModel(ModerationModel):
     caller stays active)."""
 
     name = "open_nsfw"
+    scores_pixels = True
 
     def __init__(self, cfg: WorkerConfig, runner: Runner, spec: EngineSpec,
                  profiles: tuple[Profile, ...], *, own_runner: bool = False) -> None:
@@ -101,6 +103,19 @@ class OpenNsfwModel(ModerationModel):
 
     def identity(self) -> tuple[str, str]:
         return self.spec.model_id, self.runner.engine_hash
+
+    def score_pixels(self, policy: str, pixels: Any, captions: Sequence[str]
+                     ) -> list[dict[str, float]]:
+        """Generated images: resized and cropped where they live (the GPU preprocessing's
+        geometry, :func:`worker.tasks.moderation.images.gpu.crop_generated`), then the
+        engine's input on the host. No image file in between, so no JPEG re-encode either
+        (``model.jpeg_roundtrip`` is for decoded files)."""
+        from worker.tasks.moderation.images.gpu import crop_generated
+
+        rows = crop_generated(pixels).cpu().numpy()
+        profile = max(self._profiles, key=lambda p: p.max_batch)
+        scores = self._infer_chunks([normalize_pixels(r) for r in rows], profile)
+        return [self.named(row) for row in scores]
 
     # -- lifecycle ------------------------------------------------------------------------
     def warm_up(self, profiles: tuple[Profile, ...] | None = None) -> None:

@@ -7,7 +7,7 @@ descriptions, max over chunks (:mod:`worker.tasks.moderation.models.text.scoring
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from worker.tasks.moderation.models.base import (
     tokenizers_missing,
 )
 from worker.tasks.moderation.models.text.engine import TextEngine
-from worker.tasks.moderation.models.text.scoring import LabelBank, label_bank
+from worker.tasks.moderation.models.text.scoring import LabelBank, embed_chunks, label_bank
 from worker.tasks.moderation.models.text.settings import settings_of
 from worker.tasks.moderation.parts import JobState, Part, job_text
 from worker.wire.moderation_jobs import ModerationJob
@@ -34,6 +34,7 @@ TEXT_KIND = "text"
 
 class TextModel(ModerationModel):
     name = "text"
+    scores_texts = True  # a prompt is a text like a job's
 
     def __init__(self, engine: TextEngine, banks: Mapping[str, LabelBank], max_chunks: int
                  ) -> None:
@@ -85,6 +86,21 @@ class TextModel(ModerationModel):
     def scores(self, policy: str, values: Mapping[Hashable, Any]) -> dict[str, float]:
         chunks = np.stack([values[i] for i in range(len(values))])  # keys: chunk positions
         return self.banks[policy].scores(chunks)
+
+    def score_texts(self, policy: str, texts: Sequence[Sequence[str]]) -> list[dict[str, float]]:
+        """Each item's texts chunked as a job's text is, embedded together, and scored as one
+        text: each label's score is its maximum over all of the item's chunks."""
+        tok = self.engine.tokenizer
+        chunks = [[c for t in item if t.strip() for c in tok.chunks(t)] for item in texts]
+        flat = [c for item in chunks for c in item]
+        emb = embed_chunks(self.engine.runner, tok, flat, self.engine.max_batch)
+        out, at = [], 0
+        for item in chunks:
+            if not item:  # the contract refuses a blank prompt: an item without text is a bug
+                raise ValueError("score_texts: an item without text")
+            out.append(self.banks[policy].scores(emb[at:at + len(item)]))
+            at += len(item)
+        return out
 
     def identity(self) -> tuple[str, str]:
         return self.engine.spec.model_id, self.engine.runner.engine_hash
