@@ -133,10 +133,11 @@ class KafkaSettings(Section):
     # Broker-side limit for an open transaction (the broker's transaction.max.timeout.ms,
     # 15 min by default, caps it). Checked against the commit interval and max batch time.
     transaction_timeout_ms: int = Field(60_000, ge=1_000, le=900_000)
-    # A topic missing or refused (ACLs) at start-up: wait for it, readiness off with the
-    # reason, trying again with a growing interval; None waits for good. An exit would only
-    # be restarted into the same refusal (a crash loop); a number gives up (exit 2) after that
-    # many seconds, for a command line run where a typo should end the run.
+    # A topic missing or refused (ACLs) at start-up, or exactly-once's transactional id
+    # refused WRITE: wait for it, readiness off with the reason, trying again with a growing
+    # interval; None waits for good. An exit would only be restarted into the same refusal (a
+    # crash loop); a number gives up (exit 2) after that many seconds of waiting, both waits
+    # together, for a command line run where a typo should end the run.
     topics_wait_s: float | None = Field(None, ge=0)
     # librdkafka settings passed through unchanged (both clients / consumer / producer only),
     # except those the delivery guarantees and the wire contract rest on (GUARANTEED). Values

@@ -18,7 +18,8 @@ operations for a transactional id, and DescribeAcls needs ALTER or DESCRIBE on t
 wildcards, DENY, super users) to be read right. So the authority is the worker's own
 ``init_transactions``: it runs before the group is joined, and its
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED is reported by :func:`transactional_id_refused` naming
-the id and the operation, as a refusal here is.
+the id and the operation, as a refusal here is, and start-up waits it out as it waits out
+these (worker.loop.startup).
 
 A cluster that does not answer within the timeout is not an error here: the worker starts and
 librdkafka keeps trying, as it would without the check (a crash loop helps no one while the

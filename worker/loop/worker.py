@@ -84,7 +84,10 @@ class Worker:
             self.task.close()
             log.info("worker_stopped", waited_for_topics=True)
             return
-        self.parts.startup.open_while_warming()
+        if not self.parts.startup.open_while_warming(self._stop):  # stopped: clients closed
+            self.task.close()
+            log.info("worker_stopped", waited_for_transactional_id=True)
+            return
         self.vitals.warm = True
         rb = self._rebalance
         self.parts.consumer.subscribe([self.topics.jobs], on_assign=rb.on_assign,

@@ -228,8 +228,9 @@ class FakeStartup:
     def wait_for_topics(self, stop: threading.Event) -> bool:
         return True
 
-    def open_while_warming(self) -> None:
+    def open_while_warming(self, stop: threading.Event) -> bool:
         self.opened = True
+        return True
 
 
 def _worker(**batch: Any) -> tuple[Worker, FakeTask, FakeIntake, FakeCommitter, FakeConsumer]:

@@ -271,7 +271,10 @@ class AtLeastOnce:
         return time.monotonic() - self._progress_at if self._in_flight > 0 else None
 
     def blocked(self) -> str | None:
-        if not self._retries or not self._failing:
+        # Not only while retries wait in the heap: a due retry goes back in flight, where a
+        # topic that is still gone holds it until it fails again (message.timeout.ms), and
+        # readiness must keep naming the topic meanwhile.
+        if not self._failing or not (self._retries or self._in_flight):
             return None
         topic, error = next(iter(self._failing.items()))
         return f"output topic {topic} refuses records, retrying: {error[:200]}"
@@ -390,6 +393,11 @@ class AtLeastOnce:
             self._in_flight -= len(self._retries) - len(kept)
             heapq.heapify(kept)
             self._retries = kept
+            # A topic no retry waits for any more is no longer known to refuse (it is again
+            # at its next failure); otherwise readiness could stay off for a topic no record
+            # is sent to.
+            waiting = {r[2].topic for r in kept}
+            self._failing = {t: e for t, e in self._failing.items() if t in waiting}
 
     def _flush(self) -> int:
         undelivered = self._producer.flush(self.cfg.commit.drain_timeout_s)

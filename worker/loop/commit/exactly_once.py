@@ -62,15 +62,22 @@ class _Reports:
     them all instead of a partial per record; a failure is matched to its outputs by topic,
     key and value."""
 
-    __slots__ = ("outs", "owner", "sequence")
+    __slots__ = ("acked", "outs", "owner", "sequence")
 
     def __init__(self, owner: ExactlyOnce, sequence: int) -> None:
         self.owner, self.sequence = owner, sequence
         self.outs: list[Output] = []
+        self.acked = 0  # (a count, not which: only a commit that times out asks, see topics)
 
     def __call__(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
         if err is not None:
             self.owner._delivery_failed(self, err, msg)
+        else:
+            self.acked += 1
+
+    def unacked_topics(self) -> set[str]:
+        """The topics of this emit's records when one of them is still unacknowledged."""
+        return {o.topic for o in self.outs} if self.acked < len(self.outs) else set()
 
     def outputs_of(self, msg: ck.Message) -> list[Output]:
         """Every output the report may stand for (:func:`worker.loop.output.by_record`)."""
@@ -118,6 +125,9 @@ class ExactlyOnce:
         self._too_large: set[SourceRef] = set()
         self._outage: _Outage | None = None
         self._last_abort: str | None = None
+        # The open transaction's emits: a commit that times out names the topics its
+        # records still wait for (a deleted results topic holds them in librdkafka).
+        self._open_reports: list[_Reports] = []
 
     def start(self) -> None:
         self._producer.open()
@@ -132,6 +142,9 @@ class ExactlyOnce:
             refused = transactional_id_refused(exc, transactional_id(self.cfg))
             if refused is None:
                 raise
+            # librdkafka makes that refusal fatal to the client: start-up waits for the
+            # grant (worker.loop.startup) and calls start() again, on a new client.
+            self._producer.abandon()
             raise refused from exc
 
     def begin(self, topic: str, partition: int, offset: int, size: int = 0) -> None:
@@ -164,6 +177,8 @@ class ExactlyOnce:
                         raise
                     self._note_too_large(ready, exc.code)
                     break  # abortable: marked failed; tick() aborts and rewinds
+        if reports.outs:
+            self._open_reports.append(reports)
 
     def _smaller(self, out: Output) -> Output:
         """A record its topic refused before the rewind, redone as its stand-in
@@ -205,7 +220,7 @@ class ExactlyOnce:
                     partition=out.ref.partition if out else None,
                     offset=out.ref.offset if out else None, kind=out.kind if out else None,
                     code=err.code())
-        txn.fail(f"delivery failed: {err.str()}",
+        txn.fail(f"delivery to {msg.topic()} failed: {err.str()}",
                  timed_out=err.code() == ck.KafkaError._MSG_TIMED_OUT)
 
     def pending(self) -> int:
@@ -302,6 +317,7 @@ class ExactlyOnce:
         # Redone after the rewind: their hop starts again then. (A commit that timed out but
         # did land on the coordinator is not redone: its outputs go without a sample.)
         self._produced_at.clear()
+        self._open_reports.clear()
         self._rewind_needed = True
         self._aborts_in_a_row += 1
         self._last_abort = reason
@@ -382,8 +398,12 @@ class ExactlyOnce:
         except TransactionError as exc:
             if exc.fatal:
                 raise
-            self._abort(f"commit failed: {exc}")
+            # The topics first: readiness shows the reason's first 200 characters.
+            waiting = sorted({t for r in self._open_reports for t in r.unacked_topics()})
+            self._abort((f"records to {', '.join(waiting)} unacknowledged; "
+                         if waiting else "") + f"commit failed: {exc}")
             return False
+        self._open_reports.clear()
         self._tracker.mark_committed(positions)
         self._settle_too_large(positions)
         done = time.monotonic()

@@ -345,7 +345,7 @@ class ReplayStartup:
     def wait_for_topics(self, stop: threading.Event) -> bool:
         return True
 
-    def open_while_warming(self) -> None:
+    def open_while_warming(self, stop: threading.Event) -> bool:
         task, state = self._task, self._state
         task.warm_up()
         _settle(task, SETTLE_S, self._stopping)
@@ -368,6 +368,7 @@ class ReplayStartup:
                 self._committer.close(failed=True)
             raise
         self.opened = True
+        return True
 
 
 class NoGroup:

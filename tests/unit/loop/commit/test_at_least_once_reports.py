@@ -181,3 +181,32 @@ def test_a_record_refused_at_produce_is_retried_not_raised_and_readiness_says_wh
     committer._settle()
     assert committer._tracker.committable() == {("jobs", 0): 12}
     assert committer.blocked() is None and committer._in_flight == 0
+
+
+def test_readiness_keeps_naming_the_topic_while_its_retry_is_in_flight_again() -> None:
+    """A due retry goes back in flight, where a topic still gone holds it until it fails
+    again; readiness named the topic only while a retry waited in the heap, so a long outage
+    showed on /readyz as an unnamed unacknowledged record most of the time."""
+    committer, client = _committer()
+    committer.emit([_out(10, b"a")])
+    client.report(fail=frozenset({b"a"}))
+    committer._settle()
+    assert "output topic results" in (committer.blocked() or "")
+    committer._retries = [(0.0, seq, out) for _due, seq, out in committer._retries]
+    committer._retry_due()  # sent again: in flight, not in the heap
+    assert not committer._retries and committer._in_flight == 1
+    assert "output topic results" in (committer.blocked() or "")
+    client.report()  # the topic is back
+    committer._settle()
+    assert committer.blocked() is None
+
+
+def test_readiness_forgets_a_topic_whose_retries_went_to_another_member() -> None:
+    committer, client = _committer()
+    committer.emit([_out(10, b"a")])
+    client.report(fail=frozenset({b"a"}))
+    committer._settle()
+    committer.emit([_out(11, b"b")])  # another result in flight, to a working topic
+    committer.forget({("jobs", 0)})  # revoked: the retry is the new owner's now
+    assert committer._in_flight == 1
+    assert committer.blocked() is None

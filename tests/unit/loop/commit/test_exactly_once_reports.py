@@ -89,3 +89,49 @@ def test_a_refused_source_stays_marked_until_its_stand_in_commits() -> None:
     assert eo._too_large == {SourceRef("jobs", 0, 2)}
     eo.forget({("jobs", 0)})
     assert eo._too_large == set()
+
+
+class _StuckTxn(_Txn):
+    """A transaction whose commit times out: its records never reported (a deleted topic
+    holds them in librdkafka)."""
+
+    age_s = 0.1
+    aborts = 0
+
+    def commit(self, offsets: Any, group_metadata: Any) -> None:
+        from worker.exceptions import TransactionError
+
+        raise TransactionError("commit_transaction still failing after 10 s: _TIMED_OUT: "
+                               "Failed to flush all outstanding messages", abortable=True)
+
+    def abort(self) -> bool:
+        self.open, self.failed, self.aborts = False, None, self.aborts + 1
+        self.sequence += 1
+        return True
+
+
+class _GroupConsumer:
+    def group_metadata(self) -> object:
+        return object()
+
+
+def _result(offset: int, topic: str = "results") -> Output:
+    return Output(SourceRef("jobs", 0, offset), topic, b"k%d" % offset, b"r", None, "result")
+
+
+def test_readiness_names_the_topic_a_timed_out_commit_still_waits_for() -> None:
+    """A results topic deleted under a transaction: the commit times out flushing and the
+    abort's reason (which readiness shows from the second abort in a row) only said so;
+    it did not say which topic the records wait for."""
+    eo, _ = _committer()
+    txn = _StuckTxn()
+    eo._txn, eo._consumer = txn, _GroupConsumer()  # type: ignore[assignment]
+    txn.open = True
+    eo._abort("an earlier transaction failed")  # (readiness shows from the second abort)
+    eo.emit([_result(0, "results-gone")])
+    eo.emit([_result(1, "dlq-fine")])
+    txn.sent[-1][1](None, None)  # the DLQ took its record; the results topic never did
+    assert not eo._commit()
+    reason = eo.blocked()
+    assert reason is not None and "records to results-gone" in reason[:120], reason
+    assert "dlq-fine" not in reason
