@@ -123,7 +123,16 @@ def resolve(cfg: WorkerConfig) -> tuple[str | None, str | None, dict[str, Policy
         if not _able(policies[image], "scores_pixels"):
             raise ConfigError(f"generation.moderation.policy = {image!r} runs no model that "
                               f"scores images ({', '.join(policies[image].models)}): name a "
-                              "policy that runs one (open_nsfw, clip), or 'off'")
+                              "policy that runs one (open_nsfw), or 'off'")
+        # A model that neither scores pixels nor is a text model (whose part is the prompt)
+        # would be left out of every image's verdict without a word: refused instead.
+        unable = [n for n in policies[image].models
+                  if n not in _able(policies[image], "scores_pixels")
+                  and n not in _able(policies[image], "scores_texts")]
+        if unable:
+            raise ConfigError(f"generation.moderation.policy = {image!r} runs "
+                              f"{', '.join(unable)}, which cannot score generated images yet: "
+                              "name a policy without it, or 'off'")
     if prompt is not None:
         setting = "generation.moderation." + ("policy" if m.prompt_policy is None
                                               else "prompt_policy")

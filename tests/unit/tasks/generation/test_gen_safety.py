@@ -360,3 +360,18 @@ def test_the_cpu_path_gives_the_device_path_s_pixels_and_verdicts(safety: Safety
             a = decide(policy, {"open_nsfw": mine})
             b = decide(policy, {"open_nsfw": theirs})
             assert (a.verdict, a.rule) == (b.verdict, b.rule)
+
+
+def test_an_image_policy_with_a_model_that_cannot_score_generated_images_is_refused(
+        tmp_path: Path) -> None:
+    """CLIP scores job images but not generated pixels yet: a policy running it would leave
+    its consistency check out of every verdict without a word."""
+    policies = POLICIES | {"with_clip": {"models": ["open_nsfw", "clip"],
+                                         "labels": {"nsfw": {"review": 0.2, "block": 0.8,
+                                                             "descriptions": ["nudity"]}}}}
+    cfg = load_config(engines={"cache_dir": str(tmp_path)},
+                      moderation={"policies": policies, "clip": {"weights_dir": str(tmp_path)}},
+                      generation={"random_weights": "tiny", "device": "cpu",
+                                  "moderation": {"policy": "with_clip"}})
+    with pytest.raises(ConfigError, match="runs clip, which cannot score generated images"):
+        resolve(cfg)
