@@ -20,7 +20,7 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.admin._resource import ResourceType
 
 from worker.config import WorkerConfig
-from worker.exceptions import KafkaIOError, UnknownTopic
+from worker.exceptions import KafkaIOError, TopicNotAuthorized, UnknownTopic
 
 # The settings every client of the worker shares (brokers, client id, security, kafka.extra)
 # and librdkafka's error classification: the worker's own clients are built from the same.
@@ -112,6 +112,20 @@ class Admin:
             raise UnknownTopic(f"topic {topic!r} does not exist{hint}")
         return sorted(found.partitions)
 
+    def _group_refused(self, group: str) -> bool:
+        """Whether the broker says this client may not READ ``group`` (False when it does
+        not answer or reports nothing)."""
+        try:
+            futures = self.client.describe_consumer_groups(
+                [group], include_authorized_operations=True, request_timeout=self.timeout)
+            described = wait(futures[group], f"describe group {group!r}", self.timeout)
+        except KafkaIOError as exc:
+            return exc.code == ck.KafkaError.GROUP_AUTHORIZATION_FAILED
+        except ck.KafkaException:
+            return False
+        ops = described.authorized_operations
+        return ops is not None and not {"READ", "ALL"} & {op.name for op in ops}
+
     def describe_group(self, group: str) -> Any:
         """The group's description (state, members and their assignments)."""
         try:
@@ -186,6 +200,12 @@ class Admin:
                     break
                 except KafkaIOError as err:
                     if err.code not in _COORDINATOR_BUSY or time.monotonic() > deadline:
+                        # A group the principal may not READ makes librdkafka's consumer
+                        # time out, not refuse: ask the broker, and say so by name.
+                        if self._group_refused(group):
+                            raise TopicNotAuthorized(
+                                f"the broker's ACLs do not let this client READ on group "
+                                f"{group} (committed offsets unavailable: {err})") from err
                         raise KafkaIOError(f"committed offsets of group {group!r}: {err}",
                                            code=err.code,
                                            recoverable=err.recoverable) from err
