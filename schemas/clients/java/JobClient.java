@@ -48,7 +48,18 @@ public class JobClient {
         String run = "java-" + Long.toHexString(System.nanoTime());
         Set<String> sent = new TreeSet<>();
 
+        // Security settings (SASL_SSL, TLS stores) for both clients: a properties file named
+        // by JOB_CLIENT_PROPERTIES, as a Java client deployment keeps them.
+        Properties extra = new Properties();
+        String extraPath = System.getenv("JOB_CLIENT_PROPERTIES");
+        if (extraPath != null && !extraPath.isEmpty()) {
+            try (var in = Files.newInputStream(Path.of(extraPath))) {
+                extra.load(in);
+            }
+        }
+
         Properties p = new Properties();
+        p.putAll(extra);
         p.put("bootstrap.servers", bootstrap);
         p.put("acks", "all");
         p.put("enable.idempotence", "true");
@@ -68,6 +79,7 @@ public class JobClient {
         }
 
         Properties c = new Properties();
+        c.putAll(extra);
         c.put("bootstrap.servers", bootstrap);
         c.put("group.id", run);
         c.put("auto.offset.reset", "earliest");
