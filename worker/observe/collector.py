@@ -109,6 +109,10 @@ class WorkerCollector(Collector):
                      w.committer.pending())
         yield _gauge("held_bytes", "Bytes of the records consumed and not finished.",
                      w.committer.held_bytes())
+        yield _gauge("uncommitted_records", "Records consumed past the committed positions, "
+                     "finished or not, all partitions: what a restart would repeat (bounded per "
+                     "partition by batch.max_uncommitted_per_partition).",
+                     float(sum(w.committer.uncommitted().values())))
         yield _gauge("paused", "1 while the intake is held back (backpressure).",
                      float(w.backpressure.paused))
         yield _counter("pauses", "Times the intake was held back (backpressure).", s.pauses)

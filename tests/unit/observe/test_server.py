@@ -27,6 +27,9 @@ class _Committer:
     def held_bytes(self) -> int:
         return 4096
 
+    def uncommitted(self) -> dict[tuple[str, int], int]:
+        return {("jobs", 0): 30, ("jobs", 1): 12}
+
     def totals(self) -> dict[str, int]:
         return {"txn_commits": 3, "txn_aborts": 1}
 
@@ -82,6 +85,7 @@ def test_metrics_report_the_loops_counters(served: tuple[str, SimpleNamespace, V
                  "trt_worker_expired_total 1.0",
                  "trt_worker_pending_records 7.0",
                  "trt_worker_held_bytes 4096.0",
+                 "trt_worker_uncommitted_records 42.0",
                  "trt_worker_paused 1.0",
                  "trt_worker_held_partitions 1.0",
                  "trt_worker_outputs_blocked 1.0",
