@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.faults._run import broker, finish, log_dir
-from worker.devkit.faults import Audit, Feeder, Fleet, TopicWatcher, key_counts, read_all
-from worker.devkit.workers import fresh_topics, worker_config
+from tests.harness.faults import Audit, Feeder, Fleet, TopicWatcher, key_counts, read_all
+from tests.harness.workers import fresh_topics, worker_config
 
 GROWTH_BOUND_PCT = 5.0
 
