@@ -59,7 +59,7 @@ def reference_check(runner: Any, size: int) -> float:
     import onnxruntime as ort
 
     from engines.models.open_nsfw import bundled_onnx_path
-    from worker.devkit.conformance_inputs import conformance_batch
+    from tests.harness.conformance_inputs import conformance_batch
 
     x = conformance_batch()
     sess = ort.InferenceSession(str(bundled_onnx_path()), providers=["CPUExecutionProvider"])
@@ -72,7 +72,7 @@ def reference_check(runner: Any, size: int) -> float:
 
 def host_throughput(runner: Any, size: int, seconds: float = 3.0) -> float:
     """Images/s through ``runner.infer`` from host memory, two batches in flight."""
-    from worker.devkit.conformance_inputs import conformance_batch
+    from tests.harness.conformance_inputs import conformance_batch
 
     pool = conformance_batch(n_synthetic=56)
     x = np.resize(pool, (size, *pool.shape[1:]))
@@ -135,7 +135,7 @@ def measure(size: int, cache: Path, autotune: bool) -> dict[str, Any]:
 
 
 def _pool() -> np.ndarray:
-    from worker.devkit.conformance_inputs import conformance_batch
+    from tests.harness.conformance_inputs import conformance_batch
 
     return conformance_batch(n_synthetic=56)
 

@@ -21,7 +21,7 @@ import statistics
 import time
 
 from bench.faults._run import add_modes, finish, log_dir, modes
-from worker.devkit.cluster_faults import FAULTS, run_cluster_fault, verdict
+from tests.harness.cluster_faults import FAULTS, run_cluster_fault, verdict
 from worker.devkit.local_kafka import LocalKafkaCluster, LocalKafkaError
 
 

@@ -15,7 +15,7 @@ import argparse
 import time
 
 from bench.faults._run import add_modes, broker, finish, log_dir, modes
-from worker.devkit.faults import run_kill9
+from tests.harness.faults import run_kill9
 
 
 def main() -> None:

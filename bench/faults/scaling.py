@@ -9,7 +9,7 @@ import argparse
 import time
 
 from bench.faults._run import add_modes, broker, finish, log_dir, modes
-from worker.devkit.faults import run_scaling
+from tests.harness.faults import run_scaling
 
 
 def main() -> None:

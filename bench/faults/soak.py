@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.faults._run import broker, finish, log_dir
-from worker.devkit.faults import Audit, Feeder, Fleet, TopicWatcher, key_counts, read_all
+from tests.harness.faults import Audit, Feeder, Fleet, TopicWatcher, key_counts, read_all
+from tests.harness.workers import fresh_topics, worker_config
 from worker.devkit.local_kafka.admin import create_topics
 from worker.devkit.local_kafka.config import free_port
-from worker.devkit.workers import fresh_topics, worker_config
 
 GROWTH_BOUND_PCT = 5.0
 

@@ -13,7 +13,7 @@ import statistics
 import time
 
 from bench.faults._run import add_modes, broker, finish, log_dir, modes
-from worker.devkit.faults import run_broker_stall
+from tests.harness.faults import run_broker_stall
 
 
 def main() -> None:

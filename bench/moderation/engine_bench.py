@@ -30,7 +30,7 @@ def main() -> None:
     from engines.backends.torch.runner import TorchRunner
     from engines.models.open_nsfw import open_nsfw_spec
     from engines.profiles import StaticProfile
-    from worker.devkit.conformance_inputs import conformance_batch
+    from tests.harness.conformance_inputs import conformance_batch
 
     sizes = [int(s) for s in args.sizes.split(",")]
     pool = conformance_batch(n_synthetic=56)

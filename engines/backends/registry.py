@@ -4,7 +4,8 @@ A :class:`Backend` record names its artifact file and reaches its version, build
 factory through lazy references, so importing the registry imports no GPU library (onnxruntime,
 torch, tensorrt and cuda-python load when a backend is first used). Adding a backend is one
 module (a version function, a builder ``(plan, recipe, out)`` and a runner factory
-``(plan, engine loader)``) and one record in :data:`BACKENDS`.
+``(plan, engine loader)``) and one record in :data:`BACKENDS`; the config validates backend names
+and reads each backend's precisions and default profiles from that record alone.
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ class Backend:
     # Precisions that exist only as a built artifact (onnxruntime's int8: a quantized model),
     # so they too always go through the cache.
     artifact_precisions: tuple[str, ...] = ()
+    # The batch profiles a model runs when its config names none (item shapes come from the
+    # model), in the config's form.
+    default_profiles: tuple[Mapping[str, Any], ...] = ()
+    static_only: bool = False  # builds one artifact per static batch size: no range profiles
 
     def runs_from_artifact(self, precision: str) -> bool:
         """Whether a runner of ``precision`` must get its artifact from the cache (even with
@@ -101,6 +106,13 @@ def _aoti_flags(params: EngineParams) -> dict[str, Any]:
     return {"inductor": inductor_options(params.device, params.autotune)}
 
 
+# Default profiles. On the CPU one range: every padded row costs real CPU time. On a GPU static
+# buckets: one CUDA graph or TensorRT profile each.
+CPU_RANGE: tuple[Mapping[str, Any], ...] = (
+    {"name": "cpu", "kind": "range", "min_batch": 1, "opt_batch": 8, "max_batch": 64},)
+GPU_BUCKETS: tuple[Mapping[str, Any], ...] = (
+    {"name": "gpu", "kind": "static", "batch_sizes": (1, 8, 32, 128)},)
+
 _ORT, _TORCH, _TRT, _AOTI = ("engines.backends.onnxruntime", "engines.backends.torch",
                              "engines.backends.tensorrt", "engines.backends.aoti")
 
@@ -109,24 +121,27 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             version=_lazy(f"{_ORT}:ort_version"), fingerprint=lambda device: cpu_fingerprint(),
             build=_lazy(f"{_ORT}:build_ort_engine"), runner=_lazy(f"{_ORT}:make_ort_runner"),
             precisions=("fp32", "int8"), from_onnx=True, static_profiles=False,
-            key_flags=_ort_flags, artifact_precisions=("int8",)),
+            # int8: opt-in, calibrated on engines.calibration_dir (else the bundled samples).
+            key_flags=_ort_flags, artifact_precisions=("int8",), default_profiles=CPU_RANGE),
     Backend(name="torch", artifact_name="weights.pt",
             version=_lazy(f"{_TORCH}.artifact:torch_version"), fingerprint=fingerprint_for,
             build=_lazy(f"{_TORCH}.artifact:build_torch_engine"),
             runner=_lazy(f"{_TORCH}.runner:make_torch_runner"),
-            precisions=("fp16", "fp32"), from_onnx=False, static_profiles=True),
+            precisions=("fp16", "fp32"), from_onnx=False, static_profiles=True,
+            default_profiles=GPU_BUCKETS),
     Backend(name="tensorrt", artifact_name="engine.plan",
             version=_lazy(f"{_TRT}.builder:trt_version"), fingerprint=fingerprint_for,
             build=_lazy(f"{_TRT}.builder:build_trt_engine"),
             runner=_lazy(f"{_TRT}.runner:make_trt_runner"),
             precisions=("fp16", "fp32", "int8", "fp8"), from_onnx=True, static_profiles=False,
-            needs_artifact=True, key_flags=_trt_flags),
+            needs_artifact=True, key_flags=_trt_flags, default_profiles=GPU_BUCKETS),
     Backend(name="aoti", artifact_name="engine.aoti.zip",
             version=_lazy(f"{_TORCH}.artifact:torch_version"), fingerprint=fingerprint_for,
             build=_lazy(f"{_AOTI}.build:build_aoti_engine"),
             runner=_lazy(f"{_AOTI}.runner:make_aoti_runner"),
             precisions=("fp16", "fp32"), from_onnx=False, static_profiles=True,
-            needs_artifact=True, key_flags=_aoti_flags),
+            needs_artifact=True, key_flags=_aoti_flags, default_profiles=GPU_BUCKETS,
+            static_only=True),
 )}
 
 

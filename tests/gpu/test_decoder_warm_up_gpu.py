@@ -53,8 +53,8 @@ def _task(monkeypatch: pytest.MonkeyPatch, gate: threading.Event | None = None,
 
 
 def _batch(plan: Any, n: int = 8) -> Any:
+    from tests.harness.conformance_inputs import synthetic_images
     from tests.unit.tasks.moderation.parts_support import image_batch
-    from worker.devkit.conformance_inputs import synthetic_images
 
     images: list[bytes | None] = [*synthetic_images(n - 1, 5, fmt="JPEG"), b"no image"]
     return image_batch(plan.profiles[0], images, n)

@@ -41,9 +41,9 @@ def test_run_with_mps_answers_every_job_through_kafka(tmp_path: Path) -> None:
     is answered, SIGTERM stops the group and the daemon with exit code 0."""
     import signal
 
+    from tests.harness.workers import fresh_topics, keys_of, read_topic, worker_config, worker_env
     from worker.bundled import samples_dir
     from worker.devkit.local_kafka import kafka_from_env_or_local
-    from worker.devkit.workers import fresh_topics, keys_of, read_topic, worker_config, worker_env
     from worker.tools.produce import produce_folder
 
     with kafka_from_env_or_local() as bootstrap:

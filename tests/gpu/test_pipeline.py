@@ -111,9 +111,9 @@ def test_gpu_task_scores_match_the_cpu_reference(backend: str, preprocess: str,
     """The GPU model on the eager network and on AOTInductor packages (compiled here without
     max-autotune, for the default batch sizes: the pipeline captures them under its graphs)."""
     from engines.backends.onnxruntime import OrtRunner
+    from tests.harness.conformance_inputs import synthetic_images
     from tests.unit.tasks.moderation.parts_support import image_batch, run_batch
     from worker.config import load_config
-    from worker.devkit.conformance_inputs import synthetic_images
     from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
     from worker.tasks.moderation.models.open_nsfw.engine import engine_plan, make_runner
     from worker.tasks.moderation.models.open_nsfw.gpu import OpenNsfwGpuModel

@@ -10,7 +10,7 @@ import pytest
 
 from engines.models.open_nsfw import bundled_onnx_path, open_nsfw_spec
 from engines.profiles import StaticProfile
-from worker.devkit.conformance_inputs import conformance_batch
+from tests.harness.conformance_inputs import conformance_batch
 
 ITEM = (224, 224, 3)
 

@@ -17,7 +17,7 @@ from worker.tasks.moderation.images.jpeg_ops import nvimgcodec_available
 def _cases() -> dict[str, bytes]:
     from PIL import Image
 
-    from worker.devkit.conformance_inputs import synthetic_photo
+    from tests.harness.conformance_inputs import synthetic_photo
 
     photo = synthetic_photo()
     out: dict[str, bytes] = {}
@@ -128,7 +128,7 @@ def test_gpu_task_accepts_and_rejects_mutated_jpegs_like_the_cpu_path(decoder: s
     # a symbol over 15, which the CPU decoder refuses; jpeg_plain now sends files with tables
     # libjpeg would refuse to the CPU decoder (images/jpeg_tables.py). A failure names the files
     # the two paths judge differently.
-    from worker.devkit.conformance_inputs import mutated_jpegs
+    from tests.harness.conformance_inputs import mutated_jpegs
     from worker.exceptions import JobRejected
     from worker.tasks.moderation.images.cpu import decode_views
 

@@ -25,14 +25,14 @@ from worker.config.batch import BatchSettings, LimitsSettings
 from worker.config.engines import EngineSettings
 from worker.config.generation import GenerationSettings
 from worker.config.kafka import ConfigWarning, KafkaSettings, TopicsSettings, is_secret_key
-from worker.config.model import BACKEND_PRECISIONS, ModelSettings, ProfileSettings, Thresholds
+from worker.config.model import ModelSettings, ProfileSettings, Thresholds
 from worker.config.moderation import ModerationSettings
 from worker.config.observe import MetricsSettings, TracingSettings
 from worker.config.processing import CommitSettings, GcSettings, LogSettings, ProcessingSettings
 from worker.exceptions import ConfigError
 
 __all__ = [
-    "BACKEND_PRECISIONS", "BatchSettings", "CommitSettings", "ConfigWarning", "EngineSettings",
+    "BatchSettings", "CommitSettings", "ConfigWarning", "EngineSettings",
     "GcSettings",
     "GenerationSettings", "KafkaSettings", "LimitsSettings", "LogSettings", "MetricsSettings",
     "ModelSettings",

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from engines.cpus import available_cpus
 from worker.config.base import Section
+from worker.config.names import BackendName
+
+if TYPE_CHECKING:
+    from engines.backends.registry import Backend
 
 
 class Thresholds(Section):
@@ -52,27 +56,19 @@ class ProfileSettings(Section):
         return self
 
 
-# Per backend: the precision and profiles used when the config names none. CPU: one range
-# (no padding: every padded row costs real CPU time). GPU: static buckets (one CUDA graph or
-# TensorRT profile each).
-BACKEND_DEFAULTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
-    "onnxruntime": ("fp32", [{"name": "cpu", "kind": "range", "min_batch": 1, "opt_batch": 8,
-                              "max_batch": 64}]),
-    "torch": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
-    "tensorrt": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
-    "aoti": ("fp16", [{"name": "gpu", "kind": "static", "batch_sizes": [1, 8, 32, 128]}]),
-}
-# onnxruntime int8: opt-in, calibrated on engines.calibration_dir (else the bundled samples).
-BACKEND_PRECISIONS = {"onnxruntime": {"fp32", "int8"}, "torch": {"fp32", "fp16"},
-                      "tensorrt": {"fp32", "fp16", "int8", "fp8"}, "aoti": {"fp32", "fp16"}}
-# Backends that run the model's own torch network (the GPU preprocessing pipeline needs one).
-TORCH_NETWORK_BACKENDS = ("torch", "aoti")
+def _backend(name: str) -> Backend:
+    """The registry record of a backend (its name already validated by BackendName)."""
+    from engines.backends.registry import backend
+
+    return backend(name)
 
 
 class ModelSettings(Section):
-    # aoti: AOTInductor packages compiled per static batch size (minutes per size, once; see
-    # `trt-worker engines build`), else like torch.
-    backend: Literal["onnxruntime", "torch", "tensorrt", "aoti"] = "onnxruntime"
+    # A backend of engines.backends.registry; its record says which precisions it runs (its
+    # default first), its default profiles, whether it takes static profiles only (aoti: one
+    # package per batch size, minutes each, once; see `trt-worker engines build`) and whether
+    # it runs the model's torch network (what preprocess = gpu feeds).
+    backend: BackendName = "onnxruntime"
     precision: Literal["fp32", "fp16", "int8", "fp8"] | None = None
     profiles: list[ProfileSettings] | None = None
     device: int = Field(0, ge=0)
@@ -94,22 +90,26 @@ class ModelSettings(Section):
 
     @model_validator(mode="after")
     def _precision_supported(self) -> ModelSettings:
-        precision = self.effective_precision
-        if precision not in BACKEND_PRECISIONS[self.backend]:
+        precision, supported = self.effective_precision, _backend(self.backend).precisions
+        if precision not in supported:
             raise ValueError(f"backend {self.backend} does not support precision {precision} "
-                             f"(supported: {sorted(BACKEND_PRECISIONS[self.backend])})")
+                             f"(supported: {sorted(supported)})")
         names = [p.name for p in self.effective_profiles]
         if len(set(names)) != len(names):
             raise ValueError("profile names must be unique")
-        if self.backend == "aoti" and any(p.kind != "static" for p in self.effective_profiles):
-            raise ValueError("backend aoti compiles static profiles only (one package per "
-                             "batch size); give its profiles batch_sizes")
+        if _backend(self.backend).static_only and any(
+                p.kind != "static" for p in self.effective_profiles):
+            raise ValueError(f"backend {self.backend} compiles static profiles only (one "
+                             "package per batch size); give its profiles batch_sizes")
         return self
 
     @model_validator(mode="after")
     def _preprocess_supported(self) -> ModelSettings:
-        if self.preprocess == "gpu" and self.backend not in TORCH_NETWORK_BACKENDS:
-            raise ValueError("preprocess = gpu needs backend = torch or aoti")
+        if self.preprocess == "gpu" and _backend(self.backend).from_onnx:
+            from engines.backends.registry import BACKENDS
+
+            native = [name for name, b in BACKENDS.items() if not b.from_onnx]
+            raise ValueError(f"preprocess = gpu needs backend = {' or '.join(native)}")
         if self.gpu_jpeg_decoder == "nvimgcodec" and self.preprocess != "gpu":
             raise ValueError("gpu_jpeg_decoder = nvimgcodec needs preprocess = gpu")
         if self.preprocess == "gpu" and self.jpeg_roundtrip:
@@ -119,13 +119,13 @@ class ModelSettings(Section):
 
     @property
     def effective_precision(self) -> str:
-        return self.precision or BACKEND_DEFAULTS[self.backend][0]
+        return self.precision or _backend(self.backend).precisions[0]
 
     @property
     def effective_profiles(self) -> list[ProfileSettings]:
         if self.profiles:
             return self.profiles
-        return [ProfileSettings(**p) for p in BACKEND_DEFAULTS[self.backend][1]]
+        return [ProfileSettings.model_validate(p) for p in _backend(self.backend).default_profiles]
 
     @field_validator("policies", mode="before")
     @classmethod

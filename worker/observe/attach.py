@@ -21,8 +21,8 @@ def health_of(worker: Any) -> Health:
                   delivery_stall_s=m.delivery_stall_s,
                   fatal=lambda: worker.fatal_error,
                   oldest_unacked_s=worker.committer.unacked_for_s,
-                  blocked=lambda: (worker.committer.blocked() or worker.hold.reason()
-                                   or worker.task.unavailable() or refused()))
+                  blocked=(worker.committer.blocked, worker.hold.reason,
+                           worker.task.unavailable, refused))
 
 
 def observe(worker: Any) -> ObserveServer | None:

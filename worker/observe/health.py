@@ -8,15 +8,20 @@
   producers), and nothing blocking outputs (the committer waiting out a cluster that does not
   answer, or an output topic refused). Having no partitions is ready: more members than
   partitions is normal.
+
+``/readyz`` names every reason that holds, one a line (at most :data:`MAX_REASONS`, then a
+count of the rest): an operator fixing the first should not find a second only afterwards.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from worker.observe.vitals import Vitals
+
+MAX_REASONS = 8
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,9 @@ class Health:
     def __init__(self, vitals: Vitals, *, heartbeat_timeout_s: float, delivery_stall_s: float,
                  fatal: Callable[[], BaseException | None],
                  oldest_unacked_s: Callable[[], float | None],
-                 blocked: Callable[[], str | None] = lambda: None) -> None:
+                 blocked: Sequence[Callable[[], str | None]] = ()) -> None:
+        """``blocked``: each part that may hold outputs or batches back (the committer, the
+        partition hold, the task, the ACL watch), asked for its reason every time."""
         self.vitals = vitals
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.delivery_stall_s = delivery_stall_s
@@ -64,8 +71,9 @@ class Health:
         waited = self._oldest_unacked_s()
         if waited is not None and waited > self.delivery_stall_s:
             reasons.append(f"a record unacknowledged for {waited:.0f} s")
-        blocked = self._blocked()
-        if blocked is not None:
-            reasons.append(blocked)
+        reasons.extend(r for r in (why() for why in self._blocked) if r is not None)
         reasons.extend(self.live().reasons)
+        if len(reasons) > MAX_REASONS:
+            more = len(reasons) - (MAX_REASONS - 1)
+            reasons[MAX_REASONS - 1:] = [f"and {more} more reasons"]
         return Verdict(not reasons, tuple(reasons))

@@ -19,8 +19,7 @@ from pathlib import Path
 import confluent_kafka as ck
 import pytest
 
-from worker.bundled import samples_dir
-from worker.devkit.workers import (
+from tests.harness.workers import (
     ThreadedWorker,
     committed,
     end_offsets,
@@ -30,6 +29,7 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
+from worker.bundled import samples_dir
 from worker.kafka.headers import read_headers
 from worker.tools.admin.deadletters import Filter
 from worker.tools.admin.redrive import RedriveRequest, redrive

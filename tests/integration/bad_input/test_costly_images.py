@@ -19,16 +19,16 @@ from typing import Any
 import confluent_kafka as ck
 import pytest
 
-from tests.unit.tasks.moderation.images.hostile_images import apng, many_scan_jpeg
-from worker.bundled import samples_dir
-from worker.devkit.local_kafka.admin import create_topics
-from worker.devkit.workers import (
+from tests.harness.workers import (
     ThreadedWorker,
     Topics,
     keys_of,
     read_topic,
     worker_config,
 )
+from tests.unit.tasks.moderation.images.hostile_images import apng, many_scan_jpeg
+from worker.bundled import samples_dir
+from worker.devkit.local_kafka.admin import create_topics
 from worker.tools.produce import encode_job
 from worker.wire.moderation_codec import decode_result
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.devkit.faults import run_flood
+from tests.harness.faults import run_flood
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

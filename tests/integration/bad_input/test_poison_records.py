@@ -24,9 +24,7 @@ import random
 import confluent_kafka as ck
 import pytest
 
-from worker.bundled import samples_dir
-from worker.devkit.local_kafka.admin import create_topics
-from worker.devkit.workers import (
+from tests.harness.workers import (
     ThreadedWorker,
     committed,
     end_offsets,
@@ -35,6 +33,8 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
+from worker.bundled import samples_dir
+from worker.devkit.local_kafka.admin import create_topics
 from worker.tools.produce import encode_job
 
 pytestmark = pytest.mark.integration

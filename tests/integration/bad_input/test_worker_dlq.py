@@ -8,8 +8,7 @@ import zlib
 import msgpack
 import pytest
 
-from worker.bundled import samples_dir
-from worker.devkit.workers import (
+from tests.harness.workers import (
     ThreadedWorker,
     committed,
     end_offsets,
@@ -19,6 +18,7 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
+from worker.bundled import samples_dir
 from worker.tools.produce import encode_job
 from worker.wire.moderation_codec import decode_result
 

@@ -11,8 +11,7 @@ import msgpack
 import pytest
 
 from tests.contract import Contract
-from worker.bundled import samples_dir
-from worker.devkit.workers import (
+from tests.harness.workers import (
     ThreadedWorker,
     fresh_topics,
     keys_of,
@@ -20,6 +19,7 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
+from worker.bundled import samples_dir
 from worker.tools.produce import encode_job
 from worker.wire.moderation_codec import decode_result
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.workers import ThreadedWorker, Topics, worker_config
 from worker.bundled import samples_dir
 from worker.devkit.local_kafka import LocalKafka, jar_cache_root
 from worker.devkit.local_kafka.admin import create_topics
-from worker.devkit.workers import ThreadedWorker, Topics, worker_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]

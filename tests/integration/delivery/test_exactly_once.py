@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.devkit.faults import (
+from tests.harness.faults import (
     Audit,
     Fleet,
     TopicWatcher,
@@ -27,7 +27,7 @@ from worker.devkit.faults import (
     key_counts,
     read_all,
 )
-from worker.devkit.workers import (
+from tests.harness.workers import (
     ThreadedWorker,
     committed,
     end_offsets,

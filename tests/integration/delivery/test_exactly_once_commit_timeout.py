@@ -16,18 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from worker.devkit.faults import TopicWatcher, good_job, key_counts, read_all
-from worker.devkit.local_kafka import LocalKafka
-from worker.devkit.local_kafka.admin import create_topics
-from worker.devkit.local_kafka.config import free_port
-from worker.devkit.tcp_proxy import END_TXN, DelayingProxy
-from worker.devkit.workers import (
+from tests.harness.faults import TopicWatcher, good_job, key_counts, read_all
+from tests.harness.tcp_proxy import END_TXN, DelayingProxy
+from tests.harness.workers import (
     Topics,
     WorkerProcess,
     produce_records,
     worker_config,
     worker_env,
 )
+from worker.devkit.local_kafka import LocalKafka
+from worker.devkit.local_kafka.admin import create_topics
+from worker.devkit.local_kafka.config import free_port
 
 pytestmark = pytest.mark.integration
 

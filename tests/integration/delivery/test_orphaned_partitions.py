@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import pytest
 
-from worker.devkit.workers import (
+from tests.harness.workers import (
     ThreadedWorker,
     fresh_topics,
     worker_config,

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.bundled import samples_dir
-from worker.devkit.local_kafka.admin import create_topics
-from worker.devkit.workers import (
+from tests.harness.workers import (
     ThreadedWorker,
     fresh_topics,
     keys_of,
@@ -19,6 +17,8 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
+from worker.bundled import samples_dir
+from worker.devkit.local_kafka.admin import create_topics
 from worker.tools.produce import encode_job
 
 pytestmark = pytest.mark.integration

@@ -14,12 +14,12 @@ import time
 
 import pytest
 
+from tests.harness.workers import ThreadedWorker, fresh_topics, keys_of, read_topic, worker_config
 from tests.integration.observe.http_support import get, until
 from tests.integration.tools.secured_support import secured_worker_config
 from worker.bundled import samples_dir
 from worker.devkit.local_kafka import LocalKafka
 from worker.devkit.local_kafka.config import free_port
-from worker.devkit.workers import ThreadedWorker, fresh_topics, keys_of, read_topic, worker_config
 from worker.observe.attach import observe
 from worker.tools.produce import produce_folder
 

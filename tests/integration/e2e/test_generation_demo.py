@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
-from worker.devkit.workers import fresh_topics, worker_config
+from tests.harness.workers import fresh_topics, worker_config
 from worker.tools.demo_generation import PROMPTS, TINY_SIDE, run_generation_demo
 
 MISSING = [m for m in ("torch", "tokenizers", "safetensors") if importlib.util.find_spec(m) is None]

@@ -27,9 +27,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from worker.config import WorkerConfig
-from worker.devkit.faults import key_counts, read_all
-from worker.devkit.workers import (
+from tests.harness.faults import key_counts, read_all
+from tests.harness.workers import (
     ThreadedWorker,
     Topics,
     committed,
@@ -40,6 +39,7 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
+from worker.config import WorkerConfig
 from worker.wire.generation_codec import default_seed, encode_generation_job
 from worker.wire.moderation_codec import decode_result
 

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from engines.models import minilm
+from tests.harness.faults import key_counts, read_all
+from tests.harness.workers import Topics, committed, end_offsets, produce_records
 from tests.integration.e2e.test_generation_e2e import (  # noqa: F401 - fixtures, used by name
     MISSING,
     engine_cache,
@@ -24,8 +26,6 @@ from tests.integration.e2e.test_generation_e2e import (  # noqa: F401 - fixtures
     serve,
     topics,
 )
-from worker.devkit.faults import key_counts, read_all
-from worker.devkit.workers import Topics, committed, end_offsets, produce_records
 from worker.wire.moderation_codec import decode_result
 
 pytestmark = [

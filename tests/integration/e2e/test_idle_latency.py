@@ -7,8 +7,8 @@ import time
 import confluent_kafka as ck
 import pytest
 
+from tests.harness.workers import ThreadedWorker, fresh_topics, read_topic, worker_config
 from worker.bundled import samples_dir
-from worker.devkit.workers import ThreadedWorker, fresh_topics, read_topic, worker_config
 from worker.tools.produce import produce_folder
 
 pytestmark = pytest.mark.integration

@@ -14,15 +14,15 @@ from typing import Any
 import msgpack
 import pytest
 
-from tests.unit.tasks.moderation.clip.conftest import tiny_clip  # noqa: F401 - a fixture, used by name
-from worker.bundled import samples_dir
-from worker.devkit.workers import (
+from tests.harness.workers import (
     ThreadedWorker,
     fresh_topics,
     produce_records,
     read_topic,
     worker_config,
 )
+from tests.unit.tasks.moderation.clip.conftest import tiny_clip  # noqa: F401 - a fixture, used by name
+from worker.bundled import samples_dir
 from worker.wire.moderation_codec import decode_result
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.workers import Topics, WorkerProcess, worker_config, worker_env
 from worker.devkit.local_kafka.admin import create_topics
-from worker.devkit.workers import Topics, WorkerProcess, worker_config, worker_env
 
 pytestmark = [pytest.mark.integration]
 # These tests check the start-up refusal itself: give up at once instead of waiting for the
@@ -131,7 +131,7 @@ def test_the_clients_open_during_the_warm_up_and_close_when_it_fails(
     import time
 
     from engines.exceptions import EngineError
-    from worker.devkit.workers import fresh_topics, worker_config
+    from tests.harness.workers import fresh_topics, worker_config
     from worker.loop.build import build_worker
 
     worker = build_worker(worker_config(kafka_bootstrap, fresh_topics(kafka_bootstrap)))

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.workers import Topics, WorkerProcess, read_topic, worker_config, worker_env
 from tests.integration.observe.http_support import get, until
 from worker.bundled import samples_dir
 from worker.devkit.local_kafka.admin import create_topics
 from worker.devkit.local_kafka.config import free_port
-from worker.devkit.workers import Topics, WorkerProcess, read_topic, worker_config, worker_env
 from worker.tools.produce import produce_folder
 
 pytestmark = [pytest.mark.integration]

@@ -7,8 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from engines.models.open_nsfw import bundled_onnx_path
-from worker.bundled import samples_dir
-from worker.devkit.workers import (
+from tests.harness.workers import (
     ThreadedWorker,
     committed,
     end_offsets,
@@ -17,6 +16,7 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
+from worker.bundled import samples_dir
 from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
 from worker.tools.produce import produce_folder
 from worker.wire.moderation_codec import decode_result

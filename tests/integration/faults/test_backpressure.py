@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.bundled import samples_dir
-from worker.devkit.workers import (
+from tests.harness.workers import (
     ThreadedWorker,
     WorkerProcess,
     fresh_topics,
@@ -20,6 +19,7 @@ from worker.devkit.workers import (
     worker_config,
     worker_env,
 )
+from worker.bundled import samples_dir
 from worker.tools.produce import produce_folder
 
 pytestmark = pytest.mark.integration

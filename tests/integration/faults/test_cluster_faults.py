@@ -21,7 +21,7 @@ from pathlib import Path
 import confluent_kafka as ck
 import pytest
 
-from worker.devkit.cluster_faults import run_cluster_fault, verdict
+from tests.harness.cluster_faults import run_cluster_fault, verdict
 from worker.devkit.local_kafka import LocalKafkaCluster
 from worker.devkit.local_kafka.cluster import (
     TRANSACTION_STATE_TOPIC,

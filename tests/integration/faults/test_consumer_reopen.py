@@ -8,7 +8,7 @@ import time
 import confluent_kafka as ck
 import pytest
 
-from worker.devkit.workers import fresh_topics, worker_config
+from tests.harness.workers import fresh_topics, worker_config
 from worker.kafka import Consumer, member_consumer_settings
 
 pytestmark = pytest.mark.integration

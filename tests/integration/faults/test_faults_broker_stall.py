@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.devkit.faults import run_broker_stall
+from tests.harness.faults import run_broker_stall
 from worker.devkit.local_kafka import LocalKafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.devkit.faults import run_kill9
+from tests.harness.faults import run_kill9
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KILLS = 20

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.devkit.faults import run_scaling
+from tests.harness.faults import run_scaling
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from worker.devkit.faults import Feeder, TopicWatcher, stall_after
+from tests.harness.faults import Feeder, TopicWatcher, stall_after
+from tests.harness.workers import ThreadedWorker, fresh_topics, worker_config
 from worker.devkit.local_kafka import LocalKafka
-from worker.devkit.workers import ThreadedWorker, fresh_topics, worker_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PAUSE_S = 4.0  # below the 6 s session timeout: the member stays in the group

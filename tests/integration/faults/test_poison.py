@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.devkit.faults.corpus import good_job
-from worker.devkit.faults.watch import OutputWatch, read_all
-from worker.devkit.workers import (
+from tests.harness.faults.corpus import good_job
+from tests.harness.faults.watch import OutputWatch, read_all
+from tests.harness.workers import (
     WorkerProcess,
     fresh_topics,
     produce_records,

@@ -18,11 +18,8 @@ from pathlib import Path
 import confluent_kafka as ck
 import pytest
 
-from tests.integration.observe.http_support import get, until
-from worker.devkit.faults import good_job
-from worker.devkit.local_kafka.admin import create_topics
-from worker.devkit.local_kafka.config import free_port
-from worker.devkit.workers import (
+from tests.harness.faults import good_job
+from tests.harness.workers import (
     WorkerProcess,
     committed,
     end_offsets,
@@ -33,6 +30,9 @@ from worker.devkit.workers import (
     worker_config,
     worker_env,
 )
+from tests.integration.observe.http_support import get, until
+from worker.devkit.local_kafka.admin import create_topics
+from worker.devkit.local_kafka.config import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 AWAY_S = 90.0

@@ -15,9 +15,8 @@ import time
 import confluent_kafka as ck
 import pytest
 
-from worker.devkit.faults import good_job
-from worker.devkit.local_kafka.admin import create_topics
-from worker.devkit.workers import (
+from tests.harness.faults import good_job
+from tests.harness.workers import (
     ThreadedWorker,
     committed,
     end_offsets,
@@ -27,6 +26,7 @@ from worker.devkit.workers import (
     read_topic,
     worker_config,
 )
+from worker.devkit.local_kafka.admin import create_topics
 
 pytestmark = pytest.mark.integration
 

@@ -33,10 +33,8 @@ from typing import Any
 import pytest
 
 from tests.deploy import test_dashboard as static
-from tests.integration.observe.http_support import get, until
-from worker.devkit.faults import good_job, small_images
-from worker.devkit.local_kafka.config import free_port
-from worker.devkit.workers import (
+from tests.harness.faults import good_job, small_images
+from tests.harness.workers import (
     Topics,
     WorkerProcess,
     fresh_topics,
@@ -45,6 +43,8 @@ from worker.devkit.workers import (
     worker_config,
     worker_env,
 )
+from tests.integration.observe.http_support import get, until
+from worker.devkit.local_kafka.config import free_port
 from worker.tools.produce import encode_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

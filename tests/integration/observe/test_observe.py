@@ -15,11 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.observe.http_support import get, until
-from worker.devkit.faults import good_job
-from worker.devkit.local_kafka import LocalKafka
-from worker.devkit.local_kafka.config import free_port
-from worker.devkit.workers import (
+from tests.harness.faults import good_job
+from tests.harness.workers import (
     WorkerProcess,
     fresh_topics,
     produce_records,
@@ -27,6 +24,9 @@ from worker.devkit.workers import (
     worker_config,
     worker_env,
 )
+from tests.integration.observe.http_support import get, until
+from worker.devkit.local_kafka import LocalKafka
+from worker.devkit.local_kafka.config import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -15,10 +15,10 @@ from typing import Any
 import confluent_kafka as ck
 import pytest
 
+from tests.harness.workers import REPO
 from worker.bundled import samples_dir
 from worker.config import WorkerConfig, load_config
 from worker.devkit.local_kafka.admin import create_topics
-from worker.devkit.workers import REPO
 from worker.tools.produce import encode_job
 
 BASE_TS = 1_700_000_000_000  # 2023-11-14T22:13:20Z: explicit, far from "now"

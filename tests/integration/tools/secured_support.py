@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 
+from tests.harness.workers import Topics, worker_config
 from worker.config import WorkerConfig
 from worker.devkit.local_kafka import LocalKafka, Principal
 from worker.devkit.local_kafka.security import Protocol, worker_kafka_section
-from worker.devkit.workers import Topics, worker_config
 
 
 def secured_worker_config(kafka: LocalKafka, topics: Topics, *, protocol: Protocol = "SASL_SSL",

@@ -19,9 +19,9 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from typer.testing import CliRunner, Result
 
+from tests.harness.workers import Topics, committed, end_offsets, fresh_topics, worker_config
 from worker.config import LimitsSettings
 from worker.devkit.local_kafka.admin import create_topics
-from worker.devkit.workers import Topics, committed, end_offsets, fresh_topics, worker_config
 from worker.exceptions import ImageRejected, JobRejected, OversizedMessage, SchemaViolation
 from worker.tools.admin.deadletters import REDRIVEN_FROM, Filter
 from worker.tools.admin.redrive import RedriveRequest, redrive

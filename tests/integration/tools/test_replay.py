@@ -17,6 +17,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from PIL import Image
 
+from tests.harness.workers import ThreadedWorker, committed, produce_records, worker_config
+from tests.harness.workers import Topics as LiveTopics
 from tests.integration.tools.replay_support import (  # noqa: F401 - shared_runner is a fixture
     BASE_TS,
     iso,
@@ -28,8 +30,6 @@ from tests.integration.tools.replay_support import (  # noqa: F401 - shared_runn
     shared_runner,
     sources,
 )
-from worker.devkit.workers import ThreadedWorker, committed, produce_records, worker_config
-from worker.devkit.workers import Topics as LiveTopics
 from worker.tools.produce import encode_job
 from worker.tools.replay import BadRange, UnknownPartition, UnknownTopic
 from worker.tools.replay.ranges import parse_bound

@@ -9,11 +9,11 @@ import uuid
 import pytest
 import structlog.testing
 
+from tests.harness.workers import fresh_topics
 from tests.integration.tools.secured_support import secured_worker_config
 from worker.config import WorkerConfig
 from worker.devkit.local_kafka import LocalKafka
 from worker.devkit.local_kafka.security import Protocol
-from worker.devkit.workers import fresh_topics
 from worker.exceptions import TopicNotAuthorized, UnknownTopic
 from worker.kafka.topics import check_topics
 

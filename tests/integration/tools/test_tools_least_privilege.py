@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.workers import fresh_topics, produce_records, worker_config
 from tests.integration.tools.replay_support import (  # noqa: F401 - shared_runner is a fixture
     produce_jobs,
     read_all,
@@ -22,7 +23,6 @@ from tests.integration.tools.replay_support import (  # noqa: F401 - shared_runn
 from worker.devkit.local_kafka import LocalKafka
 from worker.devkit.local_kafka.acls import Acls
 from worker.devkit.local_kafka.security import worker_kafka_section
-from worker.devkit.workers import fresh_topics, produce_records, worker_config
 from worker.exceptions import WorkerError
 from worker.tools.admin.deadletters import REDRIVEN_FROM, Filter
 from worker.tools.admin.redrive import RedriveRequest, redrive

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.config import BACKEND_PRECISIONS, load_config
+from engines.backends.registry import BACKENDS
+from worker.config import load_config
 from worker.exceptions import ConfigError
 
 
@@ -25,8 +26,8 @@ def test_combinations_that_do_not_exist_are_refused(backend: str, precision: str
 
 
 def test_every_listed_combination_is_accepted() -> None:
-    for backend, precisions in BACKEND_PRECISIONS.items():
-        for precision in precisions:
+    for backend, record in BACKENDS.items():
+        for precision in record.precisions:
             assert load_config(model={"backend": backend, "precision": precision}
                                ).model.effective_precision == precision
 

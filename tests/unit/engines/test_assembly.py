@@ -18,7 +18,7 @@ from engines.exceptions import ModelNotFound
 from engines.loaders import OnnxModel
 from engines.models.open_nsfw import ITEM_SHAPE, open_nsfw_spec
 from engines.profiles import RangeProfile, StaticProfile
-from worker.devkit.conformance_inputs import conformance_batch
+from tests.harness.conformance_inputs import conformance_batch
 
 RANGE = (RangeProfile("cpu", ITEM_SHAPE, ITEM_SHAPE, ITEM_SHAPE, 1, 8, 64),)
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,

@@ -19,7 +19,7 @@ import pytest
 from engines.backends.base import Runner
 from engines.models.open_nsfw import bundled_onnx_path, open_nsfw_spec
 from engines.profiles import Profile, RangeProfile, StaticProfile
-from worker.devkit.conformance_inputs import conformance_batch
+from tests.harness.conformance_inputs import conformance_batch
 
 ITEM = (224, 224, 3)
 STATIC: tuple[Profile, ...] = (StaticProfile("gpu", ITEM, (1, 8, 32)),)

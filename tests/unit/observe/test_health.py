@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import time
 
-from worker.observe.health import Health
+from worker.observe.health import MAX_REASONS, Health
 from worker.observe.vitals import Vitals
 
 
@@ -45,3 +45,34 @@ def test_liveness_follows_the_heartbeat() -> None:
     verdict = _health(v).live()
     assert not verdict.ok and "not stepped for 6 s" in verdict.text()
     assert not _health(v).ready().ok
+
+
+def test_readiness_names_every_reason_that_holds_not_only_the_first() -> None:
+    v = Vitals()
+    v.warm, v.lost = True, True
+    health = Health(v, heartbeat_timeout_s=5, delivery_stall_s=10, fatal=lambda: None,
+                    oldest_unacked_s=lambda: None,
+                    blocked=(lambda: "output topic results refuses records, retrying: gone",
+                             lambda: None,
+                             lambda: "batches wait for an outage to end: blob store",
+                             lambda: "consumer refused READ on jobs"))
+    verdict = health.ready()
+    assert verdict.reasons == (
+        "not subscribed yet", "partitions lost (no contact with the group coordinator)",
+        "output topic results refuses records, retrying: gone",
+        "batches wait for an outage to end: blob store", "consumer refused READ on jobs")
+    assert verdict.text().splitlines() == list(verdict.reasons)
+
+
+def test_readiness_reasons_are_bounded_and_count_the_rest() -> None:
+    many = [lambda i=i: f"part {i} blocked" for i in range(MAX_REASONS + 4)]
+    health = Health(_ready_vitals(), heartbeat_timeout_s=5, delivery_stall_s=10,
+                    fatal=lambda: None, oldest_unacked_s=lambda: None, blocked=many)
+    reasons = health.ready().reasons
+    assert len(reasons) == MAX_REASONS
+    assert reasons[:-1] == tuple(f"part {i} blocked" for i in range(MAX_REASONS - 1))
+    assert reasons[-1] == "and 5 more reasons"
+    exactly = Health(_ready_vitals(), heartbeat_timeout_s=5, delivery_stall_s=10,
+                     fatal=lambda: None, oldest_unacked_s=lambda: None,
+                     blocked=many[:MAX_REASONS])
+    assert exactly.ready().reasons[-1] == f"part {MAX_REASONS - 1} blocked"

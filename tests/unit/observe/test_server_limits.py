@@ -28,7 +28,7 @@ class _NoMetrics:
 def _serving(blocked: Callable[[], str | None] = lambda: None, **limits: Any
              ) -> Iterator[ObserveServer]:
     health = Health(Vitals(), heartbeat_timeout_s=60, delivery_stall_s=15, fatal=lambda: None,
-                    oldest_unacked_s=lambda: None, blocked=blocked)
+                    oldest_unacked_s=lambda: None, blocked=(blocked,))
     server = ObserveServer("127.0.0.1", 0, _NoMetrics(), health, **limits).start()
     try:
         yield server

@@ -140,7 +140,7 @@ def test_a_shutdown_past_its_timeout_prints_the_stacks_and_exits_1(tmp_path: Pat
             proc.kill()
             proc.wait(10)
     assert proc.returncode == 1, err[-3000:]
-    # The header log readers look for (worker/devkit/faults/fleet.py), then the stacks.
+    # The header log readers look for (tests/harness/faults/fleet.py), then the stacks.
     assert "Timeout (0:00:00.500000)!\n" in err
     assert "most recent call first" in err and '"MainThread"' in err
     assert "draining_forever" in err

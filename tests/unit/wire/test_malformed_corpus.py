@@ -1,4 +1,4 @@
-"""The flood corpus (worker/devkit/faults/corpus.py): each class is rejected with the reason the
+"""The flood corpus (tests/harness/faults/corpus.py): each class is rejected with the reason the
 flood test expects, by the same checks the worker applies, without a broker."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import collections
 
 import pytest
 
+from tests.harness.faults import FLOOD_LIMITS, BadJob, malformed_corpus
 from worker.config import load_config
-from worker.devkit.faults import FLOOD_LIMITS, BadJob, malformed_corpus
 from worker.exceptions import JobRejected, OversizedMessage, SchemaViolation
 from worker.tasks.moderation.images.cpu import ImageLimits, decode_image
 from worker.tasks.moderation.results import no_image

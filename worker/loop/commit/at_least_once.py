@@ -40,6 +40,9 @@ from worker.loop.hops import HopTimes
 from worker.loop.output import Output, OutputBuilder, by_record, reported, stand_in
 from worker.wire.records import TopicPartitionKey
 
+# Output topics a readiness reason names before it counts the rest.
+MAX_TOPICS_NAMED = 3
+
 log = structlog.get_logger("worker")
 
 # An async commit unanswered this long is presumed lost: the next interval sends another.
@@ -276,8 +279,12 @@ class AtLeastOnce:
         # readiness must keep naming the topic meanwhile.
         if not self._failing or not (self._retries or self._in_flight):
             return None
-        topic, error = next(iter(self._failing.items()))
-        return f"output topic {topic} refuses records, retrying: {error[:200]}"
+        # Every failing topic (a results topic and a DLQ topic can be gone at once), the first
+        # to fail first, bounded so the reason stays a line.
+        named = [f"output topic {topic} refuses records, retrying: {error[:200]}"
+                 for topic, error in list(self._failing.items())[:MAX_TOPICS_NAMED]]
+        more = len(self._failing) - len(named)
+        return "; ".join(named) + (f"; and {more} more output topics" if more else "")
 
     def tick(self, *, force: bool = False) -> None:
         self._producer.poll(0)

@@ -9,7 +9,7 @@ import confluent_kafka as ck
 
 from worker.config import load_config
 from worker.exceptions import KafkaIOError
-from worker.loop.commit.at_least_once import AtLeastOnce
+from worker.loop.commit.at_least_once import MAX_TOPICS_NAMED, AtLeastOnce
 from worker.loop.output import Output
 from worker.wire.records import SourceRef
 
@@ -210,3 +210,24 @@ def test_readiness_forgets_a_topic_whose_retries_went_to_another_member() -> Non
     committer.forget({("jobs", 0)})  # revoked: the retry is the new owner's now
     assert committer._in_flight == 1
     assert committer.blocked() is None
+
+
+def test_readiness_names_every_failing_output_topic_bounded() -> None:
+    """A results topic and a DLQ topic gone at once: readiness named only the first, so the
+    second showed only once the first was fixed."""
+    committer, client = _committer()
+    topics = ["results", "dlq", "results-b", "results-c", "results-d"]
+    committer.emit([Output(SourceRef("jobs", 0, 10), topic, topic.encode(), b"r", None,
+                           "result") for topic in topics[:2]])
+    client.report(fail=frozenset({b"results", b"dlq"}))
+    committer._settle()
+    reason = committer.blocked() or ""
+    assert reason.startswith("output topic results refuses records, retrying: ")
+    assert "; output topic dlq refuses records, retrying: " in reason
+    committer.emit([Output(SourceRef("jobs", 0, 11), topic, topic.encode(), b"r", None,
+                           "result") for topic in topics[2:]])
+    client.report(fail=frozenset(t.encode() for t in topics[2:]))
+    committer._settle()
+    reason = committer.blocked() or ""
+    assert reason.count("output topic ") == MAX_TOPICS_NAMED
+    assert reason.endswith(f"; and {len(topics) - MAX_TOPICS_NAMED} more output topics")

@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from engines.models.open_nsfw import bundled_onnx_path, open_nsfw_spec
-from worker.devkit.conformance_inputs import conformance_batch
+from tests.harness.conformance_inputs import conformance_batch
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
 

@@ -8,7 +8,7 @@ import io
 import pytest
 from PIL import Image
 
-from worker.devkit.conformance_inputs import mutated_jpegs, synthetic_photo
+from tests.harness.conformance_inputs import mutated_jpegs, synthetic_photo
 from worker.exceptions import JobRejected
 from worker.tasks.moderation.images.cpu import (
     ImageLimits,

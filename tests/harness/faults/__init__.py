@@ -7,7 +7,7 @@ corpus. No Kafka mocks. One module per part: corpus (jobs, malformed ones), watc
 and reading topics), fleet (worker processes and their logs), scenarios (the drills).
 """
 
-from worker.devkit.faults.corpus import (
+from tests.harness.faults.corpus import (
     FLOOD_LIMITS,
     BadJob,
     good_job,
@@ -16,15 +16,15 @@ from worker.devkit.faults.corpus import (
     png_bomb,
     small_images,
 )
-from worker.devkit.faults.fleet import Fleet, exit_reason, log_events, stopped_totals
-from worker.devkit.faults.scenarios import (
+from tests.harness.faults.fleet import Fleet, exit_reason, log_events, stopped_totals
+from tests.harness.faults.scenarios import (
     run_broker_stall,
     run_flood,
     run_kill9,
     run_scaling,
     stall_after,
 )
-from worker.devkit.faults.watch import (
+from tests.harness.faults.watch import (
     CLIENT_RECOVERY,
     Audit,
     Feeder,

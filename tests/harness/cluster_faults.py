@@ -29,10 +29,10 @@ from typing import Any
 
 import confluent_kafka as ck
 
-from worker.devkit.faults import Feeder, Fleet, OutputWatch, exit_reason, log_events, read_all
-from worker.devkit.faults.scenarios import wait_committed_to_end
+from tests.harness.faults import Feeder, Fleet, OutputWatch, exit_reason, log_events, read_all
+from tests.harness.faults.scenarios import wait_committed_to_end
+from tests.harness.workers import Topics, worker_config
 from worker.devkit.local_kafka import LocalKafkaCluster, LocalKafkaError
-from worker.devkit.workers import Topics, worker_config
 from worker.kafka.headers import read_headers
 from worker.wire.moderation_codec import decode_result
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.devkit.faults.corpus import FLOOD_LIMITS, good_job, malformed_corpus
-from worker.devkit.faults.fleet import Fleet, exit_reason, log_events, stopped_totals
-from worker.devkit.faults.watch import (
+from tests.harness.faults.corpus import FLOOD_LIMITS, good_job, malformed_corpus
+from tests.harness.faults.fleet import Fleet, exit_reason, log_events, stopped_totals
+from tests.harness.faults.watch import (
     Audit,
     Feeder,
     HealthWatch,
@@ -21,14 +21,14 @@ from worker.devkit.faults.watch import (
     key_counts,
     read_all,
 )
-from worker.devkit.local_kafka.config import free_port
-from worker.devkit.workers import (
+from tests.harness.workers import (
     committed,
     end_offsets,
     fresh_topics,
     produce_records,
     worker_config,
 )
+from worker.devkit.local_kafka.config import free_port
 from worker.kafka.headers import read_headers
 
 

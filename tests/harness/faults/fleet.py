@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.harness.workers import WorkerProcess, worker_env
 from worker.config import WorkerConfig
-from worker.devkit.workers import WorkerProcess, worker_env
 
 # --- worker fleet -------------------------------------------------------------------------------
 

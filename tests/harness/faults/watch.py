@@ -13,7 +13,7 @@ from typing import Any
 
 import confluent_kafka as ck
 
-from worker.devkit.faults.corpus import good_job
+from tests.harness.faults.corpus import good_job
 
 # --- feeding and reading ------------------------------------------------------------------------
 
