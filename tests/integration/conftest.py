@@ -48,11 +48,12 @@ def local_kafka(_local_kafka_session: LocalKafka) -> Iterator[LocalKafka]:
 
 @pytest.fixture(scope="session")
 def secured_kafka() -> Iterator[LocalKafka]:
-    """A LocalKafka with SASL_SSL (SCRAM-SHA-512) and mTLS listeners and StandardAuthorizer
-    (nothing allowed without an ACL): ``add_principal()``, ``client_settings()``, and its ACL
-    helper ``.acls``. Its ``bootstrap_servers`` is the devkit's own super-user listener."""
+    """A LocalKafka with SASL_SSL (SCRAM-SHA-512 and OAUTHBEARER, tokens from the devkit's
+    identity provider) and mTLS listeners and StandardAuthorizer (nothing allowed without an
+    ACL): ``add_principal()``, ``client_settings()``, and its ACL helper ``.acls``. Its
+    ``bootstrap_servers`` is the devkit's own super-user listener."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip():
         pytest.skip("the secured broker is a LocalKafka; KAFKA_BOOTSTRAP_SERVERS points at an "
                     "external cluster")
-    with LocalKafka(security=Security(sasl_ssl=True, mtls=True)) as broker:
+    with LocalKafka(security=Security(sasl_ssl=True, mtls=True, oauthbearer=True)) as broker:
         yield broker

@@ -1,7 +1,8 @@
 """The worker against a broker with an authorizer, as a least-privilege principal: over
-SASL_SSL (SCRAM-SHA-512) and over mTLS, at-least-once and exactly-once, every job is
-answered; exactly-once without WRITE on its transactional id waits at start-up, readiness off
-naming it, and answers once it is granted."""
+SASL_SSL (SCRAM-SHA-512), over OAUTHBEARER (librdkafka's OIDC login, tokens from the devkit's
+identity provider) and over mTLS, at-least-once and exactly-once, every job is answered;
+exactly-once without WRITE on its transactional id waits at start-up, readiness off naming it,
+and answers once it is granted."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ N = 12
 
 
 @pytest.mark.parametrize(("protocol", "exactly_once"), [
-    ("SASL_SSL", False), ("SSL", False), ("SASL_SSL", True), ("SSL", True)])
+    (protocol, exactly_once) for exactly_once in (False, True)
+    for protocol in ("SASL_SSL", "SSL", "OAUTHBEARER")])
 def test_the_worker_answers_jobs_as_a_least_privilege_principal(
         secured_kafka: LocalKafka, protocol: Protocol, exactly_once: bool) -> None:
     admin = secured_kafka.bootstrap_servers  # the devkit's super-user listener

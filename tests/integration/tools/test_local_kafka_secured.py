@@ -1,10 +1,18 @@
-"""LocalKafka(security=...): SASL_SSL (SCRAM-SHA-512) and mTLS listeners whose authorizer
-allows only what an ACL grants, and the ACL helper that grants and revokes (real broker)."""
+"""LocalKafka(security=...): SASL_SSL (SCRAM-SHA-512, and OAUTHBEARER with tokens from the
+devkit's identity provider) and mTLS listeners whose authorizer allows only what an ACL grants,
+and the ACL helper that grants and revokes (real broker)."""
 
 from __future__ import annotations
 
+import base64
+import json
+import ssl
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -14,7 +22,7 @@ from worker.devkit.local_kafka import LocalKafka, Principal
 from worker.devkit.local_kafka.security import Protocol
 
 pytestmark = pytest.mark.integration
-PROTOCOLS: list[Protocol] = ["SASL_SSL", "SSL"]
+PROTOCOLS: list[Protocol] = ["SASL_SSL", "SSL", "OAUTHBEARER"]
 
 
 def _name(prefix: str) -> str:
@@ -106,7 +114,82 @@ def test_bad_credentials_do_not_connect(secured_kafka: LocalKafka) -> None:
     # mTLS with the CA but no client certificate: the broker requires one.
     tls = {k: v for k, v in kafka.client_settings(alice, "SSL").items()
            if not k.startswith("ssl.keystore")}
-    for conf in (sasl, {**tls, "log_level": 0}):
+    # The identity provider refuses the client secret: librdkafka gets no token to log in with.
+    oauth = {**kafka.client_settings(impostor, "OAUTHBEARER"), "log_level": 0}
+    for conf in (sasl, {**tls, "log_level": 0}, oauth):
         admin = AdminClient(conf)
         with pytest.raises(KafkaException):
             admin.list_topics(timeout=5)
+
+
+def _token_request(kafka: LocalKafka, client_id: str, secret: str) -> tuple[int, dict[str, Any]]:
+    """POST a client_credentials grant to the identity provider (client_secret_basic, as
+    librdkafka sends it): the status and the JSON answer."""
+    idp = kafka.identity_provider
+    basic = base64.b64encode(f"{client_id}:{secret}".encode()).decode()
+    req = urllib.request.Request(
+        idp.token_url, method="POST",
+        data=urllib.parse.urlencode({"grant_type": "client_credentials"}).encode(),
+        headers={"Authorization": f"Basic {basic}",
+                 "Content-Type": "application/x-www-form-urlencoded"})
+    tls = ssl.create_default_context(cafile=str(kafka.ca_location))
+    try:
+        with urllib.request.urlopen(req, context=tls, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _claims(jwt: str) -> dict[str, Any]:
+    payload = jwt.split(".")[1]
+    return dict(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
+
+
+def test_the_identity_provider_issues_tokens_to_known_clients_only(
+        secured_kafka: LocalKafka) -> None:
+    kafka = secured_kafka
+    alice = kafka.add_principal(_name("alice"))
+    status, body = _token_request(kafka, alice.name, alice.password)
+    assert status == 200, body
+    claims = _claims(body["access_token"])
+    idp = kafka.identity_provider
+    assert claims["sub"] == alice.name
+    assert (claims["iss"], claims["aud"]) == (idp.issuer, idp.audience)
+    assert 0 < claims["exp"] - time.time() <= idp.token_lifetime_s
+    assert _token_request(kafka, alice.name, "not-the-secret") == (401, {"error": "invalid_client"})
+    assert _token_request(kafka, _name("nobody"), alice.password)[0] == 401
+
+
+def _token_producer(kafka: LocalKafka, token: str, principal: str) -> Producer:
+    """A producer on the OAUTHBEARER listener that logs in with ``token`` as given (the
+    application supplies it: librdkafka's default method, not oidc)."""
+    expiry = _claims(token)["exp"]
+    return Producer({"bootstrap.servers": kafka.secure_bootstrap("OAUTHBEARER"),
+                     "security.protocol": "SASL_SSL", "ssl.ca.location": str(kafka.ca_location),
+                     "sasl.mechanism": "OAUTHBEARER", "log_level": 0,
+                     "oauth_cb": lambda _config: (token, expiry, principal, {})})
+
+
+def test_the_broker_accepts_only_tokens_the_identity_provider_signed(
+        secured_kafka: LocalKafka) -> None:
+    """A token's claims changed after signing (here its subject, to a principal with grants)
+    is refused: the broker checks the signature against the identity provider's JWKS."""
+    kafka = secured_kafka
+    topic = _name("sec")
+    kafka.create_topics([topic])
+    alice, mallory = kafka.add_principal(_name("alice")), kafka.add_principal(_name("mallory"))
+    kafka.acls.grant(kafka.acls.bindings(alice.principal, write=[topic], describe=[topic]))
+    genuine = _token_request(kafka, alice.name, alice.password)[1]["access_token"]
+    producer = _token_producer(kafka, genuine, alice.name)
+    producer.poll(0)  # serves oauth_cb: the token is set before the first connection
+    assert producer.list_topics(topic, timeout=10).topics[topic].error is None
+
+    own = _token_request(kafka, mallory.name, mallory.password)[1]["access_token"]
+    header, _, signature = own.split(".")
+    claims = {**_claims(own), "sub": alice.name}
+    forged_payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=")
+    forged = ".".join([header, forged_payload.decode(), signature])
+    producer = _token_producer(kafka, forged, alice.name)
+    producer.poll(0)
+    with pytest.raises(KafkaException):
+        producer.list_topics(topic, timeout=5)

@@ -48,6 +48,9 @@ def _leaked(text: str) -> list[str]:
     ("ssl.key.pem", True), ("sasl.oauthbearer.client.secret", True),
     ("SASL.OAUTHBEARER.CLIENT.SECRET", True), ("sasl.oauthbearer.token.endpoint.url", True),
     ("sasl.oauthbearer.assertion.private.key.passphrase", True),
+    ("sasl.oauthbearer.client.credentials.client.secret", True),
+    ("sasl.oauthbearer.assertion.private.key.pem", True),
+    ("sasl.oauthbearer.client.id", False), ("https.ca.location", False),
     ("ssl.certificate.pem", False), ("ssl.key.location", False), ("linger.ms", False),
     ("sasl.username", False),
 ])

@@ -14,6 +14,7 @@ from . import config, process, workspace
 from . import security as sec
 from .errors import LocalKafkaError
 from .jars import DEFAULT_VERSION, ensure_jars
+from .oidc import IdentityProvider
 from .security import Principal, Protocol, Security
 
 if TYPE_CHECKING:
@@ -38,9 +39,10 @@ class LocalKafka(process.Runs):
         keep_logs_on_failure: bool = True,
         security: Security | None = None,
     ) -> None:
-        """``security``: also open SASL_SSL (SCRAM-SHA-512) and/or mTLS listeners with an
-        authorizer (see security.py); ``bootstrap_servers`` stays the devkit's own PLAINTEXT
-        listener (a super user), ``secure_bootstrap()`` gives the others."""
+        """``security``: also open SASL_SSL (SCRAM-SHA-512 and/or OAUTHBEARER) and/or mTLS
+        listeners with an authorizer (see security.py; OAUTHBEARER starts the devkit's identity
+        provider, oidc.py, next to the broker); ``bootstrap_servers`` stays the devkit's own
+        PLAINTEXT listener (a super user), ``secure_bootstrap()`` gives the others."""
         self.version = version
         self.cache_dir = cache_dir
         self.num_partitions = num_partitions
@@ -60,6 +62,7 @@ class LocalKafka(process.Runs):
         self._certs: sec.Certificates | None = None
         self._broker_store: Path | None = None
         self._acls: Acls | None = None
+        self._idp: IdentityProvider | None = None
         self.super_principal: Principal | None = (
             Principal(security.super_user, secrets.token_hex(16)) if security else None)
 
@@ -99,6 +102,8 @@ class LocalKafka(process.Runs):
         try:
             if self.security is not None:
                 self._make_certificates()
+                if self.security.oauthbearer:
+                    self._start_identity_provider(libs, deadline)
             for attempt in range(1, BIND_ATTEMPTS + 1):
                 offset = process.file_size(self.log_path)
                 try:
@@ -120,13 +125,14 @@ class LocalKafka(process.Runs):
         extra = self.extra_config
         secured: tuple[str, ...] = ()
         format_args: tuple[str, ...] = ()
+        jvm: dict[str, str] = {}
         if self.security is not None:
             assert self._certs is not None and self._broker_store is not None
-            extra = {**sec.broker_properties(self.security, self._certs,
-                                                  self._broker_store), **extra}
-            secured = tuple(name for name, on in ((sec.SASL_LISTENER, self.security.sasl_ssl),
-                                                  (sec.SSL_LISTENER, self.security.mtls))
-                            if on)
+            extra = {**sec.broker_properties(self.security, self._certs, self._broker_store,
+                                             self._idp), **extra}
+            secured = self.security.listeners
+            if self._idp is not None:
+                jvm[sec.ALLOWED_URLS_PROPERTY] = self._idp.jwks_url
             if self.security.sasl_ssl:
                 su = self.super_principal
                 assert su is not None
@@ -137,7 +143,8 @@ class LocalKafka(process.Runs):
             self.extra_listeners, secured)
         process.format_storage(libs, log4j, props, config.random_cluster_id(), self.log_path,
                                format_args)
-        self._proc = process.launch_broker(libs, log4j, props, self.log_path)
+        self._proc = process.launch_broker(libs, log4j, props, self.log_path,
+                                           system_properties=jvm)
         bootstrap = f"127.0.0.1:{ports['PLAINTEXT']}"
         process.wait_ready(self._proc, bootstrap, self.log_path, timeout)
         self._bootstrap = bootstrap
@@ -168,6 +175,9 @@ class LocalKafka(process.Runs):
 
     def _cleanup(self) -> None:
         self._kill()
+        if self._idp is not None:  # it outlives a start attempt, not the broker
+            self._idp.stop()
+            self._idp = None
         keep = self.keep_logs_on_failure
         workspace.release(self._tmpdir, failed=self._failed, keep_on_failure=keep)
         self._tmpdir = None
@@ -204,6 +214,23 @@ class LocalKafka(process.Runs):
                                                san="ip:127.0.0.1,dns:localhost")
         log.info("local Kafka certificates made in %.1fs", time.monotonic() - t)
 
+    def _start_identity_provider(self, libs: Path, deadline: float) -> None:
+        assert self._certs is not None and self._broker_store is not None
+        # It serves HTTPS with the broker's certificate (127.0.0.1, signed by the devkit's CA):
+        # a certificate of its own would cost four more keytool runs at every start.
+        self._idp = IdentityProvider(self.workdir / "idp", self._broker_store,
+                                     self._certs.password)
+        self._idp.start(libs, timeout=max(1.0, deadline - time.monotonic()))
+
+    @property
+    def identity_provider(self) -> IdentityProvider:
+        """The devkit's OAuth/OIDC identity provider (Security(oauthbearer=True) only)."""
+        self._secured()
+        if self._idp is None:
+            raise LocalKafkaError("LocalKafka has no identity provider (Security(oauthbearer="
+                                  "True) starts one)")
+        return self._idp
+
     def _secured(self) -> tuple[Security, sec.Certificates]:
         if self.security is None or self._certs is None or self._bootstrap is None:
             raise LocalKafkaError("LocalKafka not started with security=Security(...)")
@@ -215,28 +242,33 @@ class LocalKafka(process.Runs):
         return self._secured()[1].ca_pem
 
     def secure_bootstrap(self, protocol: Protocol = "SASL_SSL") -> str:
-        self._secured()
-        if protocol not in self._ports:
-            raise LocalKafkaError(f"LocalKafka has no {protocol} listener (see Security)")
-        return f"127.0.0.1:{self._ports[protocol]}"
+        """The bootstrap address of ``protocol``'s listener (OAUTHBEARER: the SASL_SSL one)."""
+        wanted, _ = self._secured()
+        if not wanted.allows(protocol):
+            raise LocalKafkaError(f"LocalKafka has no {protocol} login (see Security)")
+        return f"127.0.0.1:{self._ports[sec.listener_of(protocol)]}"
 
     def add_principal(self, name: str) -> Principal:
         """A new identity ``User:<name>`` with no ACL: a SCRAM-SHA-512 user on the SASL_SSL
-        listener and a client certificate (CN=<name>) for the mTLS one, as the broker has
-        them. Valid until stop()."""
+        listener, an OAuth client (id ``name``) of the identity provider, and a client
+        certificate (CN=<name>) for the mTLS one, as the broker has them; one secret for all
+        three. Valid until stop()."""
         wanted, certs = self._secured()
         password = secrets.token_hex(16)
         keystore = certs.issue(f"client-{name}", name, password) if wanted.mtls else None
         if wanted.sasl_ssl:
             sec.create_scram_users(self.bootstrap_servers, {name: password})
+        if wanted.oauthbearer:
+            self.identity_provider.register(name, password)
         return Principal(name, password, keystore)
 
     def client_settings(self, principal: Principal, protocol: Protocol = "SASL_SSL"
                         ) -> dict[str, Any]:
         """librdkafka settings (bootstrap.servers included) for ``principal`` on ``protocol``'s
         listener; security.sec.java_client_properties() turns them into the Java client's."""
+        token_url = self.identity_provider.token_url if protocol == "OAUTHBEARER" else None
         return sec.client_settings(principal, protocol, self.secure_bootstrap(protocol),
-                                        self.ca_location)
+                                   self.ca_location, token_url)
 
     @property
     def acls(self) -> Acls:

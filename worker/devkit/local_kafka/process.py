@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -46,12 +47,14 @@ def appended_since(path: Path, offset: int) -> bytes:
 
 
 def _java_cmd(libs: Path, log4j_conf: Path, main: str, *args: str,
-              heap: list[str] | None = None) -> list[str]:
+              heap: list[str] | None = None,
+              system_properties: Mapping[str, str] | None = None) -> list[str]:
     return [
         checked_java(),
         *(HEAP_OPTS if heap is None else heap),
         *JVM_OPTS,
         f"-Dlog4j2.configurationFile={log4j_conf}",
+        *(f"-D{key}={value}" for key, value in (system_properties or {}).items()),
         "-cp",
         f"{libs}/*",  # expanded by the JVM, not a shell
         main,
@@ -79,8 +82,13 @@ def format_storage(libs: Path, log4j_conf: Path, props: Path, cluster_id: str, l
 
 
 def launch_broker(libs: Path, log4j_conf: Path, props: Path, log: Path,
-                  heap: list[str] | None = None) -> subprocess.Popen[bytes]:
-    cmd = _java_cmd(libs, log4j_conf, "kafka.Kafka", str(props), heap=heap)
+                  heap: list[str] | None = None,
+                  system_properties: Mapping[str, str] | None = None
+                  ) -> subprocess.Popen[bytes]:
+    """``system_properties``: ``-D`` settings of the JVM (no secrets: the command line is
+    public to every user of the machine)."""
+    cmd = _java_cmd(libs, log4j_conf, "kafka.Kafka", str(props), heap=heap,
+                    system_properties=system_properties)
     # setpriv's PDEATHSIG makes the kernel SIGTERM the broker if our process
     # dies without calling stop() (e.g. pytest killed by a CI timeout), so no
     # orphan JVM keeps ports and disk. setpriv execs, so the pid stays java's.
