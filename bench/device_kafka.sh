@@ -189,9 +189,16 @@ hdpack)  # here: .dec (nvImageCodec without the TIFF, JPEG 2000 and OpenCV exten
 hdstage)  # carry .whl .dec .frames: the wheels, nvImageCodec (stripped to what decodes
     # JPEGs for Python 3.12) with nvJPEG and HdrHistogram, and the frame corpus (/tmp/frames)
     install_wheels .whl || exit 1
-    tar -xzf .dec/nvimgcodec-*.tgz -C /tmp/site || exit 1
+    # The wheels first: pip --target --upgrade replaces a top-level folder it installs into
+    # (nvidia/, nvJPEG's), which took the unpacked nvImageCodec with it on the H200.
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
         .dec/*.whl || exit 1
+    tar -xzf .dec/nvimgcodec-*.tgz -C /tmp/site || exit 1
+    # nvidia/ is a namespace folder here; where the image's own nvidia/ is a regular package
+    # it would hide this one: extend it to every nvidia/ on the path instead.
+    printf '__path__ = __import__("pkgutil").extend_path(__path__, __name__)\n' \
+        > /tmp/site/nvidia/__init__.py
+    PYTHONPATH=/tmp/site python3 -c 'from nvidia import nvimgcodec' || exit 1
     rm -rf /tmp/frames && cp -r .frames /tmp/frames && du -sh /tmp/frames
     ;;
 jars)

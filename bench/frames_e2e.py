@@ -24,9 +24,11 @@ python bench/frames_e2e.py --frames 1080p --quality 85 --rates 30,40,50 --repeat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
+import queue
 import signal
 import statistics
 import sys
@@ -216,14 +218,23 @@ def burst(bootstrap: str, topic: str, reader: Reader, frames: list[bytes],
         if done >= n:
             break
         time.sleep(0.2)
+    reports = []
     for proc in procs:
+        with contextlib.suppress(queue.Empty):  # a producer that died reports nothing
+            reports.append(q.get(timeout=30))
         proc.join(30)
         if proc.is_alive():
             proc.kill()
     with reader.lock:
         arrivals = [v[0] for k, v in reader.results.items() if k.startswith(prefix)]
+        dlq = {k: v for k, v in reader.dlq.items() if k.startswith(prefix)}
     span = (max(arrivals) - start_at) if arrivals else None
-    return {"jobs": n, "answered": len(arrivals),
+    return {"jobs": n, "answered": len(arrivals), "dead_lettered": len(dlq),
+            "dlq_reasons": sorted(set(dlq.values()))[:5],
+            "producer_errors": sum(r["n_errors"] for r in reports),
+            "producer_undelivered": sum(r["undelivered"] for r in reports),
+            "note": "jobs sent as fast as the producers can: where they are slower than the "
+                    "worker this is their rate, not the worker's",
             "frames_per_s": round(len(arrivals) / span, 1) if span else None,
             "span_s": round(span, 2) if span else None}
 
