@@ -16,6 +16,10 @@ from typing import Any
 from bench.common import environment, write
 from worker.devkit.local_kafka import LocalKafka
 
+# The code a run measures is the tree as the run starts: a long run's record must not name a
+# commit made while it ran.
+AT_START = environment()
+
 
 @contextlib.contextmanager
 def broker(*, local_only: bool = False) -> Iterator[tuple[str, LocalKafka | None]]:
@@ -50,6 +54,9 @@ def add_modes(p: argparse.ArgumentParser) -> None:
 def finish(name: str, params: dict[str, Any], runs: list[dict[str, Any]], started: float,
            ok: bool) -> Path:
     env = environment()  # (commit, dirty flag, versions: bench.common.provenance)
+    if (env.get("commit"), env.get("dirty")) != (AT_START.get("commit"), AT_START.get("dirty")):
+        env = {**env, "commit": AT_START.get("commit"), "dirty": AT_START.get("dirty"),
+               "commit_at_end": env.get("commit"), "dirty_at_end": env.get("dirty")}
     record = {"bench": name, "env": env, "params": params, "runs": runs,
               "wall_s": round(time.monotonic() - started, 1), "ok": ok}
     path = write(name, record)
