@@ -167,13 +167,7 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
     bounded_growth = _slope(backlog) <= GROWTH_BOUND * rate
     bounded_end = bool(backlog) and backlog[-1][1] <= END_BOUND_S * rate
     # drain: wait for the rest (bounded), so the next rate starts on an empty queue
-    deadline = time.monotonic() + args.drain_s
-    while time.monotonic() < deadline:
-        with reader.lock:
-            done = sum(1 for k in reader.results if k.startswith(prefix))
-        if done >= n:
-            break
-        time.sleep(0.2)
+    _wait_answered(reader, prefix, n, args.drain_s)
     hist = _histogram()
     answered_steady = 0
     with reader.lock:
@@ -195,6 +189,16 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
             "latency": hist_summary(hist), "latency_hdr": hist.encode().decode()}
 
 
+def _wait_answered(reader: Reader, prefix: str, n: int, seconds: float) -> None:
+    """Until ``n`` results with keys starting ``prefix`` have arrived, or ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with reader.lock:
+            if sum(1 for k in reader.results if k.startswith(prefix)) >= n:
+                return
+        time.sleep(0.2)
+
+
 def burst(bootstrap: str, topic: str, reader: Reader, frames: list[bytes],
           args: argparse.Namespace, prefix: str) -> dict[str, Any]:
     """A backlog drain, named as such: ``--burst-jobs`` jobs sent as fast as the producer
@@ -210,14 +214,7 @@ def burst(bootstrap: str, topic: str, reader: Reader, frames: list[bytes],
              for k in range(args.producers)]
     for proc in procs:
         proc.start()
-    deadline = time.monotonic() + args.drain_s + 60
-    done = 0
-    while time.monotonic() < deadline:
-        with reader.lock:
-            done = sum(1 for k in reader.results if k.startswith(prefix))
-        if done >= n:
-            break
-        time.sleep(0.2)
+    _wait_answered(reader, prefix, n, args.drain_s + 60)
     reports = []
     for proc in procs:
         with contextlib.suppress(queue.Empty):  # a producer that died reports nothing
