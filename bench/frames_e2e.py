@@ -122,6 +122,19 @@ def producer_main(bootstrap: str, topic: str, frames: list[bytes], rate: float, 
              "n_errors": len(errors), "max_send_late_s": round(late, 4)})
 
 
+def _spawn_producers(ctx: Any, q: Any, count: int, bootstrap: str, topic: str,
+                     frames: list[bytes], rate: float, seconds: float, prefix: str,
+                     start_at: float) -> list[Any]:
+    """``count`` producer processes started, splitting one open-loop schedule between them."""
+    procs = [ctx.Process(target=producer_main, daemon=True, name=f"producer-{k}",
+                         args=(bootstrap, topic, frames, rate, seconds, prefix, start_at, q,
+                               (k, count)))
+             for k in range(count)]
+    for proc in procs:
+        proc.start()
+    return procs
+
+
 def _slope(points: list[tuple[float, float]]) -> float:
     if len(points) < 2:
         return 0.0
@@ -134,12 +147,8 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
     start_at = time.time() + 1.0
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=producer_main, daemon=True, name=f"open-loop-producer-{k}",
-                         args=(bootstrap, topic, frames, rate, seconds, prefix, start_at, q,
-                               (k, args.producers)))
-             for k in range(args.producers)]
-    for proc in procs:
-        proc.start()
+    procs = _spawn_producers(ctx, q, args.producers, bootstrap, topic, frames, rate, seconds,
+                             prefix, start_at)
     steady_from, steady_to = start_at + args.warmup_s, start_at + seconds
     n = int(rate * seconds)
     backlog: list[tuple[float, float]] = []
@@ -208,12 +217,8 @@ def burst(bootstrap: str, topic: str, reader: Reader, frames: list[bytes],
     q = ctx.Queue()
     start_at = time.time() + 1.0
     fast = 1e7  # jobs/s: no sleeps, the producers' own pace
-    procs = [ctx.Process(target=producer_main, daemon=True, name=f"burst-producer-{k}",
-                         args=(bootstrap, topic, frames, fast, n / fast, prefix, start_at, q,
-                               (k, args.producers)))
-             for k in range(args.producers)]
-    for proc in procs:
-        proc.start()
+    procs = _spawn_producers(ctx, q, args.producers, bootstrap, topic, frames, fast, n / fast,
+                             prefix, start_at)
     _wait_answered(reader, prefix, n, args.drain_s + 60)
     reports = []
     for proc in procs:
@@ -237,14 +242,13 @@ def burst(bootstrap: str, topic: str, reader: Reader, frames: list[bytes],
 
 
 def _delete_topics(bootstrap: str, names: list[str]) -> None:
-    from confluent_kafka.admin import AdminClient
+    from worker.devkit.local_kafka.admin import delete_topics
+    from worker.devkit.local_kafka.errors import LocalKafkaError
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the futures end
-    for fut in admin.delete_topics(names, operation_timeout=30).values():
-        try:
-            fut.result(timeout=30)
-        except Exception as exc:  # noqa: BLE001  (disk hygiene only: the run's figures stand)
-            print(f"  topic not deleted: {exc}", flush=True)
+    try:
+        delete_topics(bootstrap, names)
+    except LocalKafkaError as exc:  # disk hygiene only: the run's figures stand
+        print(f"  topics not deleted: {exc}", flush=True)
 
 
 def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argparse.Namespace,

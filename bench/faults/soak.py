@@ -30,7 +30,7 @@ from typing import Any
 from bench.faults._run import broker, finish, log_dir
 from tests.harness.faults import Audit, Feeder, Fleet, TopicWatcher, key_counts, read_all
 from tests.harness.workers import fresh_topics, worker_config
-from worker.devkit.local_kafka.admin import create_topics
+from worker.devkit.local_kafka.admin import create_topics, delete_topics
 from worker.devkit.local_kafka.config import free_port
 
 GROWTH_BOUND_PCT = 5.0
@@ -73,14 +73,6 @@ def _gauges(port: int) -> dict[str, float | None]:
             if line.startswith(f"trt_worker_{g} "):
                 out[g] = float(line.split()[1])
     return out
-
-
-def _delete_topic(bootstrap: str, topic: str) -> None:
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.delete_topics([topic], operation_timeout=30).values():
-        f.result()
 
 
 def _slope_per_hour(points: list[tuple[float, float]]) -> float:
@@ -131,7 +123,7 @@ def main() -> None:
             assert fleet.wait_assigned("soak0", 120), proc.log_text()[-2000:]
             pid = proc.proc.pid
             if a.stuck_dlq:
-                _delete_topic(bootstrap, topics.dlq)
+                delete_topics(bootstrap, [topics.dlq])
             feeder.start()
             watcher.start()
             t0 = time.monotonic()

@@ -96,19 +96,13 @@ def _nvc_decoder(kind: str) -> Any:
 
 
 def _resize_crop(imgs: list[Any], out: Any) -> int:
-    """The worker's resize + crop (images/gpu.py prepare_batch) for same-size CHW images;
-    how many."""
+    """The worker's resize + crop (images/gpu.py) of same-size CHW images into ``out``; how
+    many."""
     import torch
-    import torch.nn.functional as F
 
-    from worker.tasks.moderation.images.cpu import CROP, RESIZE
+    from worker.tasks.moderation.images.gpu import resize_crop
 
-    off = (RESIZE - CROP) // 2
-    x = torch.stack(imgs).float()
-    x = F.interpolate(x, size=(RESIZE, RESIZE), mode="bilinear", antialias=True,
-                      align_corners=False)
-    x = x[:, :, off:off + CROP, off:off + CROP].round_().clamp_(0, 255)
-    out[: len(imgs)] = x.to(torch.uint8).permute(0, 2, 3, 1)
+    out[: len(imgs)] = resize_crop(torch.stack(imgs))
     return len(imgs)
 
 

@@ -112,20 +112,6 @@ class Admin:
             raise UnknownTopic(f"topic {topic!r} does not exist{hint}")
         return sorted(found.partitions)
 
-    def _group_refused(self, group: str) -> bool:
-        """Whether the broker says this client may not READ ``group`` (False when it does
-        not answer or reports nothing)."""
-        try:
-            futures = self.client.describe_consumer_groups(
-                [group], include_authorized_operations=True, request_timeout=self.timeout)
-            described = wait(futures[group], f"describe group {group!r}", self.timeout)
-        except KafkaIOError as exc:
-            return exc.code == ck.KafkaError.GROUP_AUTHORIZATION_FAILED
-        except ck.KafkaException:
-            return False
-        ops = described.authorized_operations
-        return ops is not None and not {"READ", "ALL"} & {op.name for op in ops}
-
     def describe_group(self, group: str) -> Any:
         """The group's description (state, members and their assignments)."""
         try:
@@ -202,7 +188,7 @@ class Admin:
                     if err.code not in _COORDINATOR_BUSY or time.monotonic() > deadline:
                         # A group the principal may not READ makes librdkafka's consumer
                         # time out, not refuse: ask the broker, and say so by name.
-                        if self._group_refused(group):
+                        if _group_refused(self, group):
                             raise TopicNotAuthorized(
                                 f"the broker's ACLs do not let this client READ on group "
                                 f"{group} (committed offsets unavailable: {err})") from err
@@ -257,3 +243,12 @@ class Admin:
         got = self._list_offsets(topic, dict.fromkeys(partitions, spec), "by-timestamp",
                                  committed_only=True)
         return {p: Found(r.offset, r.timestamp) for p, r in got.items()}
+
+
+def _group_refused(admin: Admin, group: str) -> bool:
+    """Whether the broker says this client may not READ ``group`` (the start-up check's
+    :func:`worker.kafka.topics.group_operations`; False when it reports nothing)."""
+    from worker.kafka.topics import group_operations  # (topics imports this module)
+
+    ops = group_operations(admin, group)
+    return ops is not None and not {"READ", "ALL"} & ops

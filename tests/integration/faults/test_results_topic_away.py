@@ -15,7 +15,6 @@ import collections
 import time
 from pathlib import Path
 
-import confluent_kafka as ck
 import pytest
 
 from tests.harness.faults import good_job
@@ -31,7 +30,7 @@ from tests.harness.workers import (
     worker_env,
 )
 from tests.integration.observe.http_support import get, until
-from worker.devkit.local_kafka.admin import create_topics
+from worker.devkit.local_kafka.admin import create_topics, delete_topics
 from worker.devkit.local_kafka.config import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -42,12 +41,6 @@ PARTITIONS = 2
 
 def _send(bootstrap: str, topic: str, keys: list[str]) -> None:
     produce_records(bootstrap, topic, [(k.encode(), good_job(k), None) for k in keys])
-
-
-def _delete(bootstrap: str, topic: str) -> None:
-    admin = ck.admin.AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.delete_topics([topic], operation_timeout=30).values():
-        f.result()
 
 
 @pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
@@ -72,7 +65,7 @@ def test_a_results_topic_gone_for_90_s_is_waited_out_and_every_job_answered(
         assert set(sent) <= set(keys_of(first)), proc.log_tail()
         until(lambda: get(base + "/readyz")[0] == 200, 30, "ready before the outage")
 
-        _delete(kafka_bootstrap, topics.results)
+        delete_topics(kafka_bootstrap, [topics.results])
         gone_at = time.monotonic()
         refusals: list[str] = []  # /readyz bodies that name the missing topic
         i = 0

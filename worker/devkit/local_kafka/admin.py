@@ -47,6 +47,20 @@ def create_topics(
     _wait_leaders(admin, names, timeout)
 
 
+def delete_topics(bootstrap: str, names: list[str], timeout: float = 30.0) -> None:
+    """Delete topics; LocalKafkaError naming the first that could not be deleted."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the futures end
+    for name, fut in admin.delete_topics(names, operation_timeout=timeout,
+                                         request_timeout=timeout).items():
+        try:
+            fut.result(timeout=timeout)
+        except KafkaException as exc:
+            raise LocalKafkaError(f"deleting topic {name!r} failed: {exc.args[0]}") from exc
+
+
 def _wait_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     pending = set(names)

@@ -156,7 +156,8 @@ class Runs(abc.ABC):
         """Start and wait until clients are answered; the bootstrap servers."""
 
     @abc.abstractmethod
-    def stop(self) -> None: ...
+    def stop(self) -> None:
+        """Stop every process it started."""
 
     def __enter__(self) -> Self:
         self.start()

@@ -120,15 +120,15 @@ def resolve(cfg: WorkerConfig) -> tuple[str | None, str | None, dict[str, Policy
     policies: dict[str, PolicySettings] = {}
     if image is not None:
         policies[image] = _named(cfg, image, "generation.moderation.policy")
-        if not _able(policies[image], "scores_pixels"):
+        pixels = _able(policies[image], "scores_pixels")
+        if not pixels:
             raise ConfigError(f"generation.moderation.policy = {image!r} runs no model that "
                               f"scores images ({', '.join(policies[image].models)}): name a "
                               "policy that runs one (open_nsfw), or 'off'")
         # A model that neither scores pixels nor is a text model (whose part is the prompt)
         # would be left out of every image's verdict without a word: refused instead.
-        unable = [n for n in policies[image].models
-                  if n not in _able(policies[image], "scores_pixels")
-                  and n not in _able(policies[image], "scores_texts")]
+        texts = _able(policies[image], "scores_texts")
+        unable = [n for n in policies[image].models if n not in pixels and n not in texts]
         if unable:
             raise ConfigError(f"generation.moderation.policy = {image!r} runs "
                               f"{', '.join(unable)}, which cannot score generated images yet: "

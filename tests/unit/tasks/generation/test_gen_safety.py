@@ -88,9 +88,11 @@ class Counting(Runner):
         self.inner, self.calls = inner, 0
         self.backend = inner.backend
 
-    def _activate(self) -> None: ...
+    def _activate(self) -> None:
+        """Nothing of its own: the wrapped UNet is activated by the session's fixture."""
 
-    def _deactivate(self) -> None: ...
+    def _deactivate(self) -> None:
+        """Nothing of its own: the fixture deactivates the wrapped UNet."""
 
     def _infer(self, feeds: Any, stream: Any) -> InferHandle:
         self.calls += 1
