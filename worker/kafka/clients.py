@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -236,6 +237,10 @@ def txn_error(err: ck.KafkaError, what: str, fatal_reason: str | None = None
     return (ProducerFenced if fenced else TransactionError)(msg, code=err.code(), **flags)
 
 
+# How long a call failing with the generic fatal code waits for the error callback's report.
+_FATAL_REPORT_WAIT_S = 2.0
+
+
 def _wrap_txn(exc: ck.KafkaException, what: str, fatal_reason: str | None = None
               ) -> TransactionError:
     err = exc.args[0] if exc.args else None
@@ -269,12 +274,23 @@ class Producer:
 
     def _txn_error(self, exc: ck.KafkaException, what: str) -> TransactionError:
         err = exc.args[0] if exc.args else None
-        if isinstance(err, ck.KafkaError) and err.code() == ck.KafkaError._FATAL \
-                and self.fatal_reason is None and self._client is not None:
-            # The fatal error's report may still sit in the queue: serve it first.
-            with contextlib.suppress(ck.KafkaException):
-                self._client.poll(0)
+        if isinstance(err, ck.KafkaError) and err.code() == ck.KafkaError._FATAL:
+            self._await_fatal_report()
         return _wrap_txn(exc, what, self.fatal_reason)
+
+    def _await_fatal_report(self, within_s: float = _FATAL_REPORT_WAIT_S) -> None:
+        """Serve the queue until the error callback has told why the producer is fatal.
+
+        librdkafka sets the fatal state before it enqueues the report, so a call can fail
+        with ``_FATAL`` while the report is not yet servable: one ``poll(0)`` lost that race
+        in CI and a fenced instance was logged as an unclassified failure. The producer is
+        unusable either way, so waiting a moment costs nothing."""
+        deadline = time.monotonic() + within_s
+        while self.fatal_reason is None and self._client is not None:
+            with contextlib.suppress(ck.KafkaException):
+                self._client.poll(0.05)
+            if time.monotonic() >= deadline:
+                return
 
     def _error(self, exc: ck.KafkaException, what: str) -> KafkaIOError:
         """``exc`` wrapped: a TransactionError for a transactional producer, else KafkaIOError."""

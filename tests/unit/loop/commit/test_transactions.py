@@ -391,3 +391,31 @@ def test_a_call_blocking_past_its_timeout_keeps_the_loops_heartbeat() -> None:
     t.commit(OFFSETS, object())
     assert len(beats) >= 3 and t.commits == 1
     t.close()
+
+
+def test_a_fatal_call_waits_for_the_report_queued_just_after_it() -> None:
+    """librdkafka sets the fatal state before it queues the error callback's report: a fenced
+    instance's produce() failed with _FATAL while one poll(0) found nothing yet, and the
+    worker logged an unclassified failure (CI, test_exactly_once's fencing test)."""
+    from worker.kafka.clients import Producer
+
+    p = Producer({"bootstrap.servers": "127.0.0.1:1", "transactional.id": "t"})
+
+    class LateReport:
+        polls = 0
+
+        def produce(self, *args: object, **kwargs: object) -> None:
+            raise ck.KafkaException(ck.KafkaError(
+                ck.KafkaError._FATAL, "Unable to produce message: Local: Fatal error"))
+
+        def poll(self, timeout: float) -> int:
+            self.polls += 1
+            if self.polls == 3:  # the report becomes servable a moment after the failure
+                p._on_error(ck.KafkaError(
+                    ck.KafkaError._FATAL, "Fatal error: Local: This instance has been fenced "
+                    "by a newer instance"))
+            return 0
+
+    p._client = LateReport()  # type: ignore[assignment]
+    with pytest.raises(ProducerFenced):
+        p.produce("out", key=b"k", value=b"v")
