@@ -49,6 +49,35 @@ def modes(arg: str) -> list[str]:
 def add_modes(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default="at-least-once,exactly-once",
                    help="comma-separated guarantees to run")
+    p.add_argument("--model", choices=("tiny", "open_nsfw"), default="tiny",
+                   help="what the workers run: the tiny test classifier as an installed "
+                        "plug-in (keeps up with thousands of jobs/s on 2 CPU cores, so the "
+                        "run measures the delivery path) or open_nsfw (tens of jobs/s on CPU)")
+
+
+# The tiny classifier's policy, as every job's ("default"), and batch profiles that fit the
+# drills' batch sizes.
+_TINY_POLICY = {"default": {"models": ["tiny"],
+                            "labels": {"bright": {"review": 0.3, "block": 0.6}}}}
+
+
+def model_env(model: str) -> dict[str, str]:
+    """Environment for the fleet's workers to run ``model`` on every job."""
+    if model == "open_nsfw":
+        return {}
+    from tests.harness.plugins import TINY, write_plugin_dist
+
+    folder = write_plugin_dist(Path(tempfile.mkdtemp(prefix="ktw-plugin-")), TINY)
+    repo = Path(__file__).resolve().parents[2]
+    path = [str(folder), str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(path),
+            "KTW_MODERATION__POLICIES": json.dumps(_TINY_POLICY),
+            "KTW_MODERATION__TINY__BATCH_SIZES": "[1, 8, 16, 32]"}
+
+
+def audit_ok(f: dict[str, Any], mode: str) -> bool:
+    """Every output names its job; exactly-once keeps offset order per partition."""
+    return not f["content_faults"] and (mode != "exactly-once" or f["order_inversions"] == 0)
 
 
 def finish(name: str, params: dict[str, Any], runs: list[dict[str, Any]], started: float,

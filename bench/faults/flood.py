@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from bench.faults._run import add_modes, broker, finish, log_dir, modes
+from bench.faults._run import add_modes, audit_ok, broker, finish, log_dir, model_env, modes
 from tests.harness.faults import run_flood
 
 
@@ -23,8 +23,9 @@ def main() -> None:
     with broker() as (bootstrap, _):
         for mode in modes(a.modes):
             f = run_flood(bootstrap, log_dir(f"flood-{mode}"), mode=mode, n_bad=a.bad,
-                          n_good=a.good)
-            f["ok"] = (f["drained"] and f["worker_survived"] and f["exit_code"] == 0
+                          n_good=a.good, env=model_env(a.model))
+            f["ok"] = (audit_ok(f, mode) and f["drained"] and f["worker_survived"]
+                       and f["exit_code"] == 0
                        and f["dlq"]["missing"] == 0 and not f["dlq_wrong_reason"]
                        and f["results"]["missing"] == 0 and f["results_not_ok"] == 0)
             runs.append(f)

@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from bench.faults._run import add_modes, broker, finish, log_dir, modes
+from bench.faults._run import add_modes, audit_ok, broker, finish, log_dir, model_env, modes
 from tests.harness.faults import run_kill9
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kills", type=int, default=200)
-    p.add_argument("--rate", type=float, default=10.0, help="jobs per second fed")
+    p.add_argument("--rate", type=float, default=1000.0, help="jobs per second fed")
     p.add_argument("--instances", type=int, default=3)
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--max-delay-s", type=float, default=2.5,
@@ -35,15 +35,17 @@ def main() -> None:
         for mode in modes(a.modes):
             f = run_kill9(bootstrap, log_dir(f"kill9-{mode}"), mode=mode, kills=a.kills,
                           seed=a.seed, instances=a.instances, partitions=a.partitions,
-                          rate_per_s=a.rate, max_delay_s=a.max_delay_s)
-            f["ok"] = (f["drained"] and f["results"]["missing"] == 0
+                          rate_per_s=a.rate, max_delay_s=a.max_delay_s,
+                          env=model_env(a.model))
+            f["ok"] = (f["drained"] and audit_ok(f, mode) and f["results"]["missing"] == 0
                        and f["dlq"]["missing"] == 0 and f["offsets_committed_to_end"]
                        and (mode == "at-least-once" or (f["results"]["duplicates"] == 0
                                                         and f["dlq"]["duplicates"] == 0)))
             runs.append(f)
             print(f"{mode}: {a.kills} kills, missing {f['results']['missing']}, duplicates "
                   f"{f['results']['duplicates']} (dlq {f['dlq']['duplicates']}), aborted "
-                  f"records {f['aborted_result_records']}, ok={f['ok']}", flush=True)
+                  f"records {f['aborted_result_records']}, content faults {f['content_faults']}, "
+                  f"order inversions {f['order_inversions']}, ok={f['ok']}", flush=True)
     finish("faults-kill9", vars(a), runs, started, all(r["ok"] for r in runs))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from bench.faults._run import add_modes, broker, finish, log_dir, modes
+from bench.faults._run import add_modes, audit_ok, broker, finish, log_dir, model_env, modes
 from tests.harness.faults import run_scaling
 
 
@@ -16,7 +16,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--phase-s", type=float, default=30.0)
-    p.add_argument("--rate", type=float, default=10.0)
+    p.add_argument("--rate", type=float, default=1000.0, help="jobs per second fed")
     p.add_argument("--partitions", type=int, default=6)
     add_modes(p)
     a = p.parse_args()
@@ -26,8 +26,10 @@ def main() -> None:
         for mode in modes(a.modes):
             for i in range(a.repeats):
                 f = run_scaling(bootstrap, log_dir(f"scaling-{mode}-{i}"), mode=mode,
-                                rate_per_s=a.rate, partitions=a.partitions, phase_s=a.phase_s)
-                f["ok"] = (f["drained"] and set(f["exit_codes"].values()) == {0}
+                                rate_per_s=a.rate, partitions=a.partitions, phase_s=a.phase_s,
+                                env=model_env(a.model))
+                f["ok"] = (audit_ok(f, mode) and f["drained"]
+                           and set(f["exit_codes"].values()) == {0}
                            and f["results"]["missing"] == 0 and f["dlq"]["missing"] == 0
                            and (mode == "at-least-once" or f["results"]["duplicates"] == 0))
                 runs.append(f)

@@ -12,7 +12,7 @@ import argparse
 import statistics
 import time
 
-from bench.faults._run import add_modes, broker, finish, log_dir, modes
+from bench.faults._run import add_modes, audit_ok, broker, finish, log_dir, model_env, modes
 from tests.harness.faults import run_broker_stall
 
 
@@ -20,7 +20,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--stall-s", type=float, default=30.0)
-    p.add_argument("--rate", type=float, default=10.0)
+    p.add_argument("--rate", type=float, default=1000.0, help="jobs per second fed")
     p.add_argument("--bound-s", type=float, default=10.0, help="recovery bound to check")
     p.add_argument("--static-membership", action="store_true",
                    help="workers join with group.instance.id (KIP-345)")
@@ -34,12 +34,13 @@ def main() -> None:
             for i in range(a.repeats):
                 env: dict[str, str] = ({"KTW_KAFKA__STATIC_MEMBERSHIP": "true"}
                                        if a.static_membership else {})
-                # (mypy cannot tell that **env fills only the environment variables)
+                env.update(model_env(a.model))
                 f = run_broker_stall(
                     kafka, log_dir(f"stall-{mode}-{i}"), mode=mode, stall_s=a.stall_s,
-                    rate_per_s=a.rate, **env)  # type: ignore[arg-type]
+                    rate_per_s=a.rate, env=env)
                 rec = f["recovery_s"]
-                f["ok"] = (f["worker_survived"] and f["exit_code"] == 0 and f["drained"]
+                f["ok"] = (audit_ok(f, mode) and f["worker_survived"] and f["exit_code"] == 0
+                           and f["drained"]
                            and rec is not None and rec <= a.bound_s
                            and f["results"]["missing"] == 0 and f["dlq"]["missing"] == 0
                            and (mode == "at-least-once" or f["results"]["duplicates"] == 0)

@@ -13,9 +13,13 @@ depends on what is installed.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import types
+import typing
 from typing import Any, TypeVar
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from worker.config.base import Section
 from worker.config.names import model_packages
@@ -56,6 +60,37 @@ DECODE_PIXEL_BUDGET = 64_000_000
 DECODE_TIME_LIMIT_S = 10.0
 
 
+def _is_complex(annotation: Any) -> bool:
+    """A list, dict, set, tuple or model (also inside ``X | None``)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_complex(a) for a in typing.get_args(annotation))
+    if origin in (list, dict, set, frozenset, tuple) or annotation in (list, dict, set, tuple):
+        return True
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _env_decoded(cls: type[ModelSection], value: Any) -> Any:
+    """A model section as the environment gives it, JSON decoded where pydantic-settings did
+    not: it decodes complex values only for fields it knows, and a model section is an extra
+    key, so ``KTW_MODERATION__TEXT__BATCH_SIZES='[1, 8]'`` and ``KTW_MODERATION__TINY='{...}'``
+    arrive as strings."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value  # refused by validation, with the field named
+    if not isinstance(value, dict):
+        return value
+    out = dict(value)
+    for key, raw in value.items():
+        field = cls.model_fields.get(key)
+        if isinstance(raw, str) and field is not None and _is_complex(field.annotation):
+            with contextlib.suppress(ValueError):  # else refused by validation, field named
+                out[key] = json.loads(raw)
+    return out
+
+
 class ModerationSettings(Section):
     # The model sections are extra keys, each validated by its package's settings class.
     model_config = ConfigDict(frozen=True, extra="allow", hide_input_in_errors=True)
@@ -79,8 +114,18 @@ class ModerationSettings(Section):
         if unknown:
             raise ValueError(f"unknown keys {unknown} (model sections: "
                              f"{', '.join(classes) or 'none'})")
-        sections = {name: value if isinstance(value := data.get(name, {}), c)
-                    else c.model_validate(value) for name, c in classes.items()}
+        sections: dict[str, ModelSection] = {}
+        for name, c in classes.items():
+            value = data.get(name, {})
+            try:
+                sections[name] = value if isinstance(value, c) else c.model_validate(
+                    _env_decoded(c, value))
+            except ValidationError as exc:
+                # Raised as this section's error, or the message would name the inner field
+                # as if it were moderation's own (moderation.batch_sizes for text's).
+                raise ValueError("; ".join(
+                    f"{'.'.join(map(str, (name, *e['loc'])))}: {e['msg']}" for e in exc.errors()
+                )) from None
         return {**data, **sections}
 
     @model_validator(mode="after")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.harness.faults.content import content_audit
 from tests.harness.faults.corpus import FLOOD_LIMITS, good_job, malformed_corpus
 from tests.harness.faults.fleet import Fleet, exit_reason, log_events, stopped_totals
 from tests.harness.faults.watch import (
@@ -65,14 +66,16 @@ def wait_committed_to_end(bootstrap: str, topics: Any, partitions: int, timeout:
 
 def _audit_outputs(bootstrap: str, topics: Any, good: set[str], bad: set[str],
                    partitions: int) -> dict[str, Any]:
-    """Every good job's result and every bad one's DLQ record, once each, and the offsets
-    committed to the end."""
+    """Every good job's result and every bad one's DLQ record, once each, each naming its job
+    (:func:`content_audit`), and the offsets committed to the end."""
     results = read_all(bootstrap, topics.results, isolation="read_committed")
     dlq = read_all(bootstrap, topics.dlq, isolation="read_committed")
     raw = read_all(bootstrap, topics.results, isolation="read_uncommitted", idle_s=2.0)
+    jobs = read_all(bootstrap, topics.jobs, isolation="read_committed", idle_s=2.0)
     res_audit = Audit(good, key_counts(results))
     dlq_audit = Audit(bad, key_counts(dlq))
     return {
+        **content_audit(jobs, results, dlq, topics.jobs),
         "results": res_audit.summary(),
         "dlq": dlq_audit.summary(),
         # Records a read_uncommitted reader sees beyond the committed ones: outputs of aborted
@@ -88,7 +91,8 @@ def _audit_outputs(bootstrap: str, topics: Any, good: set[str], bad: set[str],
 def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int = 1,
               instances: int = 3, partitions: int = 6, rate_per_s: float = 10.0,
               max_delay_s: float = 2.5, drain_timeout_s: float = 180.0, bad_every: int = 7,
-              batch_delay_ms: int = 100, backlog: int = 500) -> dict[str, Any]:
+              batch_delay_ms: int = 100, backlog: int = 500,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
     """Under a steady feed, kill -9 a worker ``kills`` times at a random point after it got its
     partitions, restarting it at once with the same instance id (static membership).
 
@@ -96,7 +100,8 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
     before it wait up to ``batch_delay_ms`` in the batcher: outputs finish out of offset order
     all the time, which is what exactly-once must survive a kill in the middle of. A
     ``backlog`` produced up front keeps the workers busy (consumption runs ahead of inference,
-    so dead-lettered records overtake the jobs before them)."""
+    so dead-lettered records overtake the jobs before them). ``env``: more worker settings
+    (every scenario takes it)."""
     rng = random.Random(seed)
     topics = fresh_topics(bootstrap, partitions)
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode})
@@ -112,9 +117,10 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
     # transactions this drill is about (its abort evidence came out 0). The breaker under
     # kills is tests/integration/faults/test_poison.py's; at-least-once runs it here too.
     breaker = {"KTW_PROCESSING__POISON_MAX_ATTEMPTS": "0"} if mode == "exactly-once" else {}
-    with Fleet(cfg, log_dir, KTW_KAFKA__STATIC_MEMBERSHIP="true",
-               KTW_BATCH__MAX_BATCH_SIZE="8", KTW_BATCH__MAX_DELAY_MS=str(batch_delay_ms),
-               **breaker) as fleet:
+    with Fleet(cfg, log_dir, **{"KTW_KAFKA__STATIC_MEMBERSHIP": "true",
+                                "KTW_BATCH__MAX_BATCH_SIZE": "8",
+                                "KTW_BATCH__MAX_DELAY_MS": str(batch_delay_ms),
+                                **breaker, **(env or {})}) as fleet:
         fleet.own(feeder, outputs)
         for name in names:
             fleet.start(name)
@@ -184,7 +190,7 @@ def stall_after(broker: Any, watcher: TopicWatcher, *, results: int, stall_s: fl
 
 def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 30.0,
                      rate_per_s: float = 10.0, partitions: int = 3, after_s: float = 10.0,
-                     **env: str) -> dict[str, Any]:
+                     env: dict[str, str] | None = None) -> dict[str, Any]:
     """Freeze the broker (SIGSTOP) for ``stall_s`` under a steady feed, then resume it.
 
     Recovery time: from resume() until a result is visible (read_committed) for a job produced
@@ -200,7 +206,7 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
     port = free_port()
     health = HealthWatch(port)
     with Fleet(cfg, log_dir, **{"KTW_BATCH__MAX_BATCH_SIZE": "8", "KTW_METRICS__PORT": str(port),
-                                "KTW_METRICS__HOST": "127.0.0.1", **env}) as fleet:
+                                "KTW_METRICS__HOST": "127.0.0.1", **(env or {})}) as fleet:
         fleet.own(feeder, outputs, health)
         proc = fleet.start("s0")
         health.start()
@@ -260,8 +266,8 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
 
 
 def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float = 10.0,
-                partitions: int = 6, phase_s: float = 15.0, backlog: int = 300
-                ) -> dict[str, Any]:
+                partitions: int = 6, phase_s: float = 15.0, backlog: int = 300,
+                env: dict[str, str] | None = None) -> dict[str, Any]:
     """1 -> 3 -> 1 workers (dynamic membership, cooperative-sticky) under a steady feed on top
     of a ``backlog`` (the lag an autoscaler reacts to); the two extra workers leave with
     SIGTERM (revoke, commit, leave group). Revocations land while jobs are queued and in
@@ -273,7 +279,7 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
     outputs = OutputWatch(bootstrap, topics)
     watcher = outputs.results
     marks: dict[str, float] = {}
-    with Fleet(cfg, log_dir, KTW_BATCH__MAX_BATCH_SIZE="8") as fleet:
+    with Fleet(cfg, log_dir, **{"KTW_BATCH__MAX_BATCH_SIZE": "8", **(env or {})}) as fleet:
         fleet.own(feeder, outputs)
         t0 = time.monotonic()
         fleet.start("a0")
@@ -318,7 +324,8 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
 
 
 def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
-              n_good: int = 300, partitions: int = 3, seed: int = 6) -> dict[str, Any]:
+              n_good: int = 300, partitions: int = 3, seed: int = 6,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
     """``n_bad`` malformed jobs (every corpus class) mixed with ``n_good`` good ones, produced
     up front, then one worker process drains them all."""
     topics = fresh_topics(bootstrap, partitions)
@@ -336,8 +343,9 @@ def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
         records.append((b.key.encode(), b.value, [("origin", b"flood")]))
     records.extend((k.encode(), good_job(k), None) for k in good[gi:])
     produce_records(bootstrap, topics.jobs, records)
-    env = {f"KTW_LIMITS__{k.upper()}": str(v) for k, v in FLOOD_LIMITS.items()}
-    with Fleet(cfg, log_dir, KTW_BATCH__MAX_BATCH_SIZE="16", **env) as fleet:
+    limits = {f"KTW_LIMITS__{k.upper()}": str(v) for k, v in FLOOD_LIMITS.items()}
+    limits.update(env or {})
+    with Fleet(cfg, log_dir, KTW_BATCH__MAX_BATCH_SIZE="16", **limits) as fleet:
         t0 = time.monotonic()
         proc = fleet.start("f0")
         outputs = OutputWatch(bootstrap, topics)
@@ -352,6 +360,7 @@ def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
         error_lines = proc.log_text().count('"level": "error"')
     dlq = read_all(bootstrap, topics.dlq)
     results = read_all(bootstrap, topics.results)
+    jobs = read_all(bootstrap, topics.jobs, idle_s=2.0)
     wrong_reason: collections.Counter[str] = collections.Counter()
     altered = 0
     for m in dlq:
@@ -377,6 +386,7 @@ def run_flood(bootstrap: str, log_dir: Path, *, mode: str, n_bad: int = 10_000,
         "results": Audit(set(good), key_counts(results)).summary(),
         "dlq_wrong_reason": dict(wrong_reason), "dlq_altered": altered,
         "results_not_ok": not_ok,
+        **content_audit(jobs, results, dlq, topics.jobs),
     }
     figures.update(_commit_figures(bootstrap, topics, partitions))
     return figures

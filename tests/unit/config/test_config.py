@@ -64,6 +64,25 @@ def test_env_dict_field_accepts_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert load_config().kafka.extra == {"socket.keepalive.enable": "true"}
 
 
+def test_a_model_sections_list_and_the_whole_section_accept_json_from_env(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model section is an extra key of ``moderation``, which pydantic-settings does not
+    JSON-decode: a list there arrived as a string and was refused, named as if it were
+    moderation's own field."""
+    monkeypatch.setenv("KTW_MODERATION__TEXT__BATCH_SIZES", "[1, 8]")
+    monkeypatch.setenv("KTW_MODERATION__CLIP", '{"token_buckets": [16, 77]}')
+    cfg = load_config()
+    assert cfg.moderation.sections["text"].batch_sizes == [1, 8]  # type: ignore[attr-defined]
+    assert cfg.moderation.sections["clip"].token_buckets == [16, 77]  # type: ignore[attr-defined]
+    monkeypatch.setenv("KTW_MODERATION__TEXT__BATCH_SIZES", "[0, 8]")
+    with pytest.raises(ConfigError, match=r"text: .*batch_sizes must be strictly increasing"):
+        load_config()
+    monkeypatch.setenv("KTW_MODERATION__TEXT__BATCH_SIZES", "eight")
+    with pytest.raises(ConfigError, match=r"text\.batch_sizes: Input should be a valid list"):
+        load_config()
+
+
 def test_unprefixed_env_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATCH__MAX_BATCH_SIZE", "32")
     monkeypatch.setenv("MAX_BATCH_SIZE", "32")

@@ -5,9 +5,11 @@ A model package (``models/<name>/``) owns everything about its model: its config
 engine plans and ``engines build`` entry, the parts it makes of a job, its scoring and any
 policy rule it adds. Its ``__init__.py`` declares it in a
 :class:`~worker.tasks.moderation.models.package.ModelPackage` record (``PACKAGE``); the name in
-:data:`SHIPPED` (or :func:`register`, for a package outside this folder) makes it known to the
-config, the task, the policies and the tools. Only records and settings classes are imported
-to know a model; its engines and runtime modules load when a served policy runs it.
+:data:`SHIPPED` makes it known to the config, the task, the policies and the tools. A package
+outside this folder (a plug-in) is known through an entry point in :data:`ENTRY_POINT_GROUP`
+naming its record, found when this module is imported, or through :func:`register`. Only
+records and settings classes are imported to know a model; its engines and runtime modules
+load when a served policy runs it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ def _record(name: str) -> ModelPackage:
 
 MODELS: dict[str, ModelPackage] = {p.name: p for p in map(_record, SHIPPED)}
 
+# Installed distributions declare plug-in models here, e.g. in pyproject.toml:
+#   [project.entry-points."kafka_trt_worker.moderation_models"]
+#   mymodel = "mypackage.mymodel:PACKAGE"
+ENTRY_POINT_GROUP = "kafka_trt_worker.moderation_models"
+_PLUGINS: dict[str, ModelPackage] = {}  # the plug-ins load_plugins() registered, by name
+
 
 def register(package: ModelPackage) -> None:
     """Make a model known (a package outside this folder: a plug-in, a test's model)."""
@@ -47,6 +55,30 @@ def register(package: ModelPackage) -> None:
         raise ValueError(f"model {package.name!r}: labels {sorted(clash)} are already another "
                          "model's reported scores")
     MODELS[package.name] = package
+
+
+def load_plugins() -> list[str]:
+    """Register every model an installed distribution declares in :data:`ENTRY_POINT_GROUP`;
+    return their names. A plug-in that fails to load stops start-up with its name (a worker
+    serving policies without one of their models would answer wrongly, not fail loudly)."""
+    from importlib.metadata import entry_points
+
+    names: list[str] = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in MODELS and MODELS[ep.name] is _PLUGINS.get(ep.name):
+            continue  # already loaded
+        try:
+            record = ep.load()
+        except Exception as exc:  # any import error of foreign code
+            raise ImportError(f"moderation model plug-in {ep.name!r} ({ep.value}) failed to "
+                              f"load: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(record, ModelPackage) or record.name != ep.name:
+            raise ImportError(f"moderation model plug-in {ep.name!r} ({ep.value}) is not a "
+                              f"ModelPackage named {ep.name!r}")
+        register(record)
+        _PLUGINS[ep.name] = record
+        names.append(ep.name)
+    return names
 
 
 def unregister(name: str) -> None:
@@ -116,3 +148,6 @@ def close_models(models: Mapping[str, ModerationModel]) -> None:
             error = error or exc
     if error is not None:
         raise error
+
+
+load_plugins()
