@@ -13,6 +13,7 @@ time after a later one of its partition), which say whether outputs left in offs
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import confluent_kafka as ck
@@ -41,11 +42,16 @@ def _ce_id(text: str, topic: str) -> tuple[int, int] | None:
     return (int(part), int(offset)) if part.isdigit() and offset.isdigit() else None
 
 
-def content_audit(jobs: list[ck.Message], results: list[ck.Message], dlq: list[ck.Message],
-                  jobs_topic: str) -> dict[str, Any]:
+def job_keys(jobs: Iterable[ck.Message]) -> dict[tuple[int, int], str | None]:
+    """Each job's key by (partition, offset): all the audit needs of the jobs topic."""
+    return {(int(m.partition() or 0), int(m.offset() or 0)): _text(m.key()) for m in jobs}
+
+
+def content_audit(jobs: Mapping[tuple[int, int], str | None], results: list[ck.Message],
+                  dlq: list[ck.Message], jobs_topic: str) -> dict[str, Any]:
     """Record-by-record checks of ``results`` and ``dlq`` (each read in partition order)
-    against the ``jobs`` they answer."""
-    job_at = {(m.partition(), m.offset()): _text(m.key()) for m in jobs}
+    against the jobs they answer (:func:`job_keys`)."""
+    job_at = jobs
     wrong: collections.Counter[str] = collections.Counter()
     samples: dict[str, list[str]] = collections.defaultdict(list)
 

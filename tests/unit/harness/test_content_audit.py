@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import confluent_kafka as ck
 
-from tests.harness.faults.content import content_audit
+from tests.harness.faults.content import content_audit, job_keys
 from worker.wire.moderation_codec import encode_result
-from worker.wire.moderation_jobs import ModerationResult
+from worker.wire.moderation_jobs import ModerationResult, Status
 
 JOBS = "jobs-x"
 
@@ -20,23 +20,23 @@ def _job(p: int, o: int, key: str) -> ck.Message:
 
 def _result(rp: int, src: tuple[int, int], key: str, *, subject: str | None = None,
             payload_id: str | None = None) -> ck.Message:
-    value = encode_result(ModerationResult(id=payload_id or key, status="ok", policy="default",
+    value = encode_result(ModerationResult(id=payload_id or key, status=Status.OK, policy="default",
                                             model_id="m", engine_hash="h"))
-    headers = [("ce_id", f"{JOBS}-{src[0]}-{src[1]}".encode()),
-               ("ce_subject", (subject or key).encode())]
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("ce_id", f"{JOBS}-{src[0]}-{src[1]}".encode()), ("ce_subject", (subject or key).encode())]
     return ck.Message(topic="results", partition=rp, offset=0, key=key.encode(), value=value,
                       headers=headers)
 
 
 def _dead(src: tuple[int, int], key: str) -> ck.Message:
-    headers = [("ktw.dlq.source.topic", JOBS.encode()),
+    headers: list[tuple[str, str | bytes | None]] = [("ktw.dlq.source.topic", JOBS.encode()),
                ("ktw.dlq.source.partition", str(src[0]).encode()),
                ("ktw.dlq.source.offset", str(src[1]).encode())]
     return ck.Message(topic="dlq", partition=0, offset=0, key=key.encode(), value=b"",
                       headers=headers)
 
 
-JOB_LIST = [_job(0, 0, "a"), _job(0, 1, "b"), _job(0, 2, "bad"), _job(0, 3, "c")]
+JOB_LIST = job_keys([_job(0, 0, "a"), _job(0, 1, "b"), _job(0, 2, "bad"), _job(0, 3, "c")])
 
 
 def test_outputs_that_name_their_jobs_in_order_pass() -> None:
