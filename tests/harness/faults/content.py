@@ -74,12 +74,16 @@ def content_audit(jobs: Mapping[tuple[int, int], str | None], results: list[ck.M
         if h.get("ce_subject") != key:
             fault("ce_subject_not_key", f"{key}: {h.get('ce_subject')!r}")
         try:
-            payload_id = decode_result(m.value()).get("id")
+            payload = decode_result(m.value())
         except Exception as exc:  # noqa: BLE001 - any undecodable result is a finding
             fault("payload_unreadable", f"{key}: {exc}")
             continue
-        if payload_id != key:
-            fault("payload_id_not_key", f"{key}: id {payload_id!r}")
+        if payload.get("id") != key:
+            fault("payload_id_not_key", f"{key}: id {payload.get('id')!r}")
+        named = payload.get("source")  # where set, the payload names its job too
+        if named and (named.get("topic"), named.get("partition"), named.get("offset")) != (
+                jobs_topic, *src):
+            fault("payload_source_not_ce_id", f"{key}: source {named}, ce_id {src}")
         seq[(int(m.partition() or 0), src[0])].append(src[1])
     for m in dlq:
         key = _text(m.key())
