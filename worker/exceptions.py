@@ -189,6 +189,14 @@ class KafkaIOError(WorkerError):
         self.code = code
 
 
+class StaticMemberFenced(KafkaIOError):
+    """The group coordinator fenced this static member: another member joined with the same
+    ``group.instance.id``, or, after a group-coordinator failover, no one did (librdkafka
+    issues 3437, 5456; seen in the cluster drill under exactly-once). The consumer client is
+    unusable; :meth:`worker.loop.membership.Membership.fenced` decides whether a new one may
+    rejoin or the process must stop."""
+
+
 class DeliveryFailed(KafkaIOError):
     """A result or DLQ record could not be delivered after the client's own retries.
 

@@ -256,6 +256,17 @@ def is_fatal(err: ck.KafkaError) -> bool:
     return bool(err.fatal()) or err.code() == ck.KafkaError._FATAL
 
 
+# librdkafka's text for a static member fenced by its group coordinator (reported as a fatal
+# error event with the generic _FATAL code, or as FENCED_INSTANCE_ID).
+_STATIC_FENCED_TEXT = re.compile(r"static consumer fenced|group\.instance\.id", re.IGNORECASE)
+
+
+def is_static_fencing(err: ck.KafkaError) -> bool:
+    """The consumer was fenced as a static member (``group.instance.id`` taken over)."""
+    return err.code() == ck.KafkaError.FENCED_INSTANCE_ID or (
+        is_fatal(err) and bool(_STATIC_FENCED_TEXT.search(err.str())))
+
+
 class Producer:
     def __init__(self, settings: dict[str, Any]) -> None:
         # Kept until open(): a copy whose repr masks the secrets.

@@ -22,7 +22,7 @@ from worker.loop.heap import HeapPolicy
 from worker.loop.hold import PartitionHold
 from worker.loop.hops import HopTimes
 from worker.loop.intake import Intake
-from worker.loop.membership import Membership
+from worker.loop.membership import Membership, StaticFencing
 from worker.loop.orphans import OrphanWatch
 from worker.loop.output import CloudEvents, OutputBuilder
 from worker.loop.poison import PoisonGuard
@@ -119,7 +119,10 @@ def _membership(cfg: WorkerConfig, consumer: Consumer, jobs: str) -> Membership:
     orphans = (OrphanWatch(common_settings(cfg.kafka), cfg.kafka.group_id, jobs,
                            cfg.kafka.session_timeout_ms, revoke_bound_s)
                if cfg.kafka.static_membership else None)
-    return Membership(consumer, jobs, rejoin, orphans)
+    fencing = (StaticFencing(common_settings(cfg.kafka), cfg.kafka.group_id,
+                             cfg.kafka.instance_id, cfg.kafka.client_id)
+               if cfg.kafka.static_membership else None)
+    return Membership(consumer, jobs, rejoin, orphans, fencing)
 
 
 def _kill_hook(key: str | None) -> BeforeAdmit | None:

@@ -14,8 +14,8 @@ import time
 import confluent_kafka as ck
 import structlog
 
-from worker.exceptions import KafkaIOError
-from worker.kafka import Consumer, is_fatal, source_record
+from worker.exceptions import KafkaIOError, StaticMemberFenced
+from worker.kafka import Consumer, is_fatal, is_static_fencing, source_record
 from worker.loop.assignment import Assignment
 from worker.loop.commit.base import Committer
 from worker.loop.refusal import Refusal
@@ -50,9 +50,11 @@ class Intake:
             err = msg.error()
             if err is not None:
                 if is_fatal(err):
-                    # The consumer is unusable (e.g. fenced by another static member with this
-                    # instance id): stop, so the process is restarted, instead of idling.
-                    raise KafkaIOError(f"fatal consumer error: {err.str()}")
+                    # The consumer is unusable: a fenced static member may rejoin with a new
+                    # client (loop/membership.py); anything else stops the process, so it is
+                    # restarted, instead of idling.
+                    kind = StaticMemberFenced if is_static_fencing(err) else KafkaIOError
+                    raise kind(f"fatal consumer error: {err.str()}", code=err.code())
                 log.warning("consumer_error", error=err.str(), code=err.code())
                 self.refusal.note(err.code(), err.str())
                 continue

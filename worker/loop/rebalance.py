@@ -71,6 +71,11 @@ class Rebalance:
         finally:
             self._forget(keys)  # never committed; late outcomes of theirs are discarded
 
+    def lose_all(self) -> None:
+        """Every partition this member owns, lost (its consumer client was fenced)."""
+        owned = sorted(self._parts.assignment.owned)
+        self.on_lost(None, [ck.TopicPartition(topic, partition) for topic, partition in owned])
+
     def _rebalanced(self, kind: str, partitions: list[ck.TopicPartition]
                     ) -> set[TopicPartitionKey]:
         keys = {(tp.topic, tp.partition) for tp in partitions}

@@ -27,7 +27,7 @@ import time
 import structlog
 
 from worker.config import WorkerConfig
-from worker.exceptions import ProducerFenced
+from worker.exceptions import ProducerFenced, StaticMemberFenced
 from worker.loop.build import LoopParts
 from worker.loop.rebalance import Rebalance
 from worker.observe.vitals import process_age_s
@@ -122,7 +122,11 @@ class Worker:
         if self.backpressure.consume_now(now):
             pending = self.committer.pending()
             timeout = self._consume_timeout(pending)
-            batch, wants_engine = self._take(pending, timeout)
+            try:
+                batch, wants_engine = self._take(pending, timeout)
+            except StaticMemberFenced as exc:  # rejoins, or raises: the process stops
+                self.parts.membership.fenced(exc, self._rebalance.lose_all)
+                batch, wants_engine = _NOTHING, False
             if batch.records:
                 if self.parts.before_admit is not None:
                     self.parts.before_admit(batch.records)

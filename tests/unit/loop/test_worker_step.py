@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka as ck
 import pytest
 
 from worker.config import load_config
-from worker.exceptions import DeliveryFailed, SchemaViolation
+from worker.exceptions import DeliveryFailed, SchemaViolation, StaticMemberFenced
 from worker.loop.assignment import Assignment
 from worker.loop.backpressure import Backpressure
 from worker.loop.build import LoopParts
@@ -42,10 +43,14 @@ class FakeIntake:
     def __init__(self, committer: FakeCommitter, assignment: Assignment) -> None:
         self.queue: deque[SourceRecord] = deque()
         self.calls: list[tuple[int, float, bool]] = []
+        self.error: Exception | None = None  # raised once by the next consume()
         self._committer, self._assignment = committer, assignment
 
     def consume(self, room: int, timeout: float, *, prompt: bool = False) -> ConsumedBatch:
         self.calls.append((room, timeout, prompt))
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
         out = []
         while self.queue and len(out) < room:
             r = self.queue.popleft()
@@ -217,6 +222,11 @@ class FakeMembership:
     def lost(self) -> None:
         self.events.append("lost")
 
+    def fenced(self, exc: StaticMemberFenced, lose_all: Callable[[], None]) -> None:
+        """As a member no other process holds the instance id of: rejoins."""
+        self.events.append("fenced")
+        lose_all()
+
     def totals(self) -> dict[str, int]:
         return {"consumer_reopens": 0, "orphan_rejoins": 0}
 
@@ -334,6 +344,24 @@ def test_answers_of_lost_partitions_are_discarded_as_stale() -> None:
     assert committer.events == ["lost [('jobs', 0)]"]
     task.finish()
     w.step()  # the batch's answer comes back late: its partition's epoch moved on
+    assert committer.emitted == [] and w.assignment.stale_discarded == 1
+
+
+def test_a_fenced_static_member_loses_every_partition_and_the_loop_goes_on() -> None:
+    """Membership decides (worker.loop.membership.StaticFencing); the loop drops what the
+    fenced client owned as lost, so nothing of it is committed and late answers are stale."""
+    w, task, intake, committer, consumer = _worker()
+    _subscribed(w, consumer)
+    _assign(consumer, P0, P1)
+    intake.queue.append(_record(0, 0))
+    w.step()
+    intake.error = StaticMemberFenced("fatal consumer error: Static consumer fenced")
+    w.step()
+    assert w.parts.membership.events[-2:] == ["fenced", "lost"]  # type: ignore[attr-defined]
+    assert committer.events == ["lost [('jobs', 0), ('jobs', 1)]"]
+    assert w.assignment.owned == set() and w.fatal_error is None
+    task.finish()
+    w.step()
     assert committer.emitted == [] and w.assignment.stale_discarded == 1
 
 
