@@ -68,17 +68,24 @@ class Consumer:
         client.subscribe(topics, on_assign=only_current(on_assign),
                          on_revoke=only_current(on_revoke), on_lost=only_current(on_lost))
 
-    def reopen(self) -> None:
+    def reopen(self, *, join: bool = True) -> None:
         """Replace the client with a new one on the same subscription: for a client that lost
         its group coordinator in a broker outage and never rejoins (seen after a 30 s freeze of
         a single-node cluster: its JoinGroup request sat unsent for minutes). The old client
-        is closed on a side thread, not waited for; its callbacks no longer reach the worker."""
+        is closed on a side thread, not waited for; its callbacks no longer reach the worker.
+        ``join=False``: the new client stays out of the group until :meth:`join` (a fenced
+        static member that must not take its instance id back yet)."""
         old = self._client
         self._client = None
         self.open(self._on_commit)
-        self._subscribe(self.client)
+        if join:
+            self._subscribe(self.client)
         if old is not None:  # (not waited for: the loop goes on with the new client)
             _close_bounded(old, 0.0)
+
+    def join(self) -> None:
+        """Take the subscription on the current client (after ``reopen(join=False)``)."""
+        self._subscribe(self.client)
 
     def resubscribe(self) -> None:
         """Leave the subscription and take it again on the same client: a rejoin, so the group

@@ -120,7 +120,7 @@ def _membership(cfg: WorkerConfig, consumer: Consumer, jobs: str) -> Membership:
                            cfg.kafka.session_timeout_ms, revoke_bound_s)
                if cfg.kafka.static_membership else None)
     fencing = (StaticFencing(common_settings(cfg.kafka), cfg.kafka.group_id,
-                             cfg.kafka.instance_id, cfg.kafka.client_id)
+                             cfg.kafka.instance_id, cfg.kafka.session_timeout_ms)
                if cfg.kafka.static_membership else None)
     return Membership(consumer, jobs, rejoin, orphans, fencing)
 

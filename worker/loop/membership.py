@@ -32,26 +32,32 @@ MAX_FENCED_REJOINS = 3
 FENCING_WINDOW_S = 600.0
 # How long the group's description may take: the loop waits for it (once per fencing).
 DESCRIBE_TIMEOUT_S = 5.0
+# Past the session timeout, before the group is asked who holds the instance id.
+CHECK_MARGIN_S = 2.0
 
 
 class StaticFencing:
     """Whether a static member the coordinator fenced may rejoin with a new client.
 
     A fencing is real when another process joined with this ``group.instance.id`` (a second
-    pod with the same name, a restarted instance whose old self still runs): that one keeps
+    process given the same id, a restarted instance whose old self still runs): that one keeps
     the id and this one stops. After a group-coordinator failover librdkafka can be fenced
     with no other process there (issues 3437, 5456: in the cluster drill, both exactly-once
     workers exited 2 in three runs out of four); exiting then costs a restart and, under
-    exactly-once, a rewind. So the group is asked who holds the id: a member with another
-    ``client.id`` (the default names host and pid) is another process; this client's own
-    (stale) entry, no entry, or no answer are not. Rejoins are bounded
+    exactly-once, a rewind. The group's description cannot tell the two apart at once: right
+    after another process took the id over, Kafka 4.1 still listed the old member's client id
+    and host for it. So the fenced member waits out the session timeout with a client that is
+    out of the group, then asks: a member still holding the id is heartbeating, so it is
+    another process; no holder (or no answer) means no one else. Rejoins are bounded
     (:data:`MAX_FENCED_REJOINS` in :data:`FENCING_WINDOW_S`)."""
 
     def __init__(self, settings: Mapping[str, Any], group: str, instance_id: str,
-                 client_id: str, clock: Callable[[], float] = time.monotonic,
+                 session_timeout_ms: int, clock: Callable[[], float] = time.monotonic,
                  describe: Callable[[], Any] | None = None) -> None:
         self._settings = ClientSettings(settings)  # (a copy whose repr masks the secrets)
-        self._group, self._instance, self._client_id = group, instance_id, client_id
+        self._group, self._instance = group, instance_id
+        # A holder that is not heartbeating has left the group by then.
+        self.wait_s = session_timeout_ms / 1e3 + CHECK_MARGIN_S
         self._clock = clock
         self._describe = describe or self._describe_group
         self._rejoins: deque[float] = deque()
@@ -59,24 +65,27 @@ class StaticFencing:
     def _describe_group(self) -> Any:
         return Admin(self._settings, timeout=DESCRIBE_TIMEOUT_S).describe_group(self._group)
 
-    def refusal(self) -> str | None:
-        """Why this member must not rejoin, or None (a rejoin is counted)."""
+    def over_budget(self) -> str | None:
+        """Why no more rejoins are allowed now, or None."""
         now = self._clock()
         while self._rejoins and now - self._rejoins[0] > FENCING_WINDOW_S:
             self._rejoins.popleft()
         if len(self._rejoins) >= MAX_FENCED_REJOINS:
             return (f"fenced {len(self._rejoins) + 1} times in {FENCING_WINDOW_S:.0f} s: "
                     f"another process may share group.instance.id {self._instance!r}")
+        return None
+
+    def holder(self) -> str | None:
+        """Who holds this instance id in the group now, or None (a rejoin is counted)."""
         try:
             group = self._describe()
         except Exception as exc:  # noqa: BLE001 - no answer proves no other holder
             log.warning("fencing_check_failed", error=f"{type(exc).__name__}: {exc}"[:300])
             group = None
         for member in getattr(group, "members", None) or ():
-            if member.group_instance_id == self._instance and member.client_id != self._client_id:
-                return (f"group.instance.id {self._instance!r} is held by another client "
-                        f"({member.client_id} at {member.host})")
-        self._rejoins.append(now)
+            if member.group_instance_id == self._instance:
+                return f"member {member.member_id} ({member.client_id} at {member.host})"
+        self._rejoins.append(self._clock())
         return None
 
 
@@ -86,21 +95,43 @@ class Membership:
         self._consumer, self._topic = consumer, jobs_topic
         self._rejoin, self._orphans, self._fencing = rejoin, orphans, fencing
         self.fenced_rejoins = 0
+        self._check_at: float | None = None  # fenced: when to ask who holds the instance id
+        self._fenced_error = ""
 
     def fenced(self, exc: StaticMemberFenced, lose_all: Callable[[], None]) -> None:
-        """The coordinator fenced this static member. Rejoin with a new client when no other
-        process holds the instance id (:class:`StaticFencing`), after ``lose_all`` dropped
-        every partition as lost; otherwise raise ``exc``: the process stops."""
-        why = (self._fencing.refusal() if self._fencing is not None
+        """The coordinator fenced this static member: ``lose_all`` drops every partition as
+        lost and the client is replaced by one out of the group; :meth:`step` rejoins after
+        the session timeout unless another process holds the instance id then
+        (:class:`StaticFencing`). Raises ``exc`` (the process stops) for a dynamic member or
+        past the rejoin budget."""
+        if self._check_at is not None:  # (already waiting)
+            return
+        why = (self._fencing.over_budget() if self._fencing is not None
                else "not a static member")
         if why is not None:
             raise StaticMemberFenced(f"{exc} ({why})", code=exc.code) from exc
+        assert self._fencing is not None
         lose_all()
+        self._consumer.reopen(join=False)
+        self._check_at = time.monotonic() + self._fencing.wait_s
+        self._fenced_error = str(exc)[:300]
+        log.warning("consumer_fenced", error=self._fenced_error, wait_s=self._fencing.wait_s,
+                    reason="fenced as a static member: rejoining unless another process "
+                           "holds the instance id once the session timeout has passed")
+
+    def _after_fencing(self, now: float) -> None:
+        if self._check_at is None or now < self._check_at or self._fencing is None:
+            return  # (the rejoin watch waits too: the new client is not in the group)
+        self._check_at = None
+        holder = self._fencing.holder()
+        if holder is not None:
+            raise StaticMemberFenced(f"{self._fenced_error} (its group.instance.id is held by "
+                                     f"{holder})")
         self.fenced_rejoins += 1
-        log.warning("consumer_reopened", reopens=self.fenced_rejoins, error=str(exc)[:300],
+        log.warning("consumer_reopened", reopens=self.fenced_rejoins,
                     reason="fenced as a static member while no other process holds its "
                            "instance id")
-        self._consumer.reopen()
+        self._consumer.join()
 
     def start(self) -> None:
         if self._orphans is not None:
@@ -121,6 +152,9 @@ class Membership:
             log.error("consumer_close_failed", error=str(exc)[:500])
 
     def step(self, now: float, vitals: Vitals) -> None:
+        if self._check_at is not None:  # fenced: out of the group until the check
+            self._after_fencing(now)
+            return
         if self._rejoin.due(now, vitals.coordinator_up, vitals.stats_at):
             log.warning("consumer_reopened", reopens=self._rejoin.reopens,
                         reason="partitions lost, not assigned again, the cluster answers")

@@ -1,5 +1,6 @@
-"""A static member fenced by its group coordinator rejoins with a new client unless another
-process holds its instance id (worker.loop.membership.StaticFencing), within a budget."""
+"""A static member fenced by its group coordinator drops its partitions, waits out the session
+timeout out of the group, then rejoins unless another process holds its instance id
+(worker.loop.membership.StaticFencing), within a budget."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from worker.exceptions import KafkaIOError, StaticMemberFenced
 from worker.kafka import is_static_fencing
+from worker.loop import membership as membership_module
 from worker.loop.membership import (
     FENCING_WINDOW_S,
     MAX_FENCED_REJOINS,
@@ -18,14 +20,14 @@ from worker.loop.membership import (
     StaticFencing,
 )
 from worker.loop.rejoin import ClusterProbe, Rejoin
-
-ME = "trt-worker-host-100"
+from worker.observe.vitals import Vitals
 
 
 @dataclass
 class Member:
     group_instance_id: str | None
-    client_id: str
+    member_id: str = "m-1"
+    client_id: str = "trt-worker-host-100"
     host: str = "/10.0.0.1"
 
 
@@ -46,40 +48,48 @@ def _fencing(answer: Any, clock: Clock | None = None) -> StaticFencing:
         if isinstance(answer, Exception):
             raise answer
         return answer
-    return StaticFencing({"bootstrap.servers": "127.0.0.1:9"}, "g", "w0", ME,
+    return StaticFencing({"bootstrap.servers": "127.0.0.1:9"}, "g", "w0", 6000,
                          clock=clock or Clock(), describe=describe)
 
 
 @pytest.mark.parametrize("group", [
-    Group([]),  # the coordinator forgot the member
-    Group([Member("w0", ME), Member("w1", "trt-worker-host-101")]),  # its own stale entry
+    Group([]),  # the stale entry left the group with the session timeout
+    Group([Member("w1", client_id="trt-worker-host-101")]),
     KafkaIOError("describe group 'g': timed out"),  # the coordinator does not answer yet
 ])
-def test_no_other_process_holding_the_instance_id_lets_the_member_rejoin(group: Any) -> None:
-    assert _fencing(group).refusal() is None
+def test_no_holder_of_the_instance_id_after_the_session_timeout_lets_it_rejoin(group: Any
+                                                                               ) -> None:
+    assert _fencing(group).holder() is None
 
 
-def test_another_client_holding_the_instance_id_stops_this_one() -> None:
-    why = _fencing(Group([Member("w0", "trt-worker-host-200", "/10.0.0.9")])).refusal()
-    assert why is not None and "trt-worker-host-200 at /10.0.0.9" in why
+def test_a_holder_still_there_after_the_session_timeout_is_another_process() -> None:
+    # Kafka 4.1 listed the old member's client id for the newcomer: the holder's presence
+    # after the session timeout is the signal, not its client id.
+    held = _fencing(Group([Member("w0", "m-9", "trt-worker-host-100", "/10.0.0.9")])).holder()
+    assert held == "member m-9 (trt-worker-host-100 at /10.0.0.9)"
 
 
 def test_rejoins_are_bounded_within_the_window() -> None:
     clock = Clock()
     fencing = _fencing(Group([]), clock)
     for _ in range(MAX_FENCED_REJOINS):
-        assert fencing.refusal() is None
-    why = fencing.refusal()
+        assert fencing.over_budget() is None and fencing.holder() is None
+    why = fencing.over_budget()
     assert why is not None and "another process may share" in why
     clock.now += FENCING_WINDOW_S + 1
-    assert fencing.refusal() is None
+    assert fencing.over_budget() is None
+    assert fencing.wait_s == pytest.approx(6.0 + membership_module.CHECK_MARGIN_S)
 
 
 class FakeConsumer:
-    reopened = 0
+    def __init__(self) -> None:
+        self.calls: list[str] = []
 
-    def reopen(self) -> None:
-        self.reopened += 1
+    def reopen(self, *, join: bool = True) -> None:
+        self.calls.append(f"reopen join={join}")
+
+    def join(self) -> None:
+        self.calls.append("join")
 
 
 def _membership(fencing: StaticFencing | None) -> tuple[Membership, FakeConsumer]:
@@ -88,23 +98,43 @@ def _membership(fencing: StaticFencing | None) -> tuple[Membership, FakeConsumer
     return Membership(consumer, "jobs", rejoin, None, fencing), consumer  # type: ignore[arg-type]
 
 
-def test_a_member_allowed_to_rejoin_loses_its_partitions_then_gets_a_new_client() -> None:
-    membership, consumer = _membership(_fencing(Group([])))
-    calls: list[str] = []
+def _fence(membership: Membership, consumer: FakeConsumer) -> None:
     membership.fenced(StaticMemberFenced("fenced"),
-                      lambda: calls.append(f"lose_all reopened={consumer.reopened}"))
-    assert calls == ["lose_all reopened=0"] and consumer.reopened == 1
-    assert membership.totals()["fenced_rejoins"] == 1
+                      lambda: consumer.calls.append("lose_all"))
 
 
-def test_a_member_refused_a_rejoin_raises_with_the_reason_and_keeps_its_client() -> None:
-    membership, consumer = _membership(_fencing(Group([Member("w0", "other-client")])))
-    with pytest.raises(StaticMemberFenced, match="held by another client"):
-        membership.fenced(StaticMemberFenced("fenced"), lambda: None)
-    assert consumer.reopened == 0
-    dynamic, _ = _membership(None)
+def test_a_fenced_member_leaves_the_group_then_rejoins_after_the_session_timeout(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(membership_module.time, "monotonic", clock)
+    membership, consumer = _membership(_fencing(Group([]), clock))
+    _fence(membership, consumer)
+    _fence(membership, consumer)  # the dead client's report again: already handled
+    assert consumer.calls == ["lose_all", "reopen join=False"]
+    membership.step(clock.now + 1.0, Vitals())
+    assert consumer.calls[-1] == "reopen join=False"  # still waiting out the session
+    membership.step(clock.now + 8.5, Vitals())
+    assert consumer.calls[-1] == "join" and membership.totals()["fenced_rejoins"] == 1
+
+
+def test_a_fenced_member_whose_id_is_still_held_stops_with_the_holder_named(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(membership_module.time, "monotonic", clock)
+    membership, consumer = _membership(_fencing(Group([Member("w0", "m-9")]), clock))
+    _fence(membership, consumer)
+    with pytest.raises(StaticMemberFenced, match="held by member m-9"):
+        membership.step(clock.now + 8.5, Vitals())
+    assert "join" not in consumer.calls
+
+
+def test_a_dynamic_member_or_one_over_budget_stops_at_once() -> None:
+    dynamic, consumer = _membership(None)
     with pytest.raises(StaticMemberFenced, match="not a static member"):
-        dynamic.fenced(StaticMemberFenced("fenced"), lambda: None)
+        _fence(dynamic, consumer)
+    assert consumer.calls == []
 
 
 def test_librdkafkas_static_fencing_reports_are_recognised() -> None:
