@@ -24,9 +24,10 @@ from worker.exceptions import ImageRejected
 from worker.tasks import batched
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.factory import moderation_task
-from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import decode_image
 from worker.tasks.moderation.models.open_nsfw.engine import EnginePlan, engine_plan
 from worker.tasks.moderation.models.open_nsfw.model import OpenNsfwModel
+from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 from worker.tasks.moderation.parts import Part
 from worker.tasks.moderation.task import ModerationTask
 from worker.tasks.protocol import Answer, ConsumedBatch

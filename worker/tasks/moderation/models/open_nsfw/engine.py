@@ -22,7 +22,8 @@ log = structlog.get_logger("worker")
 
 def _calibration_sample(data: bytes) -> np.ndarray:
     """An INT8 calibration image, preprocessed as the worker preprocesses a job's image."""
-    from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+    from worker.tasks.moderation.images.cpu import decode_image
+    from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 
     return preprocess_open_nsfw(decode_image(data))
 

@@ -2,8 +2,8 @@
 
 Each image is decoded into its views (orientation, alpha on white and on black, sampled
 animation frames: :func:`worker.tasks.moderation.images.cpu.decode_views`) on a CPU pool, each
-view preprocessed to the engine's fixed input, and the job scores its worst view (the highest
-``nsfw``). On the torch backend the GPU pipeline path takes over
+view preprocessed to the engine's fixed input (:mod:`.preprocess`), and the job scores its
+worst view (the highest ``nsfw``). On the torch backend the GPU pipeline path takes over
 (:mod:`worker.tasks.moderation.models.open_nsfw.gpu`).
 """
 
@@ -28,16 +28,14 @@ from worker.exceptions import JobRejected, is_transient, one_line
 from worker.tasks.batched import sticky_device_error
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.images.budgets import guard_for
-from worker.tasks.moderation.images.cpu import (
+from worker.tasks.moderation.images.cpu import ImageLimits, decode_image, decode_views
+from worker.tasks.moderation.models.base import Finished, ModelContext, ModerationModel
+from worker.tasks.moderation.models.open_nsfw.preprocess import (
     CROP,
     RESIZE,
-    ImageLimits,
-    decode_image,
-    decode_views,
     normalize_pixels,
     preprocess_open_nsfw,
 )
-from worker.tasks.moderation.models.base import Finished, ModelContext, ModerationModel
 from worker.tasks.moderation.parts import JobState, Part
 from worker.tasks.moderation.results import no_image
 from worker.wire.moderation_jobs import ModerationJob
@@ -107,10 +105,10 @@ class OpenNsfwModel(ModerationModel):
     def score_pixels(self, policy: str, pixels: Any, captions: Sequence[str]
                      ) -> list[dict[str, float]]:
         """Generated images: resized and cropped where they live (the GPU preprocessing's
-        geometry, :func:`worker.tasks.moderation.images.gpu.crop_generated`), then the
-        engine's input on the host. No image file in between, so no JPEG re-encode either
-        (``model.jpeg_roundtrip`` is for decoded files)."""
-        from worker.tasks.moderation.images.gpu import crop_generated
+        geometry, :func:`.gpu_preprocess.crop_generated`), then the engine's input on the
+        host. No image file in between, so no JPEG re-encode either (``model.jpeg_roundtrip``
+        is for decoded files)."""
+        from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import crop_generated
 
         rows = crop_generated(pixels).cpu().numpy()
         profile = max(self._profiles, key=lambda p: p.max_batch)
