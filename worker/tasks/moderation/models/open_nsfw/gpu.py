@@ -40,8 +40,9 @@ DECODER_JOIN_S = 30.0
 
 
 class OpenNsfwGpuModel(OpenNsfwModel):
-    """``runner``: the torch backend's (:meth:`OpenNsfwModel.create` picks this model by the
-    runner's backend name); its captured graphs are what the pipeline runs."""
+    """``runner``: a pipelined backend's (:meth:`OpenNsfwModel.create` picks this model by its
+    backend's registry record, ``pipelined``: torch); its captured graphs are what the pipeline
+    runs."""
 
     def __init__(self, cfg: WorkerConfig, runner: Runner, spec: EngineSpec,
                  profiles: tuple[Profile, ...], *, own_runner: bool = False) -> None:

@@ -3,8 +3,8 @@
 Each image is decoded into its views (orientation, alpha on white and on black, sampled
 animation frames: :func:`worker.tasks.moderation.images.cpu.decode_views`) on a CPU pool, each
 view preprocessed to the engine's fixed input (:mod:`.preprocess`), and the job scores its
-worst view (the highest ``nsfw``). On the torch backend the GPU pipeline path takes over
-(:mod:`worker.tasks.moderation.models.open_nsfw.gpu`).
+worst view (the highest ``nsfw``). On a backend whose registry record is ``pipelined`` (torch)
+the GPU pipeline path takes over (:mod:`worker.tasks.moderation.models.open_nsfw.gpu`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 import structlog
 
 from engines.backends.base import Runner
+from engines.backends.registry import BACKENDS
 from engines.exceptions import InferenceFailed
 from engines.models.open_nsfw import LABELS
 from engines.profiles import Profile, StaticProfile
@@ -68,8 +69,9 @@ class OpenNsfwModel(ModerationModel):
     @classmethod
     def create(cls, ctx: ModelContext) -> OpenNsfwModel:
         """On its runner: built here from the config (and deactivated at close), or
-        ``ctx.runner``, shared with the caller (left active). The GPU pipeline model on the
-        torch backend (the one whose runner runs captured graphs on pinned rows)."""
+        ``ctx.runner``, shared with the caller (left active). The GPU pipeline model on a
+        backend whose runner drives the pixel pipeline (captured graphs on pinned rows: its
+        registry record's ``pipelined``)."""
         from worker.tasks.moderation.models.open_nsfw.engine import engine_plan, make_runner
 
         runner = ctx.runner
@@ -78,7 +80,10 @@ class OpenNsfwModel(ModerationModel):
             own = True
         else:
             plan, own = engine_plan(ctx.cfg), False
-        if runner.backend == "torch":
+        # The runner's backend decides (a shared runner is the caller's); a runner of a
+        # backend the registry does not know (a stand-in) takes the plain path.
+        record = BACKENDS.get(runner.backend)
+        if record is not None and record.pipelined:
             from worker.tasks.moderation.models.open_nsfw.gpu import OpenNsfwGpuModel
 
             return OpenNsfwGpuModel(ctx.cfg, runner, plan.spec, plan.profiles, own_runner=own)
