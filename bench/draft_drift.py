@@ -56,7 +56,7 @@ BLOCK, REVIEW = _drift.BLOCK, _drift.REVIEW
 photo_rows, pushed_rows, scores = _drift.photo_rows, _drift.pushed_rows, _drift.scores
 summary, verdict = _drift.summary, _drift.verdict
 
-DRAFT_SIDE = 256  # worker.tasks.moderation.images.cpu.RESIZE
+DRAFT_SIDE = 256  # worker.tasks.moderation.models.open_nsfw.preprocess.RESIZE
 
 
 def int8_drift_photos(variants: int, seed: int) -> list[bytes]:
@@ -104,7 +104,8 @@ def pushed_hd(steps: int, seed: int) -> tuple[list[bytes], list[float]]:
 
 
 def rows_of(data: bytes, draft_side: int | None) -> np.ndarray:
-    from worker.tasks.moderation.images.cpu import decode_views, preprocess_open_nsfw
+    from worker.tasks.moderation.images.cpu import decode_views
+    from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 
     return np.stack([preprocess_open_nsfw(v)
                      for v in decode_views(data, draft_side=draft_side)])
@@ -120,7 +121,8 @@ def worst(runner: Any, images: list[bytes], draft_side: int | None) -> np.ndarra
 
 def decode_ms(images: list[bytes], draft_side: int | None, repeat: int = 3) -> float:
     """Median ms per image of decode + resize + crop (no JPEG round trip), best of ``repeat``."""
-    from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
+    from worker.tasks.moderation.images.cpu import decode_image
+    from worker.tasks.moderation.models.open_nsfw.preprocess import crop_pixels
 
     per = []
     for data in images:

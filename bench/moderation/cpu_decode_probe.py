@@ -21,7 +21,8 @@ from bench.corpus import jpeg_photos
 
 def decode_crop(data: bytes) -> int:
     """What CPU preprocessing does per image (decode, resize, crop; no JPEG round trip)."""
-    from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
+    from worker.tasks.moderation.images.cpu import decode_image
+    from worker.tasks.moderation.models.open_nsfw.preprocess import crop_pixels
 
     return int(crop_pixels(decode_image(data), jpeg_roundtrip=False)[0, 0, 0])
 

@@ -96,11 +96,11 @@ def _nvc_decoder(kind: str) -> Any:
 
 
 def _resize_crop(imgs: list[Any], out: Any) -> int:
-    """The worker's resize + crop (images/gpu.py) of same-size CHW images into ``out``; how
-    many."""
+    """The worker's resize + crop (models/open_nsfw/gpu_preprocess.py) of same-size CHW
+    images into ``out``; how many."""
     import torch
 
-    from worker.tasks.moderation.images.gpu import resize_crop
+    from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import resize_crop
 
     out[: len(imgs)] = resize_crop(torch.stack(imgs))
     return len(imgs)
@@ -110,8 +110,8 @@ def stage_rates(frames: list[bytes], batch: int, reps: int, threads: tuple[int, 
                 ) -> dict[str, Any]:
     import torch
 
-    from worker.tasks.moderation.images.gpu import prepare_batch
     from worker.tasks.moderation.images.jpeg_ops import decode_jpegs, decode_jpegs_nvimgcodec
+    from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import prepare_batch
 
     dev = torch.device("cuda", 0)
     n_batches = max(8, 2048 // batch)
@@ -207,8 +207,9 @@ def parity(frames: list[bytes]) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
-    from worker.tasks.moderation.images.gpu import prepare_batch
+    from worker.tasks.moderation.images.cpu import decode_image
+    from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import prepare_batch
+    from worker.tasks.moderation.models.open_nsfw.preprocess import crop_pixels
 
     ref = np.stack([crop_pixels(decode_image(f), jpeg_roundtrip=False) for f in frames])
     out: dict[str, Any] = {"frames": len(frames)}

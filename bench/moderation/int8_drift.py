@@ -42,7 +42,8 @@ def photo_rows(variants: int, seed: int) -> np.ndarray:
     """The bundled photos as the worker preprocesses them, and ``variants`` random variants of
     each (crop, flip, rotation, brightness, contrast, JPEG quality)."""
     import worker
-    from worker.tasks.moderation.images.cpu import decode_views, preprocess_open_nsfw
+    from worker.tasks.moderation.images.cpu import decode_views
+    from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 
     rng = np.random.default_rng(seed)
     rows = []

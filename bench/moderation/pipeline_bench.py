@@ -57,7 +57,8 @@ def engine_ceiling(sizes: list[int], iters: int) -> list[dict[str, float]]:
     pipe = TorchPipeline(runner, tuple(sizes), slots=1, pixels=True)
     pipe.activate()
     photos = jpeg_photos(64, seed=1)
-    from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
+    from worker.tasks.moderation.images.cpu import decode_image
+    from worker.tasks.moderation.models.open_nsfw.preprocess import crop_pixels
 
     pixels = np.stack([crop_pixels(decode_image(b), jpeg_roundtrip=False) for b in photos])
     rows = []
@@ -82,8 +83,9 @@ def engine_ceiling(sizes: list[int], iters: int) -> list[dict[str, float]]:
 def preprocess_ceilings(photos: list[bytes]) -> dict[str, float]:
     import torch
 
-    from worker.tasks.moderation.images.cpu import crop_pixels, decode_image
-    from worker.tasks.moderation.images.gpu import prepare_batch
+    from worker.tasks.moderation.images.cpu import decode_image
+    from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import prepare_batch
+    from worker.tasks.moderation.models.open_nsfw.preprocess import crop_pixels
 
     def cpu_one(b: bytes) -> np.ndarray:
         return crop_pixels(decode_image(b), jpeg_roundtrip=False)
@@ -470,7 +472,8 @@ def naive(bootstrap: str, photos: list[bytes], n: int) -> dict[str, float]:
     from engines.models.open_nsfw import open_nsfw_spec
     from engines.models.open_nsfw.net import build_module
     from worker.devkit.local_kafka.admin import create_topics
-    from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+    from worker.tasks.moderation.images.cpu import decode_image
+    from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 
     tag = uuid.uuid4().hex[:8]
     create_topics(bootstrap, [f"naive-{tag}", f"naive-out-{tag}"], partitions=1)

@@ -201,10 +201,11 @@ def main() -> None:
     steps = StepTimes()
     if not args.dry_run:
         # The steps, wrapped where the model looks them up at each call (module attributes).
-        import worker.tasks.moderation.images.gpu as gpu_prep
+        import worker.tasks.moderation.images.gpu as gpu_decode
+        import worker.tasks.moderation.models.open_nsfw.gpu_preprocess as gpu_prep
         from engines.backends.torch import pipeline as pipeline_mod
 
-        gpu_prep._decode_all = steps.wrap("decode", gpu_prep._decode_all)
+        gpu_decode.decode_all = steps.wrap("decode", gpu_decode.decode_all)
         gpu_prep.prepare_batch = steps.wrap("decode+resize", gpu_prep.prepare_batch)
         pipe = model.pipeline
         pipe.acquire = steps.wrap("acquire", pipe.acquire)

@@ -5,7 +5,9 @@ factory through lazy references, so importing the registry imports no GPU librar
 torch, tensorrt and cuda-python load when a backend is first used). Adding a backend is one
 module (a version function, a builder ``(plan, recipe, out)`` and a runner factory
 ``(plan, engine loader)``) and one record in :data:`BACKENDS`; the config validates backend names
-and reads each backend's precisions and default profiles from that record alone.
+and reads each backend's precisions and default profiles from that record alone, and models and
+tools read what they need to know of a backend (calibration, the pixel pipeline, build hints)
+there too, never by its name.
 """
 
 from __future__ import annotations
@@ -62,6 +64,18 @@ class Backend:
     # model), in the config's form.
     default_profiles: tuple[Mapping[str, Any], ...] = ()
     static_only: bool = False  # builds one artifact per static batch size: no range profiles
+    # Precisions calibrated on images that, with no calibration set configured
+    # (engines.calibration_dir), calibrate on the model's own sample images instead: a
+    # smoke-level calibration (logged as such), so the precision runs out of the box. Not
+    # tensorrt's int8: calibrated on images too, its builder asks for a configured set.
+    smoke_calibrated_precisions: tuple[str, ...] = ()
+    # Its runner drives the overlapped pixel pipeline (engines.backends.torch.pipeline):
+    # uint8 rows in pinned host slots, copied in, a captured graph (normalisation + network),
+    # copied out, on three streams. Image models serve through it where the backend has it.
+    pipelined: bool = False
+    # What `engines build` prints beside its progress where a build is slow enough to look
+    # stuck; None where builds are quick.
+    build_hint: str | None = None
 
     def runs_from_artifact(self, precision: str) -> bool:
         """Whether a runner of ``precision`` must get its artifact from the cache (even with
@@ -122,13 +136,14 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             build=_lazy(f"{_ORT}:build_ort_engine"), runner=_lazy(f"{_ORT}:make_ort_runner"),
             precisions=("fp32", "int8"), from_onnx=True, static_profiles=False,
             # int8: opt-in, calibrated on engines.calibration_dir (else the bundled samples).
-            key_flags=_ort_flags, artifact_precisions=("int8",), default_profiles=CPU_RANGE),
+            key_flags=_ort_flags, artifact_precisions=("int8",), default_profiles=CPU_RANGE,
+            smoke_calibrated_precisions=("int8",)),
     Backend(name="torch", artifact_name="weights.pt",
             version=_lazy(f"{_TORCH}.artifact:torch_version"), fingerprint=fingerprint_for,
             build=_lazy(f"{_TORCH}.artifact:build_torch_engine"),
             runner=_lazy(f"{_TORCH}.runner:make_torch_runner"),
             precisions=("fp16", "fp32"), from_onnx=False, static_profiles=True,
-            default_profiles=GPU_BUCKETS),
+            default_profiles=GPU_BUCKETS, pipelined=True),
     Backend(name="tensorrt", artifact_name="engine.plan",
             version=_lazy(f"{_TRT}.builder:trt_version"), fingerprint=fingerprint_for,
             build=_lazy(f"{_TRT}.builder:build_trt_engine"),
@@ -141,7 +156,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             runner=_lazy(f"{_AOTI}.runner:make_aoti_runner"),
             precisions=("fp16", "fp32"), from_onnx=False, static_profiles=True,
             needs_artifact=True, key_flags=_aoti_flags, default_profiles=GPU_BUCKETS,
-            static_only=True),
+            static_only=True, build_hint="AOTInductor compiles each batch size: minutes per "
+            "size with max-autotune on CUDA (engines.autotune)"),
 )}
 
 

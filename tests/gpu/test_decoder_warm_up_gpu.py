@@ -17,7 +17,8 @@ from tests.unit.tasks.moderation.parts_support import run_batch
 def _task(monkeypatch: pytest.MonkeyPatch, gate: threading.Event | None = None,
           fail: bool = False) -> tuple[Any, Any, Any]:
     from worker.config import load_config
-    from worker.tasks.moderation.images import gpu, jpeg_ops
+    from worker.tasks.moderation.images import jpeg_ops
+    from worker.tasks.moderation.models.open_nsfw import gpu_preprocess as gpu
     from worker.tasks.moderation.models.open_nsfw.engine import make_runner
     from worker.tasks.moderation.models.open_nsfw.gpu import OpenNsfwGpuModel
 

@@ -14,7 +14,7 @@ def test_out_of_memory_in_gpu_preprocessing_falls_back_to_the_cpu(
     from tests.harness.conformance_inputs import synthetic_images
     from tests.unit.tasks.moderation.parts_support import image_batch, run_batch
     from worker.config import load_config
-    from worker.tasks.moderation.images import gpu
+    from worker.tasks.moderation.models.open_nsfw import gpu_preprocess as gpu
     from worker.tasks.moderation.models.open_nsfw.engine import make_runner
     from worker.tasks.moderation.models.open_nsfw.gpu import OpenNsfwGpuModel
 

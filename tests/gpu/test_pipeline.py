@@ -114,9 +114,10 @@ def test_gpu_task_scores_match_the_cpu_reference(backend: str, preprocess: str,
     from tests.harness.conformance_inputs import synthetic_images
     from tests.unit.tasks.moderation.parts_support import image_batch, run_batch
     from worker.config import load_config
-    from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+    from worker.tasks.moderation.images.cpu import decode_image
     from worker.tasks.moderation.models.open_nsfw.engine import engine_plan, make_runner
     from worker.tasks.moderation.models.open_nsfw.gpu import OpenNsfwGpuModel
+    from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 
     cfg = load_config(model={"backend": backend, "preprocess": preprocess,
                              "jpeg_roundtrip": False},

@@ -97,8 +97,9 @@ def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str, d
     from engines.backends.onnxruntime import OrtRunner
     from worker.config import load_config
     from worker.exceptions import JobRejected
-    from worker.tasks.moderation.images.cpu import decode_views, preprocess_open_nsfw
+    from worker.tasks.moderation.images.cpu import decode_views
     from worker.tasks.moderation.models.open_nsfw.engine import engine_plan
+    from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 
     cases = _cases()
     names = list(cases)

@@ -14,7 +14,8 @@ import numpy as np
 from PIL import Image
 
 from worker.bundled import samples_dir
-from worker.tasks.moderation.images.cpu import decode_image, jpeg_components, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import decode_image, jpeg_components
+from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 
 
 def synthetic_images(seed: int, n: int, fmt: str = "PNG") -> list[bytes]:

@@ -15,6 +15,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from engines.assembly import EnginePlan
+from engines.backends.registry import backend
 from engines.cache import CacheEntry, EngineCache, EngineFromCache, check_entry
 from engines.device import DeviceFingerprint, current_fingerprint
 from engines.exceptions import EngineError
@@ -93,9 +94,9 @@ def _build(plan: EnginePlan, loader: EngineFromCache, force: bool) -> None:
                   console=console, transient=False) as progress:
         what = (f"building {plan.spec.model_id} ({plan.backend} {plan.precision}, profiles "
                 f"{profiles}) for {recipe.device.describe()}")
-        if plan.backend == "aoti":  # say why nothing seems to happen for a while
-            what += (" - AOTInductor compiles each batch size: minutes per size with "
-                     "max-autotune on CUDA (engines.autotune)")
+        hint = backend(plan.backend).build_hint
+        if hint is not None:  # say why nothing seems to happen for a while
+            what += f" - {hint}"
         progress.add_task(escape(what), total=None)
         started = time.monotonic()
         with cache.lock(recipe):

@@ -17,7 +17,8 @@ from tests.harness.workers import (
     worker_config,
 )
 from worker.bundled import samples_dir
-from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import decode_image
+from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 from worker.tools.produce import produce_folder
 from worker.wire.moderation_codec import decode_result
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from worker.exceptions import ImageRejected, JobRejected
-from worker.tasks.moderation.images.cpu import ImageLimits, decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import ImageLimits, decode_image
+from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 from worker.tasks.moderation.results import no_image
 from worker.tools.produce import encode_job
 from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job

@@ -334,8 +334,12 @@ def test_the_cpu_path_gives_the_device_path_s_pixels_and_verdicts(safety: Safety
     import torch
 
     from worker.tasks.generation.safety import decide
-    from worker.tasks.moderation.images.cpu import crop_pixels, decode_image, normalize_pixels
-    from worker.tasks.moderation.images.gpu import crop_generated, prepare_batch
+    from worker.tasks.moderation.images.cpu import decode_image
+    from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import (
+        crop_generated,
+        prepare_batch,
+    )
+    from worker.tasks.moderation.models.open_nsfw.preprocess import crop_pixels, normalize_pixels
 
     rng = np.random.default_rng(5)
     smooth = np.kron(rng.integers(0, 256, (2, 8, 8, 3)), np.ones((1, 8, 8, 1))).astype(np.uint8)

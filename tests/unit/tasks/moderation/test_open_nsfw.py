@@ -4,6 +4,7 @@ moderation task, driven as the loop drives it (admit, schedule, collect)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
@@ -16,6 +17,7 @@ import pytest
 
 from engines.backends.base import FutureHandle, InferHandle, Runner
 from engines.backends.onnxruntime import OrtRunner
+from engines.backends.registry import BACKENDS
 from engines.exceptions import InferenceFailed
 from engines.profiles import StaticProfile
 from tests.unit.tasks.moderation.parts_support import Scored, image_part, run_batch
@@ -24,9 +26,11 @@ from worker.exceptions import ImageRejected
 from worker.tasks import batched
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.factory import moderation_task
-from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import decode_image
+from worker.tasks.moderation.models.base import ModelContext
 from worker.tasks.moderation.models.open_nsfw.engine import EnginePlan, engine_plan
 from worker.tasks.moderation.models.open_nsfw.model import OpenNsfwModel
+from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 from worker.tasks.moderation.parts import Part
 from worker.tasks.moderation.task import ModerationTask
 from worker.tasks.protocol import Answer, ConsumedBatch
@@ -228,6 +232,29 @@ class _ScriptedRunner(Runner):
 
     def _deactivate(self) -> None:
         self.fail = None  # an inactive runner answers nothing (infer() refuses before this)
+
+
+@pytest.mark.parametrize(("pipelined", "registered"), [(True, True), (False, True),
+                                                       (False, False)])
+def test_the_pipeline_model_is_picked_by_the_runner_s_backend_record(
+        cfg: WorkerConfig, monkeypatch: pytest.MonkeyPatch, pipelined: bool,
+        registered: bool) -> None:
+    """The runner's backend record says whether its runner drives the pixel pipeline; a runner
+    of a backend the registry does not know (a stand-in) takes the plain path."""
+    from worker.tasks.moderation.models.open_nsfw import gpu
+
+    class Pipelined(OpenNsfwModel):  # stands in for the GPU pipeline model (needs torch)
+        pass
+
+    monkeypatch.setattr(gpu, "OpenNsfwGpuModel", Pipelined)
+    if registered:
+        monkeypatch.setitem(BACKENDS, "scripted", dataclasses.replace(
+            BACKENDS["onnxruntime"], name="scripted", pipelined=pipelined))
+    with _ScriptedRunner(lambda x: None) as runner:
+        model = OpenNsfwModel.create(ModelContext(cfg, {}, runner))
+        model.close()
+        assert model.runner is runner and runner.active  # shared: left as it was
+    assert type(model) is (Pipelined if pipelined else OpenNsfwModel)
 
 
 def _images(sample_paths: list[Path], n: int) -> list[tuple[str, bytes]]:

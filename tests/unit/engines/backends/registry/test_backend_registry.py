@@ -55,6 +55,21 @@ def test_compiled_backends_add_build_flags_and_need_their_artifact() -> None:
     assert [n for n, b in BACKENDS.items() if b.needs_artifact] == ["tensorrt", "aoti"]
 
 
+def test_the_facts_models_and_tools_read_instead_of_backend_names() -> None:
+    # int8 calibrated on the model's samples when no calibration set is configured: only
+    # onnxruntime's (tensorrt's int8 is calibrated too, but asks for a configured set).
+    assert {n: b.smoke_calibrated_precisions for n, b in BACKENDS.items()} == {
+        "onnxruntime": ("int8",), "torch": (), "tensorrt": (), "aoti": ()}
+    assert all(set(b.smoke_calibrated_precisions) <= set(b.precisions)
+               for b in BACKENDS.values())
+    # The runner drives the pixel pipeline (captured graphs on pinned rows).
+    assert [n for n, b in BACKENDS.items() if b.pipelined] == ["torch"]
+    # A build slow enough to look stuck says why.
+    assert {n: b.build_hint for n, b in BACKENDS.items() if b.build_hint is not None} == {
+        "aoti": "AOTInductor compiles each batch size: minutes per size with max-autotune on "
+                "CUDA (engines.autotune)"}
+
+
 def test_tensorrt_int8_keys_on_its_calibration_images(tmp_path: Path) -> None:
     """Another calibration set is another TensorRT int8 engine (it used to reuse the old one)."""
     a, b = tmp_path / "a", tmp_path / "b"

@@ -55,7 +55,8 @@ def test_calibration_stops_at_max_batches_and_checks_shapes() -> None:
 
 def test_calibration_samples_come_from_real_images() -> None:
     from worker.bundled import samples_dir
-    from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+    from worker.tasks.moderation.images.cpu import decode_image
+    from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 
     got = list(samples_from_folder(samples_dir(),
                                    lambda b: preprocess_open_nsfw(decode_image(b))))

@@ -112,7 +112,7 @@ def test_one_scan_over_the_limit_is_refused_on_both_paths_and_one_under_is_not()
 def test_the_gpu_batch_refuses_what_the_cpu_refuses() -> None:
     torch = pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
     pytest.importorskip("torchvision", reason="torchvision is not installed")
-    from worker.tasks.moderation.images.gpu import prepare_batch
+    from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import prepare_batch
 
     good = progressive_jpeg(256, 256)
     over = many_scan_jpeg(256, 256, MAX_SCANS)

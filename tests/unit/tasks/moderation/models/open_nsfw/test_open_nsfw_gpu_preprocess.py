@@ -1,4 +1,4 @@
-"""GPU preprocessing code, run on the CPU device: same geometry as the Pillow path."""
+"""open_nsfw's GPU preprocessing, run on the CPU device: same geometry as the Pillow path."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import pytest
 
 from worker.bundled import samples_dir
 from worker.exceptions import ImageRejected
-from worker.tasks.moderation.images.cpu import ImageLimits, crop_pixels, decode_image
+from worker.tasks.moderation.images.cpu import ImageLimits, decode_image
+from worker.tasks.moderation.models.open_nsfw.preprocess import crop_pixels
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
 pytest.importorskip("torchvision", reason="torchvision is not installed")
 
 
 def test_matches_pillow_within_one_level_and_rejects_bad_rows() -> None:
-    from worker.tasks.moderation.images.gpu import prepare_batch
+    from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import prepare_batch
 
     files = sorted(p for p in samples_dir().iterdir() if p.suffix != ".md")
     datas = [p.read_bytes() for p in files] + [b"\xff\xd8\xff\xe0 truncated", b""]
@@ -30,7 +31,7 @@ def test_matches_pillow_within_one_level_and_rejects_bad_rows() -> None:
 
 
 def test_header_limits_apply_before_decoding() -> None:
-    from worker.tasks.moderation.images.gpu import prepare_batch
+    from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import prepare_batch
 
     data = (samples_dir() / "astronaut.jpg").read_bytes()
     out = torch.zeros((1, 224, 224, 3), dtype=torch.uint8)
@@ -42,7 +43,8 @@ def test_warm_decoder_raises_what_the_decoder_raises(monkeypatch: pytest.MonkeyP
     """prepare_batch decodes on the CPU where the batched decoder fails (one bad file must
     not fail its batch); the warm-up must see the failure, or a decoder that cannot start
     would be taken for a warm one and batches sent to it (review of 74dc511)."""
-    from worker.tasks.moderation.images import gpu, jpeg_ops
+    from worker.tasks.moderation.images import jpeg_ops
+    from worker.tasks.moderation.models.open_nsfw import gpu_preprocess as gpu
 
     data = (samples_dir() / "astronaut.jpg").read_bytes()
     gpu.warm_decoder(data, torch.device("cpu"))  # the CPU decoder stands in for nvJPEG
