@@ -158,7 +158,8 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
         codes = [fleet.terminate(name) for name in names]
     figures: dict[str, Any] = {
         "mode": mode, "kills": kills, "instances": instances, "partitions": partitions,
-        "rate_per_s": rate_per_s, "seed": seed, "bad_every": bad_every,
+        "rate_per_s": rate_per_s, "fed_per_s": feeder.fed_per_s(), "seed": seed,
+        "bad_every": bad_every,
         "batch_delay_ms": batch_delay_ms, "backlog": backlog, "jobs_good": len(good),
         "jobs_bad": len(bad),
         "kill_delay_s": {"min": round(min(delays), 2), "max": round(max(delays), 2)},
@@ -247,7 +248,8 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
                   "feed_after": t_drain - t_resume, "drain_wait": t_stop - t_drain,
                   "terminate": time.monotonic() - t_stop}
     figures: dict[str, Any] = {
-        "mode": mode, "stall_s": stall_s, "rate_per_s": rate_per_s, "partitions": partitions,
+        "mode": mode, "stall_s": stall_s, "rate_per_s": rate_per_s,
+        "fed_per_s": feeder.fed_per_s(), "partitions": partitions,
         "jobs_good": len(good), "jobs_bad": len(bad),
         "jobs_sent_during_stall": sum(1 for k in good if t_pause <= feeder.sent_at[k] < t_resume),
         "recovery_s": None if recovery_s is None else round(recovery_s, 2),
@@ -313,7 +315,8 @@ def run_scaling(bootstrap: str, log_dir: Path, *, mode: str, rate_per_s: float =
         revokes = {name: log_events(p.log_text())["partitions_revoked"]
                    for name, p in fleet.procs.items()}
     figures: dict[str, Any] = {
-        "mode": mode, "rate_per_s": rate_per_s, "partitions": partitions, "phase_s": phase_s,
+        "mode": mode, "rate_per_s": rate_per_s, "fed_per_s": feeder.fed_per_s(),
+        "partitions": partitions, "phase_s": phase_s,
         "backlog": backlog, "jobs_good": len(good), "jobs_bad": len(bad), "drained": drained,
         "exit_codes": codes,
         "marks_s": {k: round(v, 1) for k, v in marks.items()},

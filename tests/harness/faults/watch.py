@@ -35,11 +35,21 @@ class Feeder(threading.Thread):
         self.sent_at: dict[str, float] = {}
         self.failures: list[str] = []
         self._halt = threading.Event()
+        self._steady_from: float | None = None
+        self._last_sent = 0.0
         # A job sent while the broker is frozen waits for it: librdkafka's default 300 s
         # delivery timeout failed the feeder itself in a 300 s stall.
         self._producer = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                                       "linger.ms": 5, "message.timeout.ms": 900_000,
                                       **CLIENT_RECOVERY})
+
+    def fed_per_s(self) -> float | None:
+        """The steady rate achieved (after the burst): below ``rate`` when this thread could
+        not keep up (a loaded machine)."""
+        steady = len(self.good) + len(self.bad) - self.burst
+        if self._steady_from is None or steady < 2 or self._last_sent <= self._steady_from:
+            return None
+        return round(steady / (self._last_sent - self._steady_from), 1)
 
     def run(self) -> None:
         start = time.monotonic()
@@ -56,7 +66,9 @@ class Feeder(threading.Thread):
             self._producer.produce(self.topic, key=key.encode(), value=value,
                                    on_delivery=self._acked)
             (self.bad if bad else self.good).append(key)
-            self.sent_at[key] = time.monotonic()
+            self.sent_at[key] = self._last_sent = time.monotonic()
+            if i == self.burst:
+                self._steady_from = self._last_sent
             self._producer.poll(0)
             i += 1
 
