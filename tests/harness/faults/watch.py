@@ -63,8 +63,14 @@ class Feeder(threading.Thread):
             bad = self.bad_every > 0 and i % self.bad_every == self.bad_every - 1
             key = f"{self.prefix}{'bad' if bad else 'job'}-{i:06d}"
             value = b"\xc1 not msgpack" if bad else good_job(key)
-            self._producer.produce(self.topic, key=key.encode(), value=value,
-                                   on_delivery=self._acked)
+            try:
+                self._producer.produce(self.topic, key=key.encode(), value=value,
+                                       on_delivery=self._acked)
+            except BufferError:
+                # librdkafka's queue is full (a frozen broker at 1,000 jobs/s fills its
+                # 100,000 records in 100 s): wait for room, as a producing application does.
+                self._producer.poll(0.1)
+                continue
             (self.bad if bad else self.good).append(key)
             self.sent_at[key] = self._last_sent = time.monotonic()
             if i == self.burst:
