@@ -20,7 +20,7 @@ import argparse
 import statistics
 import time
 
-from bench.faults._run import add_modes, finish, log_dir, modes
+from bench.faults._run import add_modes, finish, log_dir, model_env, modes
 from tests.harness.cluster_faults import FAULTS, run_cluster_fault, verdict
 from worker.devkit.local_kafka import LocalKafkaCluster, LocalKafkaError
 
@@ -58,7 +58,8 @@ def main() -> None:
                             cluster, log_dir(f"cluster-{fault}-{mode}-{i}"), fault=fault,
                             mode=mode, down_s=a.down_s, rate_per_s=a.rate,
                             partitions=a.partitions, instances=a.instances,
-                            after_s=a.after_s, static_membership=not a.dynamic_membership)
+                            after_s=a.after_s, static_membership=not a.dynamic_membership,
+                            env=model_env(a.model))
                     except (AssertionError, LocalKafkaError) as exc:
                         # One drill failing outright is a finding; the others still run.
                         runs.append({"fault": fault, "mode": mode, "ok": False,

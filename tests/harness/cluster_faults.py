@@ -193,7 +193,8 @@ def run_cluster_fault(cluster: LocalKafkaCluster, log_dir: Path, *, fault: str, 
                       down_s: float = 10.0, rate_per_s: float = 10.0, partitions: int = 3,
                       instances: int = 1, steady_results: int = 30, after_s: float = 10.0,
                       recovery_timeout_s: float = 120.0, drain_timeout_s: float = 180.0,
-                      bad_every: int = 20, static_membership: bool = True) -> dict[str, Any]:
+                      bad_every: int = 20, static_membership: bool = True,
+                      env: dict[str, str] | None = None) -> dict[str, Any]:
     """One fault under a steady feed: ``fault`` in FAULTS; a killed node restarts after
     ``down_s``, a cut-off one resumes after ``down_s``. Returns the figures and the audit."""
     if fault not in FAULTS:
@@ -215,8 +216,8 @@ def run_cluster_fault(cluster: LocalKafkaCluster, log_dir: Path, *, fault: str, 
                             results_leader)
     cfg = worker_config(bootstrap, topics, processing={"guarantee": mode})
     marks: dict[str, float] = {}
-    with Fleet(cfg, log_dir, KTW_KAFKA__STATIC_MEMBERSHIP=str(static_membership).lower(),
-               KTW_BATCH__MAX_BATCH_SIZE="8") as fleet:
+    with Fleet(cfg, log_dir, **{"KTW_KAFKA__STATIC_MEMBERSHIP": str(static_membership).lower(),
+                                "KTW_BATCH__MAX_BATCH_SIZE": "8", **(env or {})}) as fleet:
         t0 = time.monotonic()
         for name in names:
             fleet.start(name)
