@@ -39,7 +39,7 @@ class FakeClient:
         return {tp: _done(SimpleNamespace(offset=10 + tp.partition, timestamp=5))
                 for tp in specs}
 
-    def describe_consumer_groups(self, groups: list[str], request_timeout: float
+    def describe_consumer_groups(self, groups: list[str], request_timeout: float = -1
                                  ) -> dict[str, Future[Any]]:
         err = ck.KafkaException(ck.KafkaError(ck.KafkaError.GROUP_AUTHORIZATION_FAILED))
         return {g: _done(error=err) for g in groups}
