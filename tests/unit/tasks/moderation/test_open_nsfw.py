@@ -243,8 +243,8 @@ def test_the_pipeline_model_is_picked_by_the_runner_s_backend_record(
     of a backend the registry does not know (a stand-in) takes the plain path."""
     from worker.tasks.moderation.models.open_nsfw import gpu
 
-    class Pipelined(OpenNsfwModel):  # stands in for the GPU pipeline model (needs torch)
-        pass
+    class Pipelined(OpenNsfwModel):
+        """Stands in for the GPU pipeline model (which needs torch)."""
 
     monkeypatch.setattr(gpu, "OpenNsfwGpuModel", Pipelined)
     if registered:
