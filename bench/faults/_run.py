@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -61,15 +62,20 @@ _TINY_POLICY = {"default": {"models": ["tiny"],
                             "labels": {"bright": {"review": 0.3, "block": 0.6}}}}
 
 
+@functools.cache
+def _tiny_plugin() -> Path:
+    """The tiny classifier's distribution folder, written once per run."""
+    from tests.harness.plugins import TINY, write_plugin_dist
+
+    return write_plugin_dist(Path(tempfile.mkdtemp(prefix="ktw-plugin-")), TINY)
+
+
 def model_env(model: str) -> dict[str, str]:
     """Environment for the fleet's workers to run ``model`` on every job."""
     if model == "open_nsfw":
         return {}
-    from tests.harness.plugins import TINY, write_plugin_dist
-
-    folder = write_plugin_dist(Path(tempfile.mkdtemp(prefix="ktw-plugin-")), TINY)
     repo = Path(__file__).resolve().parents[2]
-    path = [str(folder), str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]
+    path = [str(_tiny_plugin()), str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]
     return {"PYTHONPATH": os.pathsep.join(path),
             "KTW_MODERATION__POLICIES": json.dumps(_TINY_POLICY),
             "KTW_MODERATION__TINY__BATCH_SIZES": "[1, 8, 16, 32]"}

@@ -115,10 +115,9 @@ class Admin:
     def describe_group(self, group: str) -> Any:
         """The group's description (state, members and their assignments).
 
-        Only the wait is bounded, not librdkafka's request: with the request's own timeout
-        at 5 s, workers describing their group every 5 s aborted (librdkafka's assertion
-        ``eonce->refcnt > 0``, its issue 3663) when the group coordinator's node was killed
-        in the cluster drill; a request left to librdkafka's default timeout did not."""
+        Only the wait is bounded, not librdkafka's request: a coordinator request that times
+        out inside librdkafka while the coordinator's node goes away can abort the process
+        (its assertion ``eonce->refcnt > 0``, issue 3663); bench/NOTES.md has the drills."""
         try:
             futures = self.client.describe_consumer_groups([group])
         except ck.KafkaException as exc:

@@ -32,7 +32,7 @@ MAX_FENCED_REJOINS = 3
 FENCING_WINDOW_S = 600.0
 # How long the group's description may take: the loop waits for it (once per fencing).
 DESCRIBE_TIMEOUT_S = 5.0
-# Past the session timeout, before the group is asked who holds the instance id.
+# Waited beyond the group's heartbeat timeout before it is asked who holds the instance id.
 CHECK_MARGIN_S = 2.0
 
 
@@ -42,9 +42,8 @@ class StaticFencing:
     A fencing is real when another process joined with this ``group.instance.id`` (a second
     process given the same id, a restarted instance whose old self still runs): that one keeps
     the id and this one stops. After a group-coordinator failover librdkafka can be fenced
-    with no other process there (issues 3437, 5456: in the cluster drill, both exactly-once
-    workers exited 2 in three runs out of four); exiting then costs a restart and, under
-    exactly-once, a rewind. The group's description cannot tell the two apart at once: right
+    with no other process there (its issues 3437, 5456); exiting then costs a restart and,
+    under exactly-once, a rewind. The group's description cannot tell the two apart at once: right
     after another process took the id over, Kafka 4.1 still listed the old member's client id
     and host for it. So the fenced member waits out the session timeout with a client that is
     out of the group, then asks: a member still holding the id is heartbeating, so it is
@@ -79,7 +78,7 @@ class StaticFencing:
         """Who holds this instance id in the group now, or None (a rejoin is counted)."""
         try:
             group = self._describe()
-        except Exception as exc:  # noqa: BLE001 - no answer proves no other holder
+        except Exception as exc:  # noqa: BLE001 - no answer is taken as no other holder
             log.warning("fencing_check_failed", error=f"{type(exc).__name__}: {exc}"[:300])
             group = None
         for member in getattr(group, "members", None) or ():
@@ -119,11 +118,11 @@ class Membership:
                     reason="fenced as a static member: rejoining unless another process "
                            "holds the instance id once the session timeout has passed")
 
-    def _after_fencing(self, now: float) -> None:
-        if self._check_at is None or now < self._check_at or self._fencing is None:
+    def _after_fencing(self, now: float, check_at: float, fencing: StaticFencing) -> None:
+        if now < check_at:
             return  # (the rejoin watch waits too: the new client is not in the group)
         self._check_at = None
-        holder = self._fencing.holder()
+        holder = fencing.holder()
         if holder is not None:
             raise StaticMemberFenced(f"{self._fenced_error} (its group.instance.id is held by "
                                      f"{holder})")
@@ -152,8 +151,9 @@ class Membership:
             log.error("consumer_close_failed", error=str(exc)[:500])
 
     def step(self, now: float, vitals: Vitals) -> None:
-        if self._check_at is not None:  # fenced: out of the group until the check
-            self._after_fencing(now)
+        if self._check_at is not None and self._fencing is not None:
+            # Fenced: out of the group until the check.
+            self._after_fencing(now, self._check_at, self._fencing)
             return
         if self._rejoin.due(now, vitals.coordinator_up, vitals.stats_at):
             log.warning("consumer_reopened", reopens=self._rejoin.reopens,

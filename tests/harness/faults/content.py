@@ -42,9 +42,17 @@ def _ce_id(text: str, topic: str) -> tuple[int, int] | None:
     return (int(part), int(offset)) if part.isdigit() and offset.isdigit() else None
 
 
+def note_job(index: dict[tuple[int, int], str | None], job: ck.Message) -> None:
+    """Add a job's key to ``index`` by (partition, offset): all the audit needs of it."""
+    index[(int(job.partition() or 0), int(job.offset() or 0))] = _text(job.key())
+
+
 def job_keys(jobs: Iterable[ck.Message]) -> dict[tuple[int, int], str | None]:
-    """Each job's key by (partition, offset): all the audit needs of the jobs topic."""
-    return {(int(m.partition() or 0), int(m.offset() or 0)): _text(m.key()) for m in jobs}
+    """Each job's key by (partition, offset)."""
+    index: dict[tuple[int, int], str | None] = {}
+    for job in jobs:
+        note_job(index, job)
+    return index
 
 
 def content_audit(jobs: Mapping[tuple[int, int], str | None], results: list[ck.Message],

@@ -4,13 +4,14 @@ flood. The suite runs them short, bench/faults/ long; each returns its figures."
 from __future__ import annotations
 
 import collections
+import functools
 import random
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.harness.faults.content import content_audit, job_keys
+from tests.harness.faults.content import content_audit, job_keys, note_job
 from tests.harness.faults.corpus import FLOOD_LIMITS, good_job, malformed_corpus
 from tests.harness.faults.fleet import Fleet, exit_reason, log_events, stopped_totals
 from tests.harness.faults.watch import (
@@ -74,7 +75,7 @@ def _audit_outputs(bootstrap: str, topics: Any, good: set[str], bad: set[str],
     raw = scan(bootstrap, topics.results, lambda m: None, isolation="read_uncommitted",
                idle_s=2.0)
     jobs: dict[tuple[int, int], str | None] = {}
-    scan(bootstrap, topics.jobs, lambda m: jobs.update(job_keys([m])), idle_s=2.0)
+    scan(bootstrap, topics.jobs, functools.partial(note_job, jobs), idle_s=2.0)
     res_audit = Audit(good, key_counts(results))
     dlq_audit = Audit(bad, key_counts(dlq))
     return {

@@ -111,7 +111,7 @@ class TopicWatcher(threading.Thread):
             "auto.offset.reset": "earliest", "enable.auto.commit": False,
             "isolation.level": isolation, "fetch.wait.max.ms": 100, **CLIENT_RECOVERY,
         })
-        # Assigned, not subscribed: a watcher in a group loses its session in a long broker
+        # Assigned, not subscribed: a watcher in a group is dropped from it in a long broker
         # freeze and must rejoin, and librdkafka's rejoin can sit for tens of seconds (what
         # worker/loop/rejoin.py works around); its delay would count as the worker's recovery.
         meta = self._consumer.list_topics(topic, timeout=30).topics[topic]

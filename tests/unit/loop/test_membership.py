@@ -53,7 +53,7 @@ def _fencing(answer: Any, clock: Clock | None = None) -> StaticFencing:
 
 
 @pytest.mark.parametrize("group", [
-    Group([]),  # the stale entry left the group with the session timeout
+    Group([]),  # the stale entry left once its heartbeats timed out
     Group([Member("w1", client_id="trt-worker-host-101")]),
     KafkaIOError("describe group 'g': timed out"),  # the coordinator does not answer yet
 ])
@@ -64,7 +64,7 @@ def test_no_holder_of_the_instance_id_after_the_session_timeout_lets_it_rejoin(g
 
 def test_a_holder_still_there_after_the_session_timeout_is_another_process() -> None:
     # Kafka 4.1 listed the old member's client id for the newcomer: the holder's presence
-    # after the session timeout is the signal, not its client id.
+    # once the heartbeat timeout has passed is the signal, not its client id.
     held = _fencing(Group([Member("w0", "m-9", "trt-worker-host-100", "/10.0.0.9")])).holder()
     assert held == "member m-9 (trt-worker-host-100 at /10.0.0.9)"
 
@@ -113,7 +113,7 @@ def test_a_fenced_member_leaves_the_group_then_rejoins_after_the_session_timeout
     _fence(membership, consumer)  # the dead client's report again: already handled
     assert consumer.calls == ["lose_all", "reopen join=False"]
     membership.step(clock.now + 1.0, Vitals())
-    assert consumer.calls[-1] == "reopen join=False"  # still waiting out the session
+    assert consumer.calls[-1] == "reopen join=False"  # still waiting out the timeout
     membership.step(clock.now + 8.5, Vitals())
     assert consumer.calls[-1] == "join" and membership.totals()["fenced_rejoins"] == 1
 

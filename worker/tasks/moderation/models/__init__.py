@@ -42,7 +42,6 @@ MODELS: dict[str, ModelPackage] = {p.name: p for p in map(_record, SHIPPED)}
 #   [project.entry-points."kafka_trt_worker.moderation_models"]
 #   mymodel = "mypackage.mymodel:PACKAGE"
 ENTRY_POINT_GROUP = "kafka_trt_worker.moderation_models"
-_PLUGINS: dict[str, ModelPackage] = {}  # the plug-ins load_plugins() registered, by name
 
 
 def register(package: ModelPackage) -> None:
@@ -57,16 +56,14 @@ def register(package: ModelPackage) -> None:
     MODELS[package.name] = package
 
 
-def load_plugins() -> list[str]:
-    """Register every model an installed distribution declares in :data:`ENTRY_POINT_GROUP`;
-    return their names. A plug-in that fails to load stops start-up with its name (a worker
-    serving policies without one of their models would answer wrongly, not fail loudly)."""
+def _load_plugins() -> None:
+    """Register every model an installed distribution declares in :data:`ENTRY_POINT_GROUP`
+    (once, when this module is imported). A plug-in that fails to load stops start-up with
+    its name: a worker serving policies without one of their models would answer wrongly, not
+    fail loudly."""
     from importlib.metadata import entry_points
 
-    names: list[str] = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in MODELS and MODELS[ep.name] is _PLUGINS.get(ep.name):
-            continue  # already loaded
         try:
             record = ep.load()
         except Exception as exc:  # any import error of foreign code
@@ -76,9 +73,6 @@ def load_plugins() -> list[str]:
             raise ImportError(f"moderation model plug-in {ep.name!r} ({ep.value}) is not a "
                               f"ModelPackage named {ep.name!r}")
         register(record)
-        _PLUGINS[ep.name] = record
-        names.append(ep.name)
-    return names
 
 
 def unregister(name: str) -> None:
@@ -150,4 +144,4 @@ def close_models(models: Mapping[str, ModerationModel]) -> None:
         raise error
 
 
-load_plugins()
+_load_plugins()
