@@ -17,7 +17,9 @@
 #   device:  bash bench/device_kafka.sh profile [ARGS]       # carry .whl: bench under py-spy
 #   device:  bash bench/device_kafka.sh aoti [ARGS]          # carry .whl: bench/aoti/aoti_bench.py
 #   device:  bash bench/device_kafka.sh probe [ARGS]         # carry .whl:
-#            bench/moderation/task_probe.py
+#            bench/moderation/task_probe.py (probe-before: the .before checkout's own probe)
+#   device:  bash bench/device_kafka.sh safetycost [ARGS]    # carry .whl:
+#            bench/generation/safety_cost.py
 #   device:  bash bench/device_kafka.sh warm [ARGS]          # carry .whl: bench/start/warm_start.py
 #   device:  bash bench/device_kafka.sh cudastart [ARGS]     # carry .whl:
 #            bench/start/cuda_start_probe.py
@@ -278,7 +280,7 @@ stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
 (out / f"warm-ab-{stamp}.json").write_text(json.dumps(merged, indent=1))
 EOF
     ;;
-bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e)
+bench|bench-before|tests|profile|aoti|probe|probe-before|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost)
     what=$1
     shift
     mkdir -p "$OUT"
@@ -315,8 +317,9 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|
         PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -v -p no:cacheprovider \
             --durations=15 tests/gpu "$@" > "$OUT/gpu_tests.txt" 2>&1
         tail -25 "$OUT/gpu_tests.txt" ;;
-    probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e)
+    probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost)
         script=$(case $what in
+                 safetycost) echo generation/safety_cost ;;
                  framesgpu) echo moderation/frames_gpu ;; framese2e) echo frames_e2e ;;
                  probe) echo moderation/task_probe ;; warm) echo start/warm_start ;;
                  cudastart) echo start/cuda_start_probe ;; aotitext) echo aoti/aoti_text_build ;;
@@ -360,6 +363,11 @@ bench|bench-before|tests|profile|aoti|probe|warm|kernels|build|sdsteps|variants|
                 [ -f "$f" ] && cp "$f" "$OUT/aoti-cache/$key.$(basename "$f")"
             done
         done ;;
+    probe-before)  # the older checkout's own task probe (its bench layout, its worker)
+        BENCH_COMMIT=$(cat .before/COMMIT) PYTHONPATH=/tmp/site:$ROOT/.before \
+            timeout $LIMIT_S python3 "$(ls .before/bench/moderation/task_probe.py \
+            .before/bench/task_probe.py 2>/dev/null | head -1)" --out "$OUT" "$@" 2>&1 \
+            | grep --line-buffered -v 'Warning\|warn(' | tee -a "$OUT/probe-before.log" | tail -30 ;;
     bench-before)
         BENCH_COMMIT=$(cat .before/COMMIT) BENCH_CODE_COMMIT=$(cat .before/COMMIT) \
             timeout $LIMIT_S python3 bench/moderation/kafka_e2e.py \

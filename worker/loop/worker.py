@@ -68,10 +68,6 @@ class Worker:
         self.vitals.stopping = True
         self._stop.set()
 
-    def request_abort(self, reason: str = "requested") -> None:
-        """Exactly-once fault drill: abort the open transaction at the next step, rewind."""
-        self.committer.request_abort(reason)
-
     def guarantee_totals(self) -> dict[str, int]:
         return {"stale_discarded": self.assignment.stale_discarded,
                 "slow_batches": self.slow_batches, **self.parts.membership.totals(),

@@ -1,6 +1,6 @@
 """Exactly-once mode on the real broker: aborts mid-stream, fencing, downstream visibility.
 
-- Aborted transactions (forced at random moments through ``Worker.request_abort``, the fault
+- Aborted transactions (forced at random moments through ``Committer.request_abort``, the fault
   drill) rewind to the last committed positions: a read_committed reader still sees exactly one
   result per job and one DLQ record per bad job, while a read_uncommitted reader sees the
   aborted copies too (so the aborts did throw produced outputs away).
@@ -68,7 +68,7 @@ def test_aborts_mid_stream_rewind_and_every_job_is_answered_exactly_once(
     with TopicWatcher(kafka_bootstrap, topics.results) as watcher, ThreadedWorker(cfg) as tw:
         def drill() -> None:
             while not stop.wait(rng.uniform(0.3, 1.2)):
-                tw.worker.request_abort("fault drill")
+                tw.worker.committer.request_abort("fault drill")
 
         driller = threading.Thread(target=drill, daemon=True)
         driller.start()
