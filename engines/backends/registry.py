@@ -76,6 +76,11 @@ class Backend:
     # What `engines build` prints beside its progress where a build is slow enough to look
     # stuck; None where builds are quick.
     build_hint: str | None = None
+    # The backend a secondary model (the text and CLIP towers) runs on when this is the
+    # worker's backend and the model's section names none; None: this one. The towers' plans
+    # exist for onnxruntime, torch and aoti, but a worker on a compiled backend starts them
+    # on torch so that it needs no tower build step.
+    towers_on: str | None = None
 
     def runs_from_artifact(self, precision: str) -> bool:
         """Whether a runner of ``precision`` must get its artifact from the cache (even with
@@ -149,15 +154,17 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             build=_lazy(f"{_TRT}.builder:build_trt_engine"),
             runner=_lazy(f"{_TRT}.runner:make_trt_runner"),
             precisions=("fp16", "fp32", "int8", "fp8"), from_onnx=True, static_profiles=False,
-            needs_artifact=True, key_flags=_trt_flags, default_profiles=GPU_BUCKETS),
+            needs_artifact=True, key_flags=_trt_flags, default_profiles=GPU_BUCKETS,
+            towers_on="torch"),
     Backend(name="aoti", artifact_name="engine.aoti.zip",
             version=_lazy(f"{_TORCH}.artifact:torch_version"), fingerprint=fingerprint_for,
             build=_lazy(f"{_AOTI}.build:build_aoti_engine"),
             runner=_lazy(f"{_AOTI}.runner:make_aoti_runner"),
             precisions=("fp16", "fp32"), from_onnx=False, static_profiles=True,
             needs_artifact=True, key_flags=_aoti_flags, default_profiles=GPU_BUCKETS,
-            static_only=True, build_hint="AOTInductor compiles each batch size: minutes per "
-            "size with max-autotune on CUDA (engines.autotune)"),
+            static_only=True, towers_on="torch",
+            build_hint="AOTInductor compiles each batch size: minutes per size with "
+            "max-autotune on CUDA (engines.autotune)"),
 )}
 
 

@@ -33,9 +33,11 @@ def engine_params(cfg: WorkerConfig, backend: str, precision: str) -> EnginePara
 
 
 def engine_backend(cfg: WorkerConfig, explicit: str | None) -> str:
-    """A secondary model's backend: its section's, else onnxruntime on an onnxruntime
-    worker, else torch (the TensorRT path for these models is not built yet)."""
-    return explicit or ("onnxruntime" if cfg.model.backend == "onnxruntime" else "torch")
+    """A secondary model's backend: its section's, else the one the worker's backend names
+    for its towers (:attr:`engines.backends.registry.Backend.towers_on`), else the worker's."""
+    if explicit:
+        return explicit
+    return registered(cfg.model.backend).towers_on or cfg.model.backend
 
 
 def tower_params(cfg: WorkerConfig, explicit_backend: str | None,

@@ -176,3 +176,18 @@ def test_generation_backends_are_the_registry_s_that_run_sd() -> None:
         load_config(generation={"backend": "tpu"})
     with pytest.raises(ConfigError, match="no build for a backend that compiles their ONNX"):
         load_config(generation={"backend": "tensorrt"})
+
+
+@pytest.mark.parametrize(("worker_backend", "towers"), [
+    ("onnxruntime", "onnxruntime"), ("torch", "torch"), ("aoti", "torch"),
+    ("tensorrt", "torch")])
+def test_a_tower_without_its_own_backend_follows_the_registry(worker_backend: str,
+                                                              towers: str) -> None:
+    from engines.backends.registry import BACKENDS
+    from worker.tasks.moderation.engine_params import engine_backend
+
+    cfg = load_config(model={"backend": worker_backend})
+    assert engine_backend(cfg, None) == towers
+    assert engine_backend(cfg, "onnxruntime") == "onnxruntime"  # the section's own wins
+    # every backend a worker may name hands its towers to a registered backend
+    assert all((b.towers_on or b.name) in BACKENDS for b in BACKENDS.values())
