@@ -11,6 +11,8 @@ from 1 and 4 threads (each thread its own CUDA stream and, for nvImageCodec, its
     nvc_hw_reuse_decode  the same into the thread's Images of the previous call (no new
                      output buffers: on the H200 nvc_hw_decode did 1.8k 1080p img/s against
                      torchvision's 4.9k, and allocating each output is the first suspect)
+    nvc_hw_raw_decode    hardware decode, the Images not wrapped as tensors (DLPack's cost)
+    nvc_hw8_raw_decode   that with eight host threads in the decoder instead of two
     nvc_decode       nvImageCodec as the worker configures it (hardware, then CUDA, hybrid)
     nvc_prep         the worker's prepare_batch with model.gpu_jpeg_decoder = nvimgcodec
     dali_decode      nvImageCodec configured as DALI's fn.decoders.image configures it (hardware
@@ -85,6 +87,9 @@ def _nvc_decoder(kind: str) -> Any:
     from nvidia import nvimgcodec as nvc
 
     b = nvc.BackendKind
+    if kind == "hw8":  # the same engines, eight host threads for parsing and submission
+        return nvc.Decoder(device_id=0, max_num_cpu_threads=8,
+                           backends=[nvc.Backend(b.HW_GPU_ONLY)])
     if kind == "hw":
         backends = [nvc.Backend(b.HW_GPU_ONLY)]
     elif kind == "dali":  # fn.decoders.image's defaults (hw_decoder_load=0.65)
@@ -131,9 +136,11 @@ def stage_rates(frames: list[bytes], batch: int, reps: int, threads: tuple[int, 
             setattr(local, key, _nvc_decoder(kind))
         return getattr(local, key)
 
-    def nvc_decode(kind: str, b: list[bytes], reuse: bool = False) -> list[Any]:
+    def nvc_decode(kind: str, b: list[bytes], reuse: bool = False, raw: bool = False
+                   ) -> list[Any]:
         """``reuse``: decode into this thread's Images of the previous call (their device
-        buffers kept) instead of new ones: whether allocating each output is what costs."""
+        buffers kept) instead of new ones: whether allocating each output is what costs.
+        ``raw``: the decoder's Images, not wrapped as tensors (what DLPack costs per image)."""
         from nvidia import nvimgcodec as nvc_mod
 
         params = nvc_mod.DecodeParams(apply_exif_orientation=False,
@@ -147,6 +154,8 @@ def stage_rates(frames: list[bytes], batch: int, reps: int, threads: tuple[int, 
                                 cuda_stream=torch.cuda.current_stream().cuda_stream)
         if reuse and all(i is not None for i in imgs):
             setattr(local, f"imgs_{kind}", imgs)
+        if raw:
+            return [i for i in imgs if i is not None]
         return [torch.utils.dlpack.from_dlpack(i) for i in imgs if i is not None]
 
     stages: dict[str, tuple[list[Any], Callable[[Any], int]]] = {
@@ -155,6 +164,8 @@ def stage_rates(frames: list[bytes], batch: int, reps: int, threads: tuple[int, 
             r is not None for r in prepare_batch(b, out_rows(), None, "torchvision"))),
         "nvc_hw_decode": (batches, lambda b: len(nvc_decode("hw", b))),
         "nvc_hw_reuse_decode": (batches, lambda b: len(nvc_decode("hw", b, reuse=True))),
+        "nvc_hw_raw_decode": (batches, lambda b: len(nvc_decode("hw", b, raw=True))),
+        "nvc_hw8_raw_decode": (batches, lambda b: len(nvc_decode("hw8", b, raw=True))),
         "nvc_decode": (batches, lambda b: sum(
             t is not None for t in decode_jpegs_nvimgcodec(b, dev))),
         "nvc_prep": (batches, lambda b: len(b) - sum(
