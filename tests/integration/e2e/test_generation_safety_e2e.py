@@ -4,7 +4,9 @@ PNG, no blob; a v1 job is answered ``rejected`` saying so).
 
 The worker runs the tiny random SD engines (torch fp32 on the CPU) with moderation's real
 models: MiniLM for the prompt (a label whose description is the prompt scores ~1), open_nsfw
-for the images under a policy whose block threshold is 0 (every image blocked).
+for the images under a policy whose block threshold is 0 (every image blocked). CLIP (the tiny
+random checkpoint) compares each image with its prompt: under ``min_consistency = 1`` every
+image goes to review, published with its verdict.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tests.integration.e2e.test_generation_e2e import (  # noqa: F401 - fixtures
     serve,
     topics,
 )
+from tests.unit.tasks.moderation.clip.conftest import tiny_clip  # noqa: F401 - a fixture, used by name
 from worker.wire.moderation_codec import decode_result
 
 pytestmark = [
@@ -41,6 +44,13 @@ POLICIES = {
     "words": {"models": ["text"], "labels": {"violence": {
         "descriptions": [VIOLENT], "review": 0.5, "block": 0.9}}},
     "block_all": {"models": ["open_nsfw"], "labels": {"nsfw": {"review": 0.0, "block": 0.0}}},
+}
+CLIP_POLICIES = {
+    # A consistency of 1 needs the image's embedding to be the prompt's: never, so every image
+    # is sent to review by CLIP's rule (the tiny CLIP's labels never decide: thresholds 1).
+    "consistent": {"models": ["open_nsfw", "clip"], "min_consistency": 1.0, "labels": {
+        "nsfw": {"review": 1.0, "block": 1.0},
+        "weapons": {"descriptions": ["gun"], "review": 1.0, "block": 1.0}}},
 }
 
 
@@ -94,5 +104,30 @@ def test_a_blocked_prompt_skips_the_unet_and_a_blocked_image_is_withheld(
     if guarantee == "exactly-once":
         raw = read_all(kafka_bootstrap, topics.results, isolation="read_uncommitted", idle_s=0.5)
         assert key_counts(raw) == {"bad": 1, "img": 1, "img-v1": 1}
+    assert committed(kafka_bootstrap, topics.group, topics.jobs, 2) == end_offsets(
+        kafka_bootstrap, topics.jobs, 2)
+
+
+@pytest.mark.timeout(240)
+def test_clip_sends_an_image_that_does_not_show_its_prompt_to_review(
+    kafka_bootstrap: str, topics: Topics, serve: Any, tiny_clip: Path  # noqa: F811
+) -> None:
+    worker = serve(generation={"moderation": {"policy": "consistent"}},
+                   moderation={"policies": POLICIES | CLIP_POLICIES,
+                               "clip": {"weights_dir": str(tiny_clip)}})
+    with worker:
+        produce_records(kafka_bootstrap, topics.jobs, [job("c", num_images=2, seed=9,
+                                                           version=2)])
+        got = results_for(kafka_bootstrap, topics.results, {"c"})
+    r = decode_result(got["c"].value())
+    assert r["status"] == "ok" and "prompt_check" not in r
+    assert [im["seed"] for im in r["images"]] == [9, 10]
+    for im in r["images"]:
+        assert im["png"], "a review image is published"
+        assert (im["verdict"], im["rule"]) == ("review", "review:clip.consistency")
+        assert set(im["scores"]) == {"open_nsfw.nsfw", "open_nsfw.sfw", "clip.weapons",
+                                     "clip.neutral", "clip.consistency"}
+        assert 0.0 <= im["scores"]["clip.consistency"] < 1.0
+    assert read_all(kafka_bootstrap, topics.dlq, idle_s=0.5) == []
     assert committed(kafka_bootstrap, topics.group, topics.jobs, 2) == end_offsets(
         kafka_bootstrap, topics.jobs, 2)

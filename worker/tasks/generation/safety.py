@@ -124,14 +124,15 @@ def resolve(cfg: WorkerConfig) -> tuple[str | None, str | None, dict[str, Policy
         if not pixels:
             raise ConfigError(f"generation.moderation.policy = {image!r} runs no model that "
                               f"scores images ({', '.join(policies[image].models)}): name a "
-                              "policy that runs one (open_nsfw), or 'off'")
+                              "policy that runs one (open_nsfw, clip), or 'off'")
         # A model that neither scores pixels nor is a text model (whose part is the prompt)
-        # would be left out of every image's verdict without a word: refused instead.
+        # would be left out of every image's verdict without a word: refused instead (a
+        # plug-in model without score_pixels, say).
         texts = _able(policies[image], "scores_texts")
         unable = [n for n in policies[image].models if n not in pixels and n not in texts]
         if unable:
             raise ConfigError(f"generation.moderation.policy = {image!r} runs "
-                              f"{', '.join(unable)}, which cannot score generated images yet: "
+                              f"{', '.join(unable)}, which cannot score generated images: "
                               "name a policy without it, or 'off'")
     if prompt is not None:
         setting = "generation.moderation." + ("policy" if m.prompt_policy is None

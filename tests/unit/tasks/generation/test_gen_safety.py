@@ -1,6 +1,7 @@
 """Generation's prompt check and image moderation on the tiny SD engines (torch fp32 on the CPU)
-with moderation's own models: the real MiniLM text model and open_nsfw (onnxruntime), built
-through moderation's registry from moderation's policies."""
+with moderation's own models: the real MiniLM text model, open_nsfw (onnxruntime) and the tiny
+random CLIP (prompt-image consistency), built through moderation's registry from moderation's
+policies."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from PIL import Image
 from engines.backends.base import InferHandle, Runner
 from engines.models import minilm
 from engines.models.sd.engines import SdEngines
+from tests.unit.tasks.moderation.clip.conftest import tiny_clip  # noqa: F401 - a fixture, used by name
 from worker.config import WorkerConfig, load_config
 from worker.exceptions import ConfigError
 from worker.tasks.batcher import Batch
@@ -369,15 +371,116 @@ def test_the_cpu_path_gives_the_device_path_s_pixels_and_verdicts(safety: Safety
 
 
 def test_an_image_policy_with_a_model_that_cannot_score_generated_images_is_refused(
-        tmp_path: Path) -> None:
-    """CLIP scores job images but not generated pixels yet: a policy running it would leave
-    its consistency check out of every verdict without a word."""
-    policies = POLICIES | {"with_clip": {"models": ["open_nsfw", "clip"],
-                                         "labels": {"nsfw": {"review": 0.2, "block": 0.8,
-                                                             "descriptions": ["nudity"]}}}}
-    cfg = load_config(engines={"cache_dir": str(tmp_path)},
-                      moderation={"policies": policies, "clip": {"weights_dir": str(tmp_path)}},
-                      generation={"random_weights": "tiny", "device": "cpu",
-                                  "moderation": {"policy": "with_clip"}})
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that neither scores pixels nor texts (a plug-in without ``score_pixels``; CLIP
+    made so here) would be left out of every image's verdict without a word."""
+    from worker.tasks.moderation.models.clip.model import ClipModel
+
+    monkeypatch.setattr(ClipModel, "scores_pixels", False)
     with pytest.raises(ConfigError, match="runs clip, which cannot score generated images"):
-        resolve(cfg)
+        resolve(clip_config(tmp_path, "with_clip"))
+
+
+# -- CLIP: prompt-image consistency ----------------------------------------------------------
+
+# The tiny random CLIP's labels never decide here (thresholds 1.0): consistency does.
+WEAPONS = {"descriptions": ["gun"], "review": 1.0, "block": 1.0}
+NSFW_PASS = {"review": 1.0, "block": 1.0}
+CLIP_POLICIES = {
+    "with_clip": {"models": ["open_nsfw", "clip"], "min_consistency": 0.01,
+                  "labels": {"nsfw": NSFW_PASS, "weapons": WEAPONS}},
+    # above the consistency the tiny CLIP gives CLIP_PROMPT's image (asserted where it is used)
+    "strict_clip": {"models": ["clip"], "min_consistency": 0.2, "labels": {"weapons": WEAPONS}},
+}
+# A prompt whose first generated image (tiny SD, seed 42) the tiny random CLIP finds consistent
+# with it (cosine about 0.05, over with_clip's 0.01); the second (seed 43) it does not (a
+# negative cosine: consistency 0). Random networks rarely pair an image with its prompt.
+CLIP_PROMPT = "a photo"
+
+
+def clip_config(tmp: Path, policy: str | None = None, weights: Path | None = None
+                ) -> WorkerConfig:
+    return load_config(engines={"cache_dir": str(tmp)}, model={"intra_op_threads": 1},
+                       moderation={"policies": POLICIES | CLIP_POLICIES,
+                                   "clip": {"weights_dir": str(weights or tmp)}},
+                       generation={"random_weights": "tiny", "device": "cpu",
+                                   **({"moderation": {"policy": policy}} if policy else {})})
+
+
+@pytest.fixture(scope="module")
+def clip_safety(cache_dir: Path, tiny_clip: Path) -> Iterator[Safety]:  # noqa: F811
+    """open_nsfw and the tiny random CLIP, built through moderation's registry."""
+    from worker.tasks.moderation.models import make_models
+    from worker.tasks.moderation.served_policies import effective_policies
+
+    cfg = clip_config(cache_dir, weights=tiny_clip)
+    policies = {n: p for n, p in effective_policies(cfg).items() if n in CLIP_POLICIES}
+    s = Safety(make_models(cfg, policies), None, None, policies)
+    s.warm_up()
+    yield s
+    s.close()
+
+
+def test_an_image_policy_running_clip_is_served(tmp_path: Path, tiny_clip: Path  # noqa: F811
+                                                ) -> None:
+    """CLIP scores generated images (the prompt as the caption): its policy is not refused,
+    and CLIP is one of the image models."""
+    image, prompt, policies = resolve(clip_config(tmp_path, "with_clip", tiny_clip))
+    assert (image, prompt, list(policies)) == ("with_clip", None, ["with_clip"])
+    s = make_safety(clip_config(tmp_path, "with_clip", tiny_clip))
+    assert s is not None
+    try:
+        assert s.image_models == ["open_nsfw", "clip"]
+    finally:
+        s.close()
+
+
+def test_a_generated_image_carries_clip_s_consistency_with_its_prompt(
+        torch_engines: SdEngines, clip_safety: Safety, tmp_path: Path, contract: Any) -> None:
+    import torch
+
+    task = task_with(torch_engines, clip_safety, tmp_path, image="with_clip", prompt=None)
+    try:
+        (r,) = run(task, payload(prompt=CLIP_PROMPT, num_images=2))
+    finally:
+        task.close()
+    model = clip_safety.models["clip"]
+    checks = []
+    for im in r.images:
+        check = im.check
+        assert check is not None and im.png, "allow and review images are published"
+        assert set(check.scores) == {"open_nsfw.nsfw", "open_nsfw.sfw", "clip.weapons",
+                                     "clip.neutral", "clip.consistency"}
+        # the published pixels, scored again with the prompt as their caption
+        px = torch.from_numpy(rgb(im.png)[None].copy())
+        (again,) = model.score_pixels("with_clip", px, [CLIP_PROMPT])
+        assert {f"clip.{k}": v for k, v in again.items()} == {
+            k: v for k, v in check.scores.items() if k.startswith("clip.")}
+        checks.append(check)
+    valid(contract, r)
+    # each image its own verdict: the first shows its prompt, the second does not
+    first, second = checks
+    assert first.scores["clip.consistency"] > 0.01
+    assert (first.verdict, first.rule) == (Verdict.ALLOW, "allow")
+    assert second.scores["clip.consistency"] < 0.01
+    assert (second.verdict, second.rule) == (Verdict.REVIEW, "review:clip.consistency")
+
+
+def test_an_image_below_min_consistency_is_published_for_review(
+        torch_engines: SdEngines, clip_safety: Safety, tmp_path: Path, contract: Any) -> None:
+    task = task_with(torch_engines, clip_safety, tmp_path, image="strict_clip", prompt=None)
+    try:
+        v2, v1 = run(task, payload(id="c", prompt=CLIP_PROMPT),
+                     payload(id="c1", v=1, prompt=CLIP_PROMPT))
+    finally:
+        task.close()
+    (im,) = v2.images
+    check = im.check
+    assert check is not None and im.png, "a review image is published"
+    assert 0 < check.scores["clip.consistency"] < 0.2
+    assert check.verdict is Verdict.REVIEW and check.rule == "review:clip.consistency"
+    assert "min_consistency" in (check.reason or "")
+    valid(contract, v2)
+    # v1 has no verdict field: the image is published as before
+    assert v1.error is None and v1.images[0].png and v1.images[0].check is None
+    valid(contract, v1)

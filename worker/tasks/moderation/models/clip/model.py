@@ -3,13 +3,14 @@
 
 Scores: zero-shot label probabilities of the image against each policy's prompts, and the
 image-caption consistency when the job has text
-(:mod:`worker.tasks.moderation.models.clip.scoring`).
+(:mod:`worker.tasks.moderation.models.clip.scoring`). Generated images are scored the same way,
+their prompt as the caption (:meth:`ClipModel.score_pixels`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,7 +30,7 @@ from worker.tasks.moderation.models.base import (
     tokenizers_missing,
 )
 from worker.tasks.moderation.models.clip.engine import ClipEngines
-from worker.tasks.moderation.models.clip.preprocess import preprocess_clip
+from worker.tasks.moderation.models.clip.preprocess import preprocess_clip, preprocess_pixels
 from worker.tasks.moderation.models.clip.scoring import PromptBank, prompt_bank
 from worker.tasks.moderation.models.clip.settings import settings_of
 from worker.tasks.moderation.parts import JobState, Part, job_text
@@ -40,6 +41,7 @@ IMAGE, CAPTION = "clip_image", "clip_text"  # part kinds, and keys of their valu
 
 class ClipModel(ModerationModel):
     name = "clip"
+    scores_pixels = True
 
     def __init__(self, cfg: WorkerConfig, engines: ClipEngines,
                  banks: Mapping[str, PromptBank]) -> None:
@@ -125,6 +127,36 @@ class ClipModel(ModerationModel):
 
     def scores(self, policy: str, values: Mapping[Hashable, Any]) -> dict[str, float]:
         return self.banks[policy].scores(values[IMAGE], values.get(CAPTION))
+
+    def score_pixels(self, policy: str, pixels: Any, captions: Sequence[str]
+                     ) -> list[dict[str, float]]:
+        """Generated images with their prompts as captions: the scores a moderation job with
+        the image and the prompt as its text gets (zero-shot labels and ``consistency``).
+        Pixels on a device other than the CPU are preprocessed there
+        (:mod:`.gpu_preprocess`) and only CLIP's input comes to the host, which the runners
+        take; host pixels go through Pillow as a decoded job image does, without torch."""
+        if not captions:
+            return []
+        size = self.engines.image_size
+        device = getattr(pixels, "device", None)
+        if device is not None and getattr(device, "type", "cpu") != "cpu":
+            from worker.tasks.moderation.models.clip.gpu_preprocess import preprocess_generated
+
+            rows = preprocess_generated(pixels, size).cpu().numpy()
+        else:
+            rows = preprocess_pixels(np.asarray(pixels), size)
+        images = self._embed_images(rows)
+        texts = self.engines.text.embed(list(captions))
+        bank = self.banks[policy]
+        return [bank.scores(i, c) for i, c in zip(images, texts, strict=True)]
+
+    def _embed_images(self, rows: np.ndarray) -> np.ndarray:
+        """Image embeddings of preprocessed ``rows``, in calls of the largest batch the image
+        engine's profiles take (a batch of generated images may hold more)."""
+        step = max(p.max_batch for p in self.engines.image_profiles)
+        return np.concatenate([
+            self.engines.image.infer({"pixel_values": rows[lo:lo + step]}).result()["embedding"]
+            for lo in range(0, len(rows), step)])
 
     def identity(self) -> tuple[str, str]:
         e = self.engines
