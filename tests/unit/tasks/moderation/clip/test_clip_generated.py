@@ -101,7 +101,7 @@ def test_generated_pixels_score_as_a_moderation_job_of_their_png(
         clip: ClipModel, cfg: WorkerConfig, shape: tuple[int, int]) -> None:
     """Host pixels take the moderation path's preprocessing (Pillow) and towers: the same
     label scores and consistency as a moderation job with the image and the prompt."""
-    import torch
+    torch = pytest.importorskip("torch", reason="the torch pixels path needs torch")
 
     pixels = images(len(PROMPTS), *shape, seed=3)
     ours = clip.score_pixels("ads", torch.from_numpy(pixels), PROMPTS)
@@ -119,7 +119,7 @@ def test_generated_pixels_score_as_a_moderation_job_of_their_png(
 def test_host_pixels_need_no_torch(clip: ClipModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """Host pixels are scored without importing torch (the onnxruntime CPU worker may not
     have it): a numpy batch scores, with torch unimportable, what its CPU tensor scores."""
-    import torch
+    torch = pytest.importorskip("torch", reason="the torch pixels path needs torch")
 
     pixels = images(2, IMAGE_SIZE, IMAGE_SIZE, seed=4)
     tensor = clip.score_pixels("ads", torch.from_numpy(pixels), PROMPTS[:2])
@@ -145,7 +145,7 @@ def test_device_preprocessing_is_pillow_s(shape: tuple[int, int]) -> None:
     """The torch preprocessing (CUDA pixels; run here on CPU tensors) against Pillow's on the
     same pixels: identical where no resize is needed, within one level of 255 where the
     resampling rounds differently."""
-    import torch
+    torch = pytest.importorskip("torch", reason="the torch pixels path needs torch")
 
     from worker.tasks.moderation.models.clip.gpu_preprocess import preprocess_generated
 
@@ -167,7 +167,7 @@ def test_device_preprocessing_is_pillow_s(shape: tuple[int, int]) -> None:
 def test_device_preprocessing_scores_within_tolerance(clip: ClipModel) -> None:
     """Scores from the device preprocessing's rows (the CUDA path, on CPU tensors here)
     against the host path's, with the same consistency verdict."""
-    import torch
+    torch = pytest.importorskip("torch", reason="the torch pixels path needs torch")
 
     from worker.tasks.moderation.models.clip.gpu_preprocess import preprocess_generated
     from worker.tasks.moderation.models.clip.scoring import consistency_rule
