@@ -87,7 +87,8 @@ def run(
     config: ConfigOpt = None,
     bootstrap_servers: BootstrapOpt = None,
     task: Annotated[str | None, typer.Option(
-        help="What to serve: moderation or generation (default: processing.task).")] = None,
+        help="What to serve: moderation or generation, or both in one process "
+             "(moderation,generation: docs/operations.md) (default: processing.task).")] = None,
     gpus: Annotated[str | None, typer.Option(
         help="One worker process per GPU: a count or 'all' (instance ids <id>-gpu<i>, "
              "metrics ports metrics.port + n, n counting the processes); stopped "
@@ -121,11 +122,32 @@ def run(
             code = supervise(cfg, daemon.client_devices() if daemon else devices,
                              child_argv(sys.argv), per_gpu=procs_per_gpu, env=env)
         raise typer.Exit(code)
+    if len(cfg.processing.tasks) > 1:
+        _run_tasks(cfg)
+        return
     worker = build_worker(cfg)
     _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)
     server = observe(worker)
     try:
         worker.run()
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _run_tasks(cfg: WorkerConfig) -> None:
+    """Several tasks in this process, a loop each (worker.loop.task_threads): SIGTERM stops
+    them all; one failing stops the others, and the exit names it (TaskLoopFailed)."""
+    from worker.loop.build import build_workers
+    from worker.loop.task_threads import TaskThreads
+    from worker.observe.attach import observe_all
+
+    workers = build_workers(cfg)
+    loops = TaskThreads(workers)
+    _install_stop_handlers(loops.stop, cfg.commit.shutdown_timeout_s)
+    server = observe_all(workers)
+    try:
+        loops.run()
     finally:
         if server is not None:
             server.close()

@@ -1,0 +1,59 @@
+"""`trt-worker run --task moderation,generation` as a process, its loops faked: SIGTERM stops
+(drains) both, exit 0; one failing stops the other and the exit (2) names the failed task."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+# The command with build_workers handing it fake loops that print what happens to them.
+_RUN = """
+import sys, threading, time
+from worker.loop import build
+from worker.observe import attach
+from worker.tools import cli
+
+class Loop:
+    def __init__(self, name, fail):
+        self.name, self.fail, self.stopped = name, fail, threading.Event()
+    def run(self):
+        print(self.name, "started", flush=True)
+        if self.fail:
+            time.sleep(0.3)
+            raise RuntimeError("sticky CUDA error")
+        self.stopped.wait(60)
+        print(self.name, "drained", flush=True)
+    def stop(self):
+        self.stopped.set()
+
+failing = sys.argv[1]
+build.build_workers = lambda cfg: {n: Loop(n, n == failing) for n in cfg.processing.tasks}
+attach.observe_all = lambda workers: None
+sys.argv = ["trt-worker", "run", "--task", "moderation,generation", "-b", "127.0.0.1:9"]
+cli.main()
+"""
+
+
+def _start(failing: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", _RUN, failing], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_sigterm_stops_and_drains_both_loops() -> None:
+    proc = _start(failing="")
+    assert proc.stdout is not None
+    seen = {proc.stdout.readline().strip() for _ in range(2)}
+    assert seen == {"moderation started", "generation started"}
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert set(out.split("\n")) >= {"moderation drained", "generation drained"}
+
+
+def test_a_failing_loop_stops_the_other_and_the_exit_names_it() -> None:
+    proc = _start(failing="generation")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert "moderation drained" in out
+    assert "error: the generation loop failed: RuntimeError: sticky CUDA error" in err
