@@ -50,8 +50,10 @@ def observe_all(workers: Mapping[str, Any]) -> ObserveServer | None:
     if m.port == 0:
         return None
     healths = {task: health_of(w) for task, w in workers.items()}
+    shares = {getattr(w.task, "gpu_share", None) for w in workers.values()} - {None}
     collector = TasksCollector({task: WorkerCollector(w, healths[task])
-                                for task, w in workers.items()})
+                                for task, w in workers.items()},
+                               next(iter(shares)) if shares else None)
     server = ObserveServer(m.host, m.port, collector, TasksHealth(healths)).start()
     log.info("metrics_serving", host=m.host, port=server.port, tasks=list(workers),
              paths=["/metrics", "/healthz", "/readyz"])

@@ -26,6 +26,7 @@ from worker.observe import events, gpu
 from worker.observe.buckets import Buckets
 from worker.observe.health import Health
 from worker.observe.vitals import Vitals
+from worker.tasks.gpu_share import GpuShare
 
 PREFIX = "trt_worker"
 
@@ -166,8 +167,9 @@ class TasksCollector(Collector):
     """The metrics of a process serving several tasks: each loop's own families once, their
     samples labelled ``task``; the process's families once, unlabelled."""
 
-    def __init__(self, collectors: Mapping[str, WorkerCollector]) -> None:
-        self.collectors = dict(collectors)
+    def __init__(self, collectors: Mapping[str, WorkerCollector],
+                 share: GpuShare | None = None) -> None:
+        self.collectors, self.share = dict(collectors), share
 
     def collect(self) -> Iterator[Metric]:
         merged: dict[str, Metric] = {}
@@ -181,3 +183,9 @@ class TasksCollector(Collector):
                                  for sample in family.samples]
         yield from merged.values()
         yield from next(iter(self.collectors.values())).process_metrics()
+        if self.share is not None:
+            yield _counter("gpu_yields", "Steps of a yielding task (generation) that waited "
+                           "for another task's batches in flight (worker.tasks.gpu_share).",
+                           self.share.yields)
+            yield _counter("gpu_yield_seconds", "Time those steps waited, together.",
+                           self.share.waited_s)

@@ -237,6 +237,10 @@ class BatchedTask(abc.ABC, Generic[P]):
         their batches are in flight; else each batch claims the GPU until its outcome."""
         self._gpu_share, self._yields_gpu = share, yields
 
+    @property
+    def gpu_share(self) -> GpuShare | None:
+        return self._gpu_share
+
     def yield_gpu(self) -> None:
         """Before each step of a long batch (a denoising step): let the claimed batches of
         the other tasks go first (bounded, worker.tasks.gpu_share); a no-op otherwise."""

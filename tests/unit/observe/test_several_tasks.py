@@ -19,6 +19,7 @@ from worker.observe.collector import TasksCollector, WorkerCollector
 from worker.observe.health import Health, TasksHealth
 from worker.observe.server import ObserveServer
 from worker.observe.vitals import Vitals
+from worker.tasks.gpu_share import GpuShare
 
 
 class _Committer:
@@ -61,7 +62,11 @@ def served() -> Iterator[tuple[str, dict[str, Vitals]]]:
     workers = {"moderation": _worker("moderation", "mod-jobs", 10),
                "generation": _worker("generation", "gen-jobs", 4)}
     health = TasksHealth({task: h for task, (_, h) in workers.items()})
-    collector = TasksCollector({task: WorkerCollector(w, h) for task, (w, h) in workers.items()})
+    share = GpuShare(max_wait_s=0.001)
+    share.claim()
+    share.yield_turn()
+    collector = TasksCollector({task: WorkerCollector(w, h) for task, (w, h) in workers.items()},
+                               share)
     server = ObserveServer("127.0.0.1", 0, collector, health).start()
     try:
         yield (f"http://127.0.0.1:{server.port}",
@@ -121,3 +126,4 @@ def test_each_loops_metrics_are_labelled_with_its_task(
     assert len(helps) == len(set(helps))
     assert 'trt_worker_errors_total{kind="commit_failed"} 0.0' in lines
     assert not any(x.startswith("trt_worker_gc_pause_seconds") and "task=" in x for x in lines)
+    assert "trt_worker_gpu_yields_total 1.0" in lines

@@ -14,16 +14,23 @@ from worker.loop import build
 from worker.observe import attach
 from worker.tools import cli
 
+said = threading.Lock()
+
+def say(line):  # (one line at a time: the loops print from two threads)
+    with said:
+        sys.stdout.write(line + chr(10))
+        sys.stdout.flush()
+
 class Loop:
     def __init__(self, name, fail):
         self.name, self.fail, self.stopped = name, fail, threading.Event()
     def run(self):
-        print(self.name, "started", flush=True)
+        say(self.name + " started")
         if self.fail:
             time.sleep(0.3)
             raise RuntimeError("sticky CUDA error")
         self.stopped.wait(60)
-        print(self.name, "drained", flush=True)
+        say(self.name + " drained")
     def stop(self):
         self.stopped.set()
 
