@@ -11,7 +11,7 @@ then raises :class:`~worker.exceptions.TaskLoopFailed` naming the task that fail
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import structlog
@@ -32,8 +32,14 @@ class Loop(Protocol):
 
 
 class TaskThreads:
-    def __init__(self, loops: Mapping[str, Loop]) -> None:
+    def __init__(self, loops: Mapping[str, Loop],
+                 on_own_stop: Callable[[], None] | None = None) -> None:
+        """``on_own_stop``: called when a loop ended unasked and the others are stopped for
+        it (the command line bounds their drain with the shutdown timeout, as after a
+        SIGTERM)."""
         self.loops = dict(loops)
+        self._on_own_stop = on_own_stop
+        self._asked = False  # stop() was called (a signal, or the caller)
         self._lock = threading.Lock()
         self._ended = threading.Event()  # a loop's thread ended (set again by each)
         self._failed: list[tuple[str, BaseException]] = []  # in the order they failed
@@ -43,6 +49,7 @@ class TaskThreads:
 
     def stop(self) -> None:
         """Every loop drains and exits (safe from signal handlers and other threads)."""
+        self._asked = True
         for loop in self.loops.values():
             loop.stop()
 
@@ -58,9 +65,12 @@ class TaskThreads:
                 # One loop ended (failed, or stopped on its own): the process ends, so the
                 # others finish and commit their work now rather than be killed mid-batch.
                 stopping = True
-                ended = [n for n, t in self._threads.items() if not t.is_alive()]
-                log.warning("task_loops_stopping", ended=ended,
-                            failed=[name for name, _ in self._failed])
+                if not self._asked:
+                    log.warning("task_loops_stopping",
+                                ended=[n for n, t in self._threads.items() if not t.is_alive()],
+                                failed=[name for name, _ in self._failed])
+                    if self._on_own_stop is not None:
+                        self._on_own_stop()
                 self.stop()
         if self._failed:
             task, error = self._failed[0]

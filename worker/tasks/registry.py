@@ -83,14 +83,15 @@ def task_entry(name: str) -> TaskEntry:
 
 
 def only_task(cfg: WorkerConfig) -> TaskEntry:
-    """The entry of the one task ``cfg`` serves; a config serving several is refused (the
-    tools that ask work on one task: name it with their --task)."""
+    """The entry of the one task ``cfg`` serves; a config serving several is refused: the
+    tools that ask (engines build, topics, lag, redrive, replay) work on one task."""
     tasks = cfg.processing.tasks
     if len(tasks) != 1:
         from worker.exceptions import ConfigError
 
         raise ConfigError(f"processing.task names several tasks ({cfg.processing.task}): "
-                          "this needs one, pass --task")
+                          "this command works on one; name it with --task where the command "
+                          "has it, else KTW_PROCESSING__TASK")
     return task_entry(tasks[0])
 
 

@@ -66,13 +66,23 @@ def _exit_after(timeout_s: float) -> None:
         os._exit(1)
 
 
+_shutdown_armed = threading.Lock()
+
+
+def _arm_shutdown_timeout(timeout_s: float) -> None:
+    """From now on the process has ``timeout_s`` to end (the first call only counts)."""
+    if not _shutdown_armed.acquire(blocking=False):
+        return
+    threading.Thread(target=_exit_after, args=(timeout_s,), daemon=True,
+                     name="shutdown-timeout").start()
+    faulthandler.dump_traceback_later(timeout_s + BACKSTOP_S, exit=True)
+
+
 def _install_stop_handlers(stop: Any, shutdown_timeout_s: float) -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
         # A second signal falls through to the default action (immediate exit).
         signal.signal(signum, signal.SIG_DFL)
-        threading.Thread(target=_exit_after, args=(shutdown_timeout_s,), daemon=True,
-                         name="shutdown-timeout").start()
-        faulthandler.dump_traceback_later(shutdown_timeout_s + BACKSTOP_S, exit=True)
+        _arm_shutdown_timeout(shutdown_timeout_s)
         stop()
 
     signal.signal(signal.SIGTERM, handler)
@@ -143,7 +153,9 @@ def _run_tasks(cfg: WorkerConfig) -> None:
     from worker.observe.attach import observe_all
 
     workers = build_workers(cfg)
-    loops = TaskThreads(workers)
+    # A loop's failure drains the others, bounded as a SIGTERM's drain is.
+    loops = TaskThreads(workers, on_own_stop=lambda: _arm_shutdown_timeout(
+        cfg.commit.shutdown_timeout_s))
     _install_stop_handlers(loops.stop, cfg.commit.shutdown_timeout_s)
     server = observe_all(workers)
     try:

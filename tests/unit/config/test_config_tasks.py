@@ -62,5 +62,5 @@ def test_tools_that_work_on_one_task_refuse_several() -> None:
     cfg = load_config(None, processing={"task": "moderation,generation"})
     with pytest.raises(ConfigError, match="names several tasks"):
         task_topics(cfg)
-    with pytest.raises(ConfigError, match="pass --task"):
+    with pytest.raises(ConfigError, match="name it with --task"):
         engine_plans(cfg)

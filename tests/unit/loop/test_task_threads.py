@@ -91,3 +91,16 @@ def test_a_loop_that_ends_on_its_own_ends_the_others() -> None:
     other = FakeLoop()
     TaskThreads({"moderation": Quits(), "generation": other}).run()
     assert other.drained
+
+
+def test_the_others_stopped_for_a_failure_are_reported_once_not_for_a_signal() -> None:
+    own_stops: list[int] = []
+    with pytest.raises(TaskLoopFailed):
+        TaskThreads({"moderation": FakeLoop(), "generation": FakeLoop(fail_after_s=0.05)},
+                    on_own_stop=lambda: own_stops.append(1)).run()
+    assert own_stops == [1], "a failure arms the caller's drain bound"
+    asked = TaskThreads({"moderation": FakeLoop(), "generation": FakeLoop()},
+                        on_own_stop=lambda: own_stops.append(2))
+    threading.Timer(0.1, asked.stop).start()
+    asked.run()
+    assert own_stops == [1], "a stop asked for (SIGTERM) is bounded by its handler already"
