@@ -123,3 +123,41 @@ def test_one_process_answers_a_moderation_and_a_generation_job(
     if guarantee == "exactly-once":
         ids = {e["transactional_id"] for e in started}
         assert len(ids) == 2 and all(i is not None for i in ids)
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_loop_stops_the_other_which_commits_and_the_exit_names_it(
+    kafka_bootstrap: str, engine_cache: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    """The generation jobs topic never appears and ``kafka.topics_wait_s`` gives up: the
+    generation loop fails, the moderation loop (which answered its jobs meanwhile) drains and
+    commits, and the process exits 2 naming generation."""
+    mod = fresh_topics(kafka_bootstrap, partitions=2)
+    missing = f"gen-jobs-missing-{uuid.uuid4().hex[:8]}"
+    cfg = worker_config(kafka_bootstrap, mod)
+    generation = {
+        "random_weights": "tiny", "backend": "torch", "device": "cpu", "warm_up": "first_use",
+        "sizes": [{"width": SIDE, "height": SIDE}],
+        "topics": {"jobs": missing, "results": f"{missing}-r", "dlq": f"{missing}-d"},
+    }
+    env = worker_env(cfg, KTW_PROCESSING__TASK="moderation,generation",
+                     KTW_GENERATION=json.dumps(generation),
+                     KTW_ENGINES__CACHE_DIR=str(engine_cache),
+                     KTW_BATCH__MAX_DELAY_MS="20", KTW_MODEL__INTRA_OP_THREADS="1",
+                     KTW_KAFKA__TOPICS_WAIT_S="15")
+    sent = produce_folder(cfg, samples_dir(), count=2, prefix="mod-")
+    proc = WorkerProcess(env, tmp_path / "worker.log")
+    try:
+        answered = results_for(kafka_bootstrap, mod.results, {s.id for s in sent})
+        code = proc.wait(60)
+    finally:
+        if proc.proc.poll() is None:
+            proc.kill9()
+    log = proc.log_text()
+    assert code == 2, proc.log_tail()
+    assert "error: the generation loop failed:" in log and missing in log, proc.log_tail()
+    assert set(answered) == {s.id for s in sent}
+    assert committed(kafka_bootstrap, mod.group, mod.jobs, 2) == end_offsets(
+        kafka_bootstrap, mod.jobs, 2)
+    events = [json.loads(line)["event"] for line in log.splitlines() if line.startswith("{")]
+    assert "task_loops_stopping" in events and "worker_draining" in events
