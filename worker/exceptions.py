@@ -225,3 +225,13 @@ class TransactionError(KafkaIOError):
 class ProducerFenced(TransactionError):
     """Fatal: another producer with this worker's transactional.id took over (a newer
     instance), or the producer hit another fatal error. Exit non-zero; never commit again."""
+
+
+class TaskLoopFailed(WorkerError):
+    """One of the task loops of a process serving several tasks failed (its error is the
+    cause); the others were stopped, draining and committing what they finished
+    (:mod:`worker.loop.task_threads`). The process exits non-zero naming ``task``."""
+
+    def __init__(self, task: str, error: BaseException) -> None:
+        super().__init__(f"the {task} loop failed: {type(error).__name__}: {one_line(error)}")
+        self.task = task

@@ -36,6 +36,22 @@ def task_name(name: str) -> str:
     return _known("task", name, list(TASKS))
 
 
+def task_names(value: object) -> object:
+    """One task name or several, comma-separated, each registered and none twice; kept as the
+    comma-separated names without blanks."""
+    if not isinstance(value, str):
+        return value  # (pydantic's own str check says what is wrong)
+    names = [n.strip() for n in value.split(",")]
+    if not all(names):
+        raise ValueError(f"task {value!r}: an empty name (names are separated by commas)")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"task {value!r} names {', '.join(twice)} twice")
+    for name in names:
+        task_name(name)
+    return ",".join(names)
+
+
 def model_name(name: str) -> str:
     from worker.tasks.moderation.models import MODELS
 

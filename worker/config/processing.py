@@ -3,12 +3,23 @@ commits, task, the process's garbage collector."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from worker.config.base import Section
-from worker.config.names import TaskName
+from worker.config.names import task_names
+
+
+def _joined(value: Any) -> Any:
+    """A TOML or JSON list of task names is taken as their comma-separated form."""
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return value
+
+
+# One task name, or several separated by commas (worker.config.names.task_names).
+TaskNames = Annotated[str, BeforeValidator(_joined), BeforeValidator(task_names)]
 
 
 class CommitSettings(Section):
@@ -35,8 +46,14 @@ class ProcessingSettings(Section):
 
     guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
     # What this process serves (worker.tasks.registry): moderation jobs from ``topics`` or
-    # text-to-image jobs from ``generation.topics``. Give each task its own kafka.group_id.
-    task: TaskName = "moderation"
+    # text-to-image jobs from ``generation.topics``, or several tasks at once, comma-separated
+    # ("moderation,generation") or a list: one loop per task on its own thread, each in its
+    # own consumer group (worker.config.tasks.per_task says which).
+    task: TaskNames = "moderation"
+    # With several tasks: the longest a task whose registry entry yields the GPU (generation)
+    # waits before each step of its own while another task's batches are in flight
+    # (worker.tasks.gpu_share). 0: it never waits. Moot with one task.
+    gpu_yield_ms: float = Field(5.0, ge=0, le=1_000)
     # The longest one batch (decode + inference + results) may take. A transaction stays open
     # for about one commit interval plus one batch, so exactly-once requires
     # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches
@@ -48,6 +65,11 @@ class ProcessingSettings(Section):
     # 1 is refused: the first death is ambiguous (whatever was in flight), only isolated
     # deaths name the record.
     poison_max_attempts: int = Field(3, ge=0, le=1000)
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The tasks served, in the order given (the first keeps kafka.group_id)."""
+        return tuple(self.task.split(","))
 
     @model_validator(mode="after")
     def _poison_attempts(self) -> ProcessingSettings:

@@ -78,6 +78,33 @@ def build_worker(cfg: WorkerConfig, task: Task | None = None) -> Any:
     return Worker(cfg, task, build_parts(cfg, task, vitals))
 
 
+def build_workers(cfg: WorkerConfig) -> dict[str, Any]:
+    """A worker per task ``cfg`` serves, by task name (worker.config.tasks.per_task gives
+    each its config). With several, their tasks share the GPU by priority
+    (worker.tasks.gpu_share): tasks whose registry entry yields wait for the others."""
+    from worker.config.tasks import per_task
+    from worker.tasks.batched import BatchedTask
+    from worker.tasks.gpu_share import GpuShare
+    from worker.tasks.registry import task_entry
+
+    configs = per_task(cfg)
+    share = GpuShare(cfg.processing.gpu_yield_ms / 1e3) if len(configs) > 1 else None
+    workers: dict[str, Any] = {}
+    try:
+        for name, task_cfg in configs.items():
+            workers[name] = worker = build_worker(task_cfg)
+            if share is not None and isinstance(worker.task, BatchedTask):
+                worker.task.share_gpu(share, yields=task_entry(name).yields_gpu)
+    except BaseException:
+        for built in workers.values():  # (their engines and consumers: not left open)
+            try:
+                built.task.close()
+            finally:
+                built.parts.consumer.close()
+        raise
+    return workers
+
+
 def build_parts(cfg: WorkerConfig, task: Task, vitals: Vitals | None = None) -> LoopParts:
     vitals = vitals or Vitals()
     stats, hops, assignment = Stats(), HopTimes(), Assignment()

@@ -9,7 +9,7 @@ the per-record path stays free of metric locks. Names follow Prometheus conventi
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client.core import (
@@ -26,6 +26,7 @@ from worker.observe import events, gpu
 from worker.observe.buckets import Buckets
 from worker.observe.health import Health
 from worker.observe.vitals import Vitals
+from worker.tasks.gpu_share import GpuShare
 
 PREFIX = "trt_worker"
 
@@ -75,6 +76,25 @@ class WorkerCollector(Collector):
         self.worker, self.health, self.topic = worker, health, worker.task.topics.jobs
 
     def collect(self) -> Iterator[Metric]:
+        yield from self.loop_metrics()
+        yield from self.process_metrics()
+
+    def process_metrics(self) -> Iterator[Metric]:
+        """What the process has once, however many task loops it runs: log events, the
+        collector's pauses, the GPUs."""
+        errors = CounterMetricFamily(f"{PREFIX}_errors",
+                                     "Warning and error log events, by event name.",
+                                     labels=["kind"])
+        for kind, n in sorted(events.COUNTS.items()):
+            errors.add_metric([kind], n)
+        yield errors
+        yield _histogram("gc_pause_seconds", "Garbage collector pauses (no other thread runs "
+                         "Python code meanwhile), by generation.", "generation",
+                         self.worker.heap.pauses)
+        yield from gpu.metrics(PREFIX)
+
+    def loop_metrics(self) -> Iterator[Metric]:
+        """What one task loop has of its own."""
         w, s, v = self.worker, self.worker.stats, self.worker.vitals
         info = InfoMetricFamily(PREFIX, "What this worker serves and how.")
         info.add_metric([], _info(w))
@@ -90,12 +110,6 @@ class WorkerCollector(Collector):
             dead.add_metric([reason], n)
         yield dead
         yield _counter("expired", "Jobs answered as expired (past their deadline).", s.expired)
-        errors = CounterMetricFamily(f"{PREFIX}_errors",
-                                     "Warning and error log events, by event name.",
-                                     labels=["kind"])
-        for kind, n in sorted(events.COUNTS.items()):
-            errors.add_metric([kind], n)
-        yield errors
         yield _histogram("hop_seconds", "Time per hop of a job's trip (worker.loop.hops).",
                          "hop", w.hops.buckets)
         yield _histogram("batch_size", "Jobs per engine batch.", "profile", v.batch_size)
@@ -103,8 +117,6 @@ class WorkerCollector(Collector):
                          "profile", v.batch_fill)
         yield _histogram("engine_seconds", "Time per batch from submit to outcome.", "profile",
                          v.engine_seconds)
-        yield _histogram("gc_pause_seconds", "Garbage collector pauses (no other thread runs "
-                         "Python code meanwhile), by generation.", "generation", w.heap.pauses)
         yield _gauge("pending_records", "Records consumed and not finished.",
                      w.committer.pending())
         yield _gauge("held_bytes", "Bytes of the records consumed and not finished.",
@@ -149,4 +161,31 @@ class WorkerCollector(Collector):
         yield _gauge("ready", "1 while /readyz answers 200.", float(self.health.ready().ok))
         yield _gauge("last_step_timestamp_seconds", "Unix time of the loop's last step.",
                      time.time() - (time.monotonic() - v.beat))
-        yield from gpu.metrics(PREFIX)
+
+
+class TasksCollector(Collector):
+    """The metrics of a process serving several tasks: each loop's own families once, their
+    samples labelled ``task``; the process's families once, unlabelled."""
+
+    def __init__(self, collectors: Mapping[str, WorkerCollector],
+                 share: GpuShare | None = None) -> None:
+        self.collectors, self.share = dict(collectors), share
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for task, collector in self.collectors.items():
+            for family in collector.loop_metrics():
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(family.name, family.documentation,
+                                                        family.type, family.unit)
+                into.samples += [sample._replace(labels={**sample.labels, "task": task})
+                                 for sample in family.samples]
+        yield from merged.values()
+        yield from next(iter(self.collectors.values())).process_metrics()
+        if self.share is not None:
+            yield _counter("gpu_yields", "Steps of a yielding task (generation) that waited "
+                           "for another task's batches in flight (worker.tasks.gpu_share).",
+                           self.share.yields)
+            yield _counter("gpu_yield_seconds", "Time those steps waited, together.",
+                           self.share.waited_s)

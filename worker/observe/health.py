@@ -16,8 +16,9 @@ count of the rest): an operator fixing the first should not find a second only a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from worker.observe.vitals import Vitals
 
@@ -31,6 +32,14 @@ class Verdict:
 
     def text(self) -> str:
         return "ok\n" if self.ok else "".join(f"{r}\n" for r in self.reasons)
+
+
+class Probes(Protocol):
+    """What the HTTP endpoints ask (:class:`Health`, :class:`TasksHealth`)."""
+
+    def live(self) -> Verdict: ...
+
+    def ready(self) -> Verdict: ...
 
 
 class Health:
@@ -77,3 +86,26 @@ class Health:
             more = len(reasons) - (MAX_REASONS - 1)
             reasons[MAX_REASONS - 1:] = [f"and {more} more reasons"]
         return Verdict(not reasons, tuple(reasons))
+
+
+class TasksHealth:
+    """A process serving several tasks: live while every loop steps, ready while every loop is
+    ready (a job of either task would otherwise wait on a process the orchestrator counts as
+    serving); each reason names its task."""
+
+    def __init__(self, healths: Mapping[str, Probes]) -> None:
+        self.healths = dict(healths)
+
+    def live(self) -> Verdict:
+        return self._all({task: h.live() for task, h in self.healths.items()})
+
+    def ready(self) -> Verdict:
+        return self._all({task: h.ready() for task, h in self.healths.items()})
+
+    @staticmethod
+    def _all(verdicts: Mapping[str, Verdict]) -> Verdict:
+        reasons = [f"{task}: {r}" for task, v in verdicts.items() for r in v.reasons]
+        if len(reasons) > MAX_REASONS:
+            more = len(reasons) - (MAX_REASONS - 1)
+            reasons[MAX_REASONS - 1:] = [f"and {more} more reasons"]
+        return Verdict(all(v.ok for v in verdicts.values()), tuple(reasons))

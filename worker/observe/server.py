@@ -33,7 +33,7 @@ from prometheus_client import make_wsgi_app as metrics_app
 from prometheus_client.registry import Collector
 
 from worker.exceptions import ConfigError
-from worker.observe.health import Health, Verdict
+from worker.observe.health import Probes, Verdict
 
 log = structlog.get_logger("worker")
 
@@ -93,7 +93,7 @@ def _answer(verdict: Verdict, start_response: StartResponse) -> Iterable[bytes]:
     return [body]
 
 
-def make_app(registry: CollectorRegistry, health: Health) -> Callable[..., Iterable[bytes]]:
+def make_app(registry: CollectorRegistry, health: Probes) -> Callable[..., Iterable[bytes]]:
     metrics = metrics_app(registry)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -129,7 +129,7 @@ def _close(sock: socket.socket, reply: bytes = b"") -> None:
 
 
 class ObserveServer:
-    def __init__(self, host: str, port: int, collector: Collector, health: Health, *,
+    def __init__(self, host: str, port: int, collector: Collector, health: Probes, *,
                  workers: int = WORKERS, max_connections: int = MAX_CONNECTIONS,
                  timeout_s: float = TIMEOUT_S) -> None:
         registry = CollectorRegistry()

@@ -36,6 +36,7 @@ from worker.exceptions import (
     one_line,
 )
 from worker.tasks.batcher import Batch, Batchable, DynamicBatcher, NoProfileFits
+from worker.tasks.gpu_share import GpuShare
 from worker.tasks.protocol import Answer, ConsumedBatch, TaskTopics, admit_each
 from worker.wire.records import Headers, SourceRecord, SourceRef, TopicPartitionKey
 
@@ -114,6 +115,10 @@ class BatchedTask(abc.ABC, Generic[P]):
     on_batch_done: Callable[[float, int, str, int], None] | None = None
     _batchers: dict[str, DynamicBatcher[P]] | None = None
     _max_message_bytes: int = 0
+    # Beside other tasks in one process (worker.tasks.gpu_share): the share, and whether this
+    # task's steps wait for the others' batches (True) or its batches claim the GPU (False).
+    _gpu_share: GpuShare | None = None
+    _yields_gpu: bool = False
 
     # -- the job side: what a subclass implements ---------------------------------------------
     @property
@@ -227,8 +232,33 @@ class BatchedTask(abc.ABC, Generic[P]):
             free -= len(due.batches)
         return answers
 
+    def share_gpu(self, share: GpuShare, *, yields: bool) -> None:
+        """Serve beside other tasks on one GPU: ``yields``, wait in :meth:`yield_gpu` while
+        their batches are in flight; else each batch claims the GPU until its outcome."""
+        self._gpu_share, self._yields_gpu = share, yields
+
+    @property
+    def gpu_share(self) -> GpuShare | None:
+        return self._gpu_share
+
+    def yield_gpu(self) -> None:
+        """Before each step of a long batch (a denoising step): let the claimed batches of
+        the other tasks go first (bounded, worker.tasks.gpu_share); a no-op otherwise."""
+        if self._gpu_share is not None and self._yields_gpu:
+            self._gpu_share.yield_turn()
+
     def _launch(self, batch: Batch[P], attempt: int = 1) -> None:
-        self._in_flight.append((self.submit(batch), time.monotonic(), batch, attempt))
+        share = self._gpu_share if not self._yields_gpu else None
+        release = share.claim() if share is not None else None
+        try:
+            future = self.submit(batch)
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        if release is not None:
+            future.add_done_callback(lambda _done: release())
+        self._in_flight.append((future, time.monotonic(), batch, attempt))
 
     def collect(self, *, block: bool) -> list[Answer]:
         answers: list[Answer] = []

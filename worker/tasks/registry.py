@@ -39,13 +39,16 @@ class TaskEntry:
     ``(cfg) -> {engine name: EnginePlan}``, every engine the task loads under ``cfg`` (what
     ``trt-worker engines build`` builds). ``engine_section``: the config section whose
     ``backend``/``precision`` the tools' options set. ``topics``: its jobs, results and DLQ
-    topics. ``backend``: the backend its engines run on (the info metric)."""
+    topics. ``backend``: the backend its engines run on (the info metric). ``yields_gpu``:
+    served beside other tasks in one process, its steps wait for their batches in flight
+    (:mod:`worker.tasks.gpu_share`): long batches that would hold short ones up."""
 
     factory: str
     engine_plans: str
     engine_section: str
     topics: Callable[[WorkerConfig], TaskTopics]
     backend: Callable[[WorkerConfig], str]
+    yields_gpu: bool = False
 
 
 TASKS: dict[str, TaskEntry] = {
@@ -61,7 +64,8 @@ TASKS: dict[str, TaskEntry] = {
         engine_section="generation",
         topics=lambda cfg: TaskTopics(cfg.generation.topics.jobs, cfg.generation.topics.results,
                                       cfg.generation.topics.dlq),
-        backend=lambda cfg: cfg.generation.backend),
+        backend=lambda cfg: cfg.generation.backend,
+        yields_gpu=True),
 }
 
 
@@ -78,14 +82,27 @@ def task_entry(name: str) -> TaskEntry:
     return entry
 
 
+def only_task(cfg: WorkerConfig) -> TaskEntry:
+    """The entry of the one task ``cfg`` serves; a config serving several is refused: the
+    tools that ask (engines build, topics, lag, redrive, replay) work on one task."""
+    tasks = cfg.processing.tasks
+    if len(tasks) != 1:
+        from worker.exceptions import ConfigError
+
+        raise ConfigError(f"processing.task names several tasks ({cfg.processing.task}): "
+                          "this command works on one; name it with --task where the command "
+                          "has it, else KTW_PROCESSING__TASK")
+    return task_entry(tasks[0])
+
+
 def task_topics(cfg: WorkerConfig) -> TaskTopics:
     """The jobs, results and DLQ topics of the configured task."""
-    return task_entry(cfg.processing.task).topics(cfg)
+    return only_task(cfg).topics(cfg)
 
 
 def engine_plans(cfg: WorkerConfig) -> dict[str, EnginePlan]:
     """Every engine the configured task loads, by name (``trt-worker engines build``)."""
-    plans: dict[str, EnginePlan] = load_entry(task_entry(cfg.processing.task).engine_plans)(cfg)
+    plans: dict[str, EnginePlan] = load_entry(only_task(cfg).engine_plans)(cfg)
     return plans
 
 
@@ -95,5 +112,5 @@ def make_task(cfg: WorkerConfig, *, ignore_deadlines: bool = False,
     :meth:`Task.warm_up` does that). ``ignore_deadlines``: the batchers never expire a
     job (replay asks what the model says now, not whether it would have been in time).
     ``runner``: an open_nsfw runner to share (moderation only), left active at close."""
-    factory: TaskFactory = load_entry(task_entry(cfg.processing.task).factory)
+    factory: TaskFactory = load_entry(only_task(cfg).factory)
     return factory(cfg, ignore_deadlines=ignore_deadlines, runner=runner)

@@ -66,13 +66,23 @@ def _exit_after(timeout_s: float) -> None:
         os._exit(1)
 
 
+_shutdown_armed = threading.Lock()
+
+
+def _arm_shutdown_timeout(timeout_s: float) -> None:
+    """From now on the process has ``timeout_s`` to end (the first call only counts)."""
+    if not _shutdown_armed.acquire(blocking=False):
+        return
+    threading.Thread(target=_exit_after, args=(timeout_s,), daemon=True,
+                     name="shutdown-timeout").start()
+    faulthandler.dump_traceback_later(timeout_s + BACKSTOP_S, exit=True)
+
+
 def _install_stop_handlers(stop: Any, shutdown_timeout_s: float) -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
         # A second signal falls through to the default action (immediate exit).
         signal.signal(signum, signal.SIG_DFL)
-        threading.Thread(target=_exit_after, args=(shutdown_timeout_s,), daemon=True,
-                         name="shutdown-timeout").start()
-        faulthandler.dump_traceback_later(shutdown_timeout_s + BACKSTOP_S, exit=True)
+        _arm_shutdown_timeout(shutdown_timeout_s)
         stop()
 
     signal.signal(signal.SIGTERM, handler)
@@ -87,7 +97,8 @@ def run(
     config: ConfigOpt = None,
     bootstrap_servers: BootstrapOpt = None,
     task: Annotated[str | None, typer.Option(
-        help="What to serve: moderation or generation (default: processing.task).")] = None,
+        help="What to serve: moderation or generation, or both in one process "
+             "(moderation,generation: docs/operations.md) (default: processing.task).")] = None,
     gpus: Annotated[str | None, typer.Option(
         help="One worker process per GPU: a count or 'all' (instance ids <id>-gpu<i>, "
              "metrics ports metrics.port + n, n counting the processes); stopped "
@@ -121,11 +132,34 @@ def run(
             code = supervise(cfg, daemon.client_devices() if daemon else devices,
                              child_argv(sys.argv), per_gpu=procs_per_gpu, env=env)
         raise typer.Exit(code)
+    if len(cfg.processing.tasks) > 1:
+        _run_tasks(cfg)
+        return
     worker = build_worker(cfg)
     _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)
     server = observe(worker)
     try:
         worker.run()
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _run_tasks(cfg: WorkerConfig) -> None:
+    """Several tasks in this process, a loop each (worker.loop.task_threads): SIGTERM stops
+    them all; one failing stops the others, and the exit names it (TaskLoopFailed)."""
+    from worker.loop.build import build_workers
+    from worker.loop.task_threads import TaskThreads
+    from worker.observe.attach import observe_all
+
+    workers = build_workers(cfg)
+    # A loop's failure drains the others, bounded as a SIGTERM's drain is.
+    loops = TaskThreads(workers, on_own_stop=lambda: _arm_shutdown_timeout(
+        cfg.commit.shutdown_timeout_s))
+    _install_stop_handlers(loops.stop, cfg.commit.shutdown_timeout_s)
+    server = observe_all(workers)
+    try:
+        loops.run()
     finally:
         if server is not None:
             server.close()

@@ -357,3 +357,32 @@ def test_several_batchers_batch_their_kinds_apart() -> None:
     assert [[p.ref.offset for p in b.items] for _f, b in task.futures][1] == [1, 3]
     task.finish()
     assert sorted(a.ref.offset for a in task.collect(block=True)) == [0, 1, 2, 3]
+
+
+def test_beside_a_yielding_task_each_batch_claims_the_gpu_until_its_outcome() -> None:
+    from worker.tasks.gpu_share import GpuShare
+
+    share = GpuShare(max_wait_s=1.0)
+    task = _task()
+    task.share_gpu(share, yields=False)
+    task.admit(_batch(_record(0), _record(1), _record(2), _record(3)))
+    task.schedule(time.monotonic(), NOW_MS, free=2, force=True)
+    assert task.in_flight() == 1 and share.claims == 1
+    task.finish()
+    assert share.claims == 0
+    task.yield_gpu()  # (not a yielding task: never waits)
+    assert share.yields == 0
+
+
+def test_a_yielding_task_claims_nothing_and_waits_for_claims() -> None:
+    from worker.tasks.gpu_share import GpuShare
+
+    share = GpuShare(max_wait_s=0.05)
+    task = _task()
+    task.share_gpu(share, yields=True)
+    task.admit(_batch(_record(0), _record(1), _record(2), _record(3)))
+    task.schedule(time.monotonic(), NOW_MS, free=2, force=True)
+    assert task.in_flight() == 1 and share.claims == 0
+    share.claim()
+    task.yield_gpu()
+    assert share.yields == 1

@@ -11,6 +11,7 @@ ancestral sampler's noise) do not depend on which other rows share its batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,10 +115,15 @@ def decode_latents(vae: Runner, profile: StaticProfile, x: np.ndarray
 
 
 def denoise(unet: Runner, vae: Runner, chunks: list[DenoiseChunk],
-            vae_profiles: dict[tuple[int, ...], StaticProfile]) -> None:
-    """Run every chunk to its last step; enqueue each chunk's VAE decode as it finishes."""
+            vae_profiles: dict[tuple[int, ...], StaticProfile],
+            before_step: Callable[[], None] | None = None) -> None:
+    """Run every chunk to its last step; enqueue each chunk's VAE decode as it finishes.
+    ``before_step`` is called before each step's UNet launches (another task's batches go
+    first: worker.tasks.gpu_share)."""
     active = [c for c in chunks if not c.done]
     while active:
+        if before_step is not None:
+            before_step()
         launched = [(c, c.launch(unet)) for c in active]
         for c, handle in launched:
             c.apply(handle.result()["noise_pred"])

@@ -245,7 +245,8 @@ class GenerationTask(BatchedTask[GenerationPending]):
             encoded = time.monotonic()
             chunks = self._chunks(items, row_of)
             vae_profiles = {v.item_shape: v for v in e.profiles.vae.values()}
-            sampler.denoise(e.runners["unet"], e.runners["vae"], chunks, vae_profiles)
+            sampler.denoise(e.runners["unet"], e.runners["vae"], chunks, vae_profiles,
+                            before_step=self.yield_gpu)
             denoised = time.monotonic()
             pixels = {row.tag: px for c in chunks
                       for row, px in zip(c.rows, sampler.images_of(c), strict=True)}

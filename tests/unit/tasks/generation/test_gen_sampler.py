@@ -172,3 +172,12 @@ def test_chunks_of_different_step_counts_finish_independently() -> None:
     assert (short.k, long.k) == (2, 5)
     assert sum(1 for what, _ in log if what == "unet.infer") == 7
     np.testing.assert_allclose(long.x[0], reference(row(1, steps=5)), rtol=1e-4, atol=1e-4)
+
+
+def test_before_step_is_called_before_each_steps_unet_launch() -> None:
+    log: list[tuple[str, int]] = []
+    chunks = [sampler.DenoiseChunk([row(0, steps=3)], SHAPE, UNET)]
+    sampler.denoise(unet_runner(log), vae_runner(log), chunks, {SHAPE: VAE},
+                    before_step=lambda: log.append(("turn", 0)))
+    steps = [what for what, _ in log if what in ("turn", "unet.infer")]
+    assert steps == ["turn", "unet.infer"] * 3

@@ -241,3 +241,15 @@ def test_warm_up_runs_every_static_shape(torch_engines: SdEngines, blob_dir: Pat
         (b, 4, 8, w) for b in (2, 4, 8) for w in (8, 16))
     assert sorted(s for n, s in seen if n == "vae") == sorted(
         (b, 4, 8, w) for b in (1, 2, 4) for w in (8, 16))
+
+
+def test_beside_moderation_each_denoising_step_yields_to_its_batches(task: GenerationTask
+                                                                      ) -> None:
+    from worker.tasks.gpu_share import GpuShare
+
+    share = GpuShare(max_wait_s=0.001)
+    task.share_gpu(share, yields=True)
+    share.claim()  # a moderation batch in flight throughout
+    r = only(task, payload(steps=3))
+    assert r.status is Status.OK
+    assert share.yields == 3, "one wait before each UNet step"

@@ -1,0 +1,302 @@
+"""Both tasks in one worker process (``trt-worker run --task moderation,generation``) under live
+load: what moderation latency does while generation runs at full load, and what generation
+throughput gives up for it, per ``processing.gpu_yield_ms`` (worker/tasks/gpu_share.py).
+
+Per yield value: fresh topics and groups, one worker process serving both tasks, a warm-up
+(moderation jobs and one generation job answered), then three phases:
+
+1. generation alone: a closed-loop feeder keeps ``--gen-outstanding`` generation jobs
+   unanswered (full load without an unbounded backlog); images/s over the steady window;
+2. moderation alone: an open-loop producer process at ``--mod-rate`` jobs/s
+   (bench/frames_e2e.py's ``one_rate``: latency from the scheduled send time to the result's
+   arrival, p50/p99 over the steady window, HdrHistogram);
+3. both: the feeder and the producer together; moderation p50/p99 and generation images/s
+   over the same window (the feeder's window starts when the producer's schedule does).
+
+Moderation jobs are the bundled sample photos at 320x240 (bench/cpu_e2e.py's ``make_jpeg``).
+``--tiny``: the tiny random SD engines on the CPU at 64x64 and 4 steps, a smoke run for any
+machine; without it, SD 1.5's architecture with random weights at 512x512 and ``--steps``
+(speed does not depend on the weights), on the GPU. Worker settings: ``--set
+section.key=value`` (e.g. ``--set model.backend=torch``), ``--gen-json`` merged into the
+generation section.
+
+python bench/generation/two_tasks.py --tiny --mod-rate 10 --warmup-s 2 --steady-s 8
+python bench/generation/two_tasks.py --mod-rate 200 --yield-ms 0,5 --set model.backend=torch
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.common import environment, provenance, write
+from bench.cpu_e2e import (
+    REPO,
+    WORKER_STOP_TIMEOUT_S,
+    BenchFailed,
+    Reader,
+    create_topics,
+    kill_worker,
+    local_kafka_class,
+    log_tail,
+    make_jpeg,
+    produce_jobs,
+    stop_worker,
+    worker_env,
+)
+from bench.frames_e2e import one_rate
+
+WARMUP_MOD_JOBS = 8
+TINY_SIDE, TINY_STEPS = 64, 4
+FULL_SIDE = 512
+
+
+def frames() -> list[bytes]:
+    from worker.bundled import samples_dir
+
+    paths = sorted(p for p in samples_dir().iterdir()
+                   if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    if not paths:
+        raise BenchFailed(f"no sample images in {samples_dir()}")
+    return [make_jpeg(p) for p in paths]
+
+
+def generation_settings(args: argparse.Namespace, topics: dict[str, str],
+                        cache: Path) -> dict[str, Any]:
+    if args.tiny:
+        g: dict[str, Any] = {
+            "random_weights": "tiny", "backend": "torch", "device": "cpu",
+            "warm_up": "first_use", "sizes": [{"width": TINY_SIDE, "height": TINY_SIDE}],
+            "text_batch_sizes": [2, 4], "unet_batch_sizes": [2, 4], "vae_batch_sizes": [1, 2],
+            "max_steps": max(args.steps, TINY_STEPS), "max_images_per_job": 1,
+            "png_threads": 1}
+    else:
+        g = {"random_weights": "sd15", "max_images_per_job": 1}
+    return g | {"topics": topics, "blob": {"local_dir": str(cache / "blobs")}} | args.gen_json
+
+
+class GenFeeder(threading.Thread):
+    """Closed loop: keeps ``outstanding`` generation jobs unanswered until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, reader: Reader, prefix: str,
+                 outstanding: int, job: dict[str, Any]) -> None:
+        super().__init__(daemon=True, name=f"gen-feeder-{prefix}")
+        self.bootstrap, self.topic, self.reader, self.prefix = bootstrap, topic, reader, prefix
+        self.outstanding, self.job = outstanding, job
+        self.sent = 0
+        self.halt = threading.Event()
+        self.error: str | None = None
+
+    def answered(self) -> int:
+        with self.reader.lock:
+            return sum(1 for k in [*self.reader.results, *self.reader.dlq]
+                       if k.startswith(self.prefix))
+
+    def run(self) -> None:
+        import confluent_kafka as ck
+
+        from worker.wire.generation_codec import encode_generation_job
+
+        p = ck.Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0, "acks": "all",
+                         "enable.idempotence": True, "log_level": 3})
+        try:
+            while not self.halt.is_set():
+                while self.sent - self.answered() < self.outstanding:
+                    job_id = f"{self.prefix}{self.sent}"
+                    p.produce(self.topic, key=job_id.encode(),
+                              value=encode_generation_job(job_id, **self.job))
+                    self.sent += 1
+                p.poll(0)
+                time.sleep(0.005)
+        except Exception as exc:  # noqa: BLE001 - reported in the record
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            p.flush(30)
+
+    def images_per_s(self, t0: float, t1: float) -> float:
+        with self.reader.lock:
+            n = sum(1 for k, (arrival, _) in self.reader.results.items()
+                    if k.startswith(self.prefix) and t0 <= arrival < t1)
+        return round(n * self.job["num_images"] / (t1 - t0), 3)
+
+    def finish(self, drain_s: float) -> dict[str, Any]:
+        self.halt.set()
+        self.join(30)
+        deadline = time.monotonic() + drain_s
+        while self.answered() < self.sent and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return {"sent": self.sent, "answered": self.answered(), "error": self.error}
+
+
+def _wait(what: str, done: Any, proc: subprocess.Popen[bytes], log_path: Path,
+          timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise BenchFailed(f"{what} not answered (worker exit {proc.poll()}); log "
+                              f"{log_path}:\n{log_tail(log_path)}")
+        time.sleep(0.1)
+
+
+def one_yield(bootstrap: str, pics: list[bytes], yield_ms: float, args: argparse.Namespace,
+              logs: Path) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:8]
+    mod = {k: f"two-tasks-mod-{k}-{tag}" for k in ("jobs", "results", "dlq")}
+    gen = {k: f"two-tasks-gen-{k}-{tag}" for k in ("jobs", "results", "dlq")}
+    create_topics(bootstrap, {mod["jobs"]: args.partitions, gen["jobs"]: args.partitions,
+                              **{t[k]: 1 for t in (mod, gen) for k in ("results", "dlq")}})
+    readers = {"mod": Reader(bootstrap, mod["results"], mod["dlq"]),
+               "gen": Reader(bootstrap, gen["results"], gen["dlq"])}
+    for r in readers.values():
+        r.start()
+        if not r.ready.wait(30) or r.error:
+            raise BenchFailed(r.error or "results reader not ready after 30 s")
+    side = TINY_SIDE if args.tiny else FULL_SIDE
+    job = {"prompt": "a red car on a mountain road", "width": side, "height": side,
+           "steps": args.steps, "num_images": 1}
+    overrides = dict(args.overrides) | {
+        "processing.task": "moderation,generation", "processing.gpu_yield_ms": str(yield_ms),
+        "processing.max_batch_ms": "120000", "kafka.transaction_timeout_ms": "300000",
+        "generation": json.dumps(generation_settings(args, gen, logs))}
+    env, _dropped = worker_env(bootstrap, mod, f"two-tasks-{tag}", overrides)
+    env["KTW_METRICS__PORT"] = "0"
+    log_path = logs / f"worker-yield-{yield_ms:g}.log"
+    proc: subprocess.Popen[bytes] | None = None
+    out: dict[str, Any] = {"gpu_yield_ms": yield_ms, "worker_log": str(log_path)}
+    try:
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], cwd=REPO, env=env,
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        produce_jobs(bootstrap, mod["jobs"], pics[0], WARMUP_MOD_JOBS, "w-")
+        warm = GenFeeder(bootstrap, gen["jobs"], readers["gen"], "gw-", 1, job)
+        warm.start()
+        _wait("the warm-up", lambda: readers["mod"].answered() >= WARMUP_MOD_JOBS
+              and warm.answered() >= 1, proc, log_path, args.start_timeout)
+        warm.finish(args.drain_s)
+
+        window = args.warmup_s + args.steady_s
+        alone = GenFeeder(bootstrap, gen["jobs"], readers["gen"], "ga-", args.gen_outstanding,
+                          job)
+        t0 = time.time()
+        alone.start()
+        time.sleep(window)
+        out["generation_alone"] = {
+            "images_per_s": alone.images_per_s(t0 + args.warmup_s, t0 + window),
+            **alone.finish(args.drain_s)}
+        print(f"  yield {yield_ms:g} ms: generation alone {out['generation_alone']}",
+              flush=True)
+
+        out["moderation_alone"] = one_rate(bootstrap, mod["jobs"], readers["mod"], pics,
+                                           args.mod_rate, args, "ma-")
+        print(f"  yield {yield_ms:g} ms: moderation alone "
+              f"{out['moderation_alone']['latency']}", flush=True)
+
+        both = GenFeeder(bootstrap, gen["jobs"], readers["gen"], "gb-", args.gen_outstanding,
+                         job)
+        both.start()
+        t0 = time.time() + 1.0  # one_rate's schedule starts a second after it is called
+        step = one_rate(bootstrap, mod["jobs"], readers["mod"], pics, args.mod_rate, args,
+                        "mb-")
+        out["both"] = {"moderation": step, "generation": {
+            "images_per_s": both.images_per_s(t0 + args.warmup_s, t0 + window),
+            **both.finish(args.drain_s)}}
+        print(f"  yield {yield_ms:g} ms: both: moderation {step['latency']}, generation "
+              f"{out['both']['generation']}", flush=True)
+        out["worker_exit_code"] = stop_worker(proc, WORKER_STOP_TIMEOUT_S)
+    finally:
+        if proc is not None:
+            kill_worker(proc)
+        for r in readers.values():
+            r.halt.set()
+            r.join(15)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tiny", action="store_true",
+                    help="tiny random SD engines on the CPU at 64x64: a smoke run")
+    ap.add_argument("--mod-rate", type=float, default=100.0, help="moderation jobs/s offered")
+    ap.add_argument("--gen-outstanding", type=int, default=4,
+                    help="generation jobs kept unanswered (full load)")
+    ap.add_argument("--steps", type=int, default=20, help="denoising steps per generation job")
+    ap.add_argument("--yield-ms", default="5", help="processing.gpu_yield_ms values, comma "
+                                                    "separated: one worker process each")
+    ap.add_argument("--warmup-s", type=float, default=5.0)
+    ap.add_argument("--steady-s", type=float, default=30.0)
+    ap.add_argument("--drain-s", type=float, default=60.0)
+    ap.add_argument("--start-timeout", type=float, default=600.0)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--producers", type=int, default=1,
+                    help="moderation producer processes splitting the schedule")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="SECTION.KEY=VALUE", help="worker config override (repeatable)")
+    ap.add_argument("--gen-json", type=json.loads, default={},
+                    help="JSON merged into the generation section")
+    ap.add_argument("--machine-note", default="")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if args.tiny and args.steps == 20:
+        args.steps = TINY_STEPS
+    args.overrides = dict(kv.split("=", 1) for kv in args.overrides)
+    yields = [float(y) for y in args.yield_ms.split(",") if y]
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)  # unwinds the finally blocks: worker and broker stop
+
+    signal.signal(signal.SIGTERM, on_term)
+    pics = frames()
+    logs = Path(tempfile.mkdtemp(prefix="ktw-two-tasks-"))
+    started = time.monotonic()
+    kafka = local_kafka_class()()
+    runs: list[dict[str, Any]] = []
+    failure: str | None = None
+    try:
+        bootstrap = kafka.start(timeout=180)
+        try:
+            for y in yields:
+                runs.append(one_yield(bootstrap, pics, y, args, logs))
+        finally:
+            kafka.stop()
+    except BenchFailed as exc:
+        print(f"FAIL: {exc}", file=sys.stderr)
+        failure = str(exc)[-2000:]
+    record = {
+        "bench": "two-tasks", "env": environment(),
+        "provenance": {**provenance(), "broker": "local Kafka (KRaft, worker.devkit)",
+                       "broker_version": getattr(kafka, "version", None),
+                       "machine": args.machine_note},
+        "params": {"tiny": args.tiny, "mod_rate": args.mod_rate, "steps": args.steps,
+                   "gen_outstanding": args.gen_outstanding, "yield_ms": yields,
+                   "warmup_s": args.warmup_s, "steady_s": args.steady_s,
+                   "partitions": args.partitions, "worker_config_overrides": args.overrides,
+                   "gen_json": args.gen_json,
+                   "worker_command": "python -m worker run (processing.task = "
+                                     "moderation,generation)"},
+        "method": {"moderation": "open loop at mod_rate (bench/frames_e2e.py one_rate): "
+                                 "latency from the scheduled send to the result's arrival",
+                   "generation": "closed loop, gen_outstanding jobs unanswered; images/s "
+                                 "over the steady window"},
+        "runs": runs, "failure": failure, "wall_s": round(time.monotonic() - started, 1)}
+    name = "two-tasks" + ("-tiny" if args.tiny else "") + (f"-{args.label}" if args.label
+                                                            else "")
+    path = write(name, record, args.out)
+    print(f"record {path}")
+    return 1 if failure or not runs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Short batches first on a GPU shared by the tasks of one process.
+
+A process serving several tasks (``processing.task = "moderation,generation"``) runs their
+batches on one GPU. A generation batch is many UNet steps (20 steps of ~10 ms each on an H200);
+queued behind it, a moderation batch would wait the whole batch. Instead each batch of a task
+that does not yield (moderation) holds a claim from its submit to its outcome, and the task
+that yields (generation, ``yields_gpu`` in :mod:`worker.tasks.registry`) calls
+:meth:`GpuShare.yield_turn` before each step, which waits while any claim is held: the
+moderation batch's kernels are queued between two denoising steps instead of behind all of
+them. The wait is bounded per step (``processing.gpu_yield_ms``) so a steady stream of
+moderation batches slows generation down but never starves it.
+
+With one task per process nobody builds a share: the tasks' hooks are no-ops.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+class GpuShare:
+    def __init__(self, max_wait_s: float) -> None:
+        self.max_wait_s = max_wait_s
+        self._claims = 0
+        self._cond = threading.Condition()
+        self.yields = 0  # steps that waited
+        self.waited_s = 0.0  # their waits, together
+
+    @property
+    def claims(self) -> int:
+        return self._claims
+
+    def claim(self) -> Callable[[], None]:
+        """A batch that must not queue behind a yielding task's steps starts; call what this
+        returns once it finished (further calls do nothing)."""
+        with self._cond:
+            self._claims += 1
+        released = [False]
+
+        def release() -> None:
+            with self._cond:
+                if released[0]:
+                    return
+                released[0] = True
+                self._claims -= 1
+                if self._claims == 0:
+                    self._cond.notify_all()
+
+        return release
+
+    def yield_turn(self) -> float:
+        """Before a step of a yielding task: wait while claims are held, at most
+        ``max_wait_s``; the seconds waited."""
+        with self._cond:
+            if self._claims == 0 or self.max_wait_s <= 0:
+                return 0.0
+            t = time.monotonic()
+            self._cond.wait_for(lambda: self._claims == 0, self.max_wait_s)
+            waited = time.monotonic() - t
+            self.yields += 1
+            self.waited_s += waited
+            return waited
