@@ -19,7 +19,7 @@
 #   device:  bash bench/device_kafka.sh probe [ARGS]         # carry .whl:
 #            bench/moderation/task_probe.py (probe-before: the .before checkout's own probe)
 #   device:  bash bench/device_kafka.sh safetycost [ARGS]    # carry .whl:
-#            bench/generation/safety_cost.py
+#            bench/generation/safety_cost.py (twotasks: bench/generation/two_tasks.py, broker)
 #   device:  bash bench/device_kafka.sh warm [ARGS]          # carry .whl: bench/start/warm_start.py
 #   device:  bash bench/device_kafka.sh cudastart [ARGS]     # carry .whl:
 #            bench/start/cuda_start_probe.py
@@ -280,7 +280,7 @@ stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
 (out / f"warm-ab-{stamp}.json").write_text(json.dumps(merged, indent=1))
 EOF
     ;;
-bench|bench-before|tests|profile|aoti|probe|probe-before|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost)
+bench|bench-before|tests|profile|aoti|probe|probe-before|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks)
     what=$1
     shift
     mkdir -p "$OUT"
@@ -317,9 +317,9 @@ bench|bench-before|tests|profile|aoti|probe|probe-before|warm|kernels|build|sdst
         PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -v -p no:cacheprovider \
             --durations=15 tests/gpu "$@" > "$OUT/gpu_tests.txt" 2>&1
         tail -25 "$OUT/gpu_tests.txt" ;;
-    probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost)
+    probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks)
         script=$(case $what in
-                 safetycost) echo generation/safety_cost ;;
+                 safetycost) echo generation/safety_cost ;; twotasks) echo generation/two_tasks ;;
                  framesgpu) echo moderation/frames_gpu ;; framese2e) echo frames_e2e ;;
                  probe) echo moderation/task_probe ;; warm) echo start/warm_start ;;
                  cudastart) echo start/cuda_start_probe ;; aotitext) echo aoti/aoti_text_build ;;
