@@ -11,6 +11,10 @@ while open_nsfw is the real network, so the share is far larger than on a GPU wi
 
 python bench/generation/safety_cost.py [--device cpu] [--weights tiny] [--size 512] \
     [--steps 20] [--images 2] [--reps 3] [--out DIR]
+
+On a GPU the image check runs where ``model.backend`` puts open_nsfw (ONNX Runtime on the
+CPU by default): ``KTW_MODEL__BACKEND=torch KTW_MODEL__PREPROCESS=gpu
+KTW_MODEL__JPEG_ROUNDTRIP=false`` scores the VAE's pixels on the GPU.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ def main() -> int:
                                       "warm_up": "first_use", "moderation": moderation,
                                       "blob": {"local_dir": str(Path(cache) / "blobs")}},
                           log={"level": "WARNING"})
+        model_backend, model_preprocess = cfg.model.backend, cfg.model.preprocess
         task = generation_task(cfg)
         task.warm_up()
         profile = next(p for p in task.batcher_profiles() if str(args.size) in p.name)
@@ -95,7 +100,10 @@ def main() -> int:
     record = {"bench": "generation-safety-cost", "env": environment(),
               "params": vars(args) | {"out": str(args.out), "image_policy": "default "
                                       "(open_nsfw)", "prompt_policy": "prompts (text)"
-                                      if text else None},
+                                      if text else None,
+                                      # where open_nsfw ran (model.*, from KTW_MODEL__*)
+                                      "model_backend": model_backend,
+                                      "model_preprocess": model_preprocess},
               "batches": per_batch,
               "moderation_share_median": statistics.median(
                   b["moderation_share"] for b in per_batch),

@@ -57,8 +57,10 @@ def _task(engines: Any, tmp_path: Path, in_flight: int = 2) -> Any:
     from worker.tasks.generation.blobs import LocalBlobStore
     from worker.tasks.generation.task import GenerationTask
 
-    g = GenerationSettings(random_weights="tiny", sizes=[{"width": w, "height": h}
-                                                          for w, h in SIZES],
+    # device as the worker resolves it (worker/tasks/generation/device.py): "auto" left
+    # unresolved would warm up by first use and capture nothing.
+    g = GenerationSettings(random_weights="tiny", device="cuda:0",
+                           sizes=[{"width": w, "height": h} for w, h in SIZES],
                            unet_batch_sizes=[2, 4, 8], text_batch_sizes=[2, 4, 8],
                            vae_batch_sizes=[1, 2, 4])
     return GenerationTask(g, engines, LocalBlobStore(tmp_path), own_engines=False,
