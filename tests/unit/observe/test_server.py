@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
 
+from tests.unit.observe.http_client import get
 from worker.config import load_config
 from worker.loop.heap import HeapPolicy
 from worker.loop.hops import HopTimes
@@ -64,19 +63,11 @@ def served() -> Iterator[tuple[str, SimpleNamespace, Vitals]]:
         server.close()
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def test_metrics_report_the_loops_counters(served: tuple[str, SimpleNamespace, Vitals]
                                            ) -> None:
     base, _, _ = served
     events.COUNTS["commit_failed"] += 0  # (the series exists once an event was counted)
-    status, text = _get(base + "/metrics")
+    status, text = get(base + "/metrics")
     assert status == 200
     lines = set(text.splitlines())
     for line in ('trt_worker_records_consumed_total{topic="jobs"} 10.0',
@@ -109,13 +100,13 @@ def test_metrics_report_the_loops_counters(served: tuple[str, SimpleNamespace, V
 def test_health_routes_answer_200_or_503_with_reasons(
         served: tuple[str, SimpleNamespace, Vitals]) -> None:
     base, _, vitals = served
-    assert _get(base + "/healthz") == (200, "ok\n")
-    status, text = _get(base + "/readyz")
+    assert get(base + "/healthz") == (200, "ok\n")
+    status, text = get(base + "/readyz")
     assert status == 503 and "engines not warm yet" in text
     vitals.warm = vitals.subscribed = True
-    assert _get(base + "/readyz") == (200, "ok\n")
-    assert "trt_worker_ready 1.0" in _get(base + "/metrics")[1]
-    assert _get(base + "/nope")[0] == 404
+    assert get(base + "/readyz") == (200, "ok\n")
+    assert "trt_worker_ready 1.0" in get(base + "/metrics")[1]
+    assert get(base + "/nope")[0] == 404
 
 
 def test_a_port_in_use_is_a_config_error() -> None:

@@ -3,13 +3,12 @@ each reason naming its task; each loop's metrics labelled ``task``, the process'
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
 
+from tests.unit.observe.http_client import get
 from worker.config import load_config
 from worker.loop.heap import HeapPolicy
 from worker.loop.hops import HopTimes
@@ -75,33 +74,25 @@ def served() -> Iterator[tuple[str, dict[str, Vitals]]]:
         server.close()
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def test_ready_only_when_every_loop_is_ready(served: tuple[str, dict[str, Vitals]]) -> None:
     base, vitals = served
     vitals["moderation"].warm = vitals["moderation"].subscribed = True
-    status, text = _get(base + "/readyz")
+    status, text = get(base + "/readyz")
     assert status == 503
     assert text.splitlines() == ["generation: engines not warm yet",
                                  "generation: not subscribed yet"]
     vitals["generation"].warm = vitals["generation"].subscribed = True
-    assert _get(base + "/readyz") == (200, "ok\n")
+    assert get(base + "/readyz") == (200, "ok\n")
     vitals["moderation"].stopping = True
-    assert _get(base + "/readyz") == (503, "moderation: stopping\n")
-    assert _get(base + "/healthz") == (200, "ok\n")
+    assert get(base + "/readyz") == (503, "moderation: stopping\n")
+    assert get(base + "/healthz") == (200, "ok\n")
 
 
 def test_each_loops_metrics_are_labelled_with_its_task(
         served: tuple[str, dict[str, Vitals]]) -> None:
     base, _ = served
     events.COUNTS["commit_failed"] += 0
-    status, text = _get(base + "/metrics")
+    status, text = get(base + "/metrics")
     assert status == 200
     lines = set(text.splitlines())
     for line in (
