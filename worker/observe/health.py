@@ -82,10 +82,7 @@ class Health:
             reasons.append(f"a record unacknowledged for {waited:.0f} s")
         reasons.extend(r for r in (why() for why in self._blocked) if r is not None)
         reasons.extend(self.live().reasons)
-        if len(reasons) > MAX_REASONS:
-            more = len(reasons) - (MAX_REASONS - 1)
-            reasons[MAX_REASONS - 1:] = [f"and {more} more reasons"]
-        return Verdict(not reasons, tuple(reasons))
+        return Verdict(not reasons, _capped(reasons))
 
 
 class TasksHealth:
@@ -105,7 +102,12 @@ class TasksHealth:
     @staticmethod
     def _all(verdicts: Mapping[str, Verdict]) -> Verdict:
         reasons = [f"{task}: {r}" for task, v in verdicts.items() for r in v.reasons]
-        if len(reasons) > MAX_REASONS:
-            more = len(reasons) - (MAX_REASONS - 1)
-            reasons[MAX_REASONS - 1:] = [f"and {more} more reasons"]
-        return Verdict(all(v.ok for v in verdicts.values()), tuple(reasons))
+        return Verdict(all(v.ok for v in verdicts.values()), _capped(reasons))
+
+
+def _capped(reasons: list[str]) -> tuple[str, ...]:
+    """At most MAX_REASONS lines, the last of a longer list saying how many more there are."""
+    if len(reasons) > MAX_REASONS:
+        more = len(reasons) - (MAX_REASONS - 1)
+        reasons = [*reasons[:MAX_REASONS - 1], f"and {more} more reasons"]
+    return tuple(reasons)

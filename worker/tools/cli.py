@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -136,10 +137,16 @@ def run(
         _run_tasks(cfg)
         return
     worker = build_worker(cfg)
-    _install_stop_handlers(worker.stop, cfg.commit.shutdown_timeout_s)
-    server = observe(worker)
+    _serve(worker, lambda: observe(worker), cfg.commit.shutdown_timeout_s)
+
+
+def _serve(loop: Any, observe_it: Callable[[], Any], shutdown_timeout_s: float) -> None:
+    """Run ``loop`` (a Worker or TaskThreads) until it ends: SIGTERM/SIGINT stop it, within
+    ``shutdown_timeout_s``; ``observe_it()`` serves its metrics and health meanwhile."""
+    _install_stop_handlers(loop.stop, shutdown_timeout_s)
+    server = observe_it()
     try:
-        worker.run()
+        loop.run()
     finally:
         if server is not None:
             server.close()
@@ -156,13 +163,7 @@ def _run_tasks(cfg: WorkerConfig) -> None:
     # A loop's failure drains the others, bounded as a SIGTERM's drain is.
     loops = TaskThreads(workers, on_own_stop=lambda: _arm_shutdown_timeout(
         cfg.commit.shutdown_timeout_s))
-    _install_stop_handlers(loops.stop, cfg.commit.shutdown_timeout_s)
-    server = observe_all(workers)
-    try:
-        loops.run()
-    finally:
-        if server is not None:
-            server.close()
+    _serve(loops, lambda: observe_all(workers), cfg.commit.shutdown_timeout_s)
 
 
 @app.command()

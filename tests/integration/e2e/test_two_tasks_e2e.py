@@ -9,10 +9,7 @@ once both loops are, with per-task metrics; SIGTERM stops both (exit 0).
 from __future__ import annotations
 
 import json
-import socket
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -35,7 +32,9 @@ from tests.integration.e2e.test_generation_e2e import (  # noqa: F401 - fixture,
     job,
     results_for,
 )
+from tests.integration.observe.http_support import get
 from worker.bundled import samples_dir
+from worker.devkit.local_kafka.config import free_port
 from worker.tools.produce import produce_folder
 from worker.wire.moderation_codec import decode_result
 
@@ -44,22 +43,6 @@ pytestmark = [
     pytest.mark.skipif(bool(MISSING), reason=f"needs the gen extra ({', '.join(MISSING)} "
                                              "missing): pip install 'kafka-trt-worker[gen]'"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except (urllib.error.HTTPError) as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:
-        return 0, str(exc)
 
 
 @pytest.mark.timeout(180)
@@ -78,7 +61,7 @@ def test_one_process_answers_a_moderation_and_a_generation_job(
         "blob": {"local_dir": str(tmp_path / "blobs")},
         "topics": {"jobs": gen.jobs, "results": gen.results, "dlq": gen.dlq},
     }
-    port = _free_port()
+    port = free_port()
     env = worker_env(cfg, KTW_PROCESSING__TASK="moderation,generation",
                      KTW_GENERATION=json.dumps(generation),
                      KTW_ENGINES__CACHE_DIR=str(engine_cache),
@@ -92,11 +75,11 @@ def test_one_process_answers_a_moderation_and_a_generation_job(
         mod_results = results_for(kafka_bootstrap, mod.results, {s.id for s in sent})
         gen_results = results_for(kafka_bootstrap, gen.results, {"gen-1"})
         deadline = time.monotonic() + 30
-        while (ready := _get(f"http://127.0.0.1:{port}/readyz"))[0] != 200 \
+        while (ready := get(f"http://127.0.0.1:{port}/readyz"))[0] != 200 \
                 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert ready == (200, "ok\n"), ready
-        metrics = _get(f"http://127.0.0.1:{port}/metrics")[1]
+        metrics = get(f"http://127.0.0.1:{port}/metrics")[1]
     finally:
         proc.terminate()
         code = proc.wait(90)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.unit.observe.http_client import get
+from tests.integration.observe.http_support import get
 from worker.config import load_config
 from worker.loop.heap import HeapPolicy
 from worker.loop.hops import HopTimes
