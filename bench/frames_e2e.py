@@ -17,8 +17,12 @@ Latencies are HdrHistograms (``hdrhistogram``, microseconds, 3 significant digit
 encoded in the record so they pool across runs (decode and add): per run and rate, and pooled
 per rate. ``--repeats`` (>= 3 for medians and spread) repeats the whole run.
 
+``--code-root DIR`` runs the worker from another checkout (``git archive REV | tar -x -C DIR``,
+its commit in ``DIR/COMMIT``) with this bench, broker and corpus: old and new code on the same
+frames and load, e.g. alternating in one session.
+
 python bench/frames_e2e.py --frames 1080p --quality 85 --rates 30,40,50 --repeats 3 \
-    [--set moderation.jpeg_dct_scaling=true] [--label after]
+    [--set moderation.jpeg_dct_scaling=true] [--label after] [--code-root .before]
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import frames as frame_corpus
-from bench.common import environment, provenance, write
+from bench.common import commit, environment, provenance, write
 from bench.cpu_e2e import (
     REPO,
     WORKER_STOP_TIMEOUT_S,
@@ -61,6 +65,14 @@ SAMPLE_S = 0.5
 GROWTH_BOUND = 0.05  # backlog growth per second, as a fraction of the offered rate
 END_BOUND_S = 2.0  # backlog left at the end of the steady window, in seconds of jobs
 WARMUP_JOBS = 24
+
+
+def code_commit(root: Path) -> str:
+    """The worker's commit: this checkout's, or the one a staged checkout names in COMMIT."""
+    if root.resolve() == REPO.resolve():
+        return commit()
+    stamp = root / "COMMIT"
+    return stamp.read_text().strip() if stamp.is_file() else "unknown"
 
 
 def _histogram() -> Any:
@@ -272,6 +284,9 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
         reader.halt.set()
         raise BenchFailed(reader.error or "results reader not ready after 30 s")
     env, _dropped = worker_env(bootstrap, topics, f"frames-e2e-{tag}", args.overrides)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(args.code_root), *(p for p in env["PYTHONPATH"].split(os.pathsep)
+                                if p and Path(p).resolve() != REPO.resolve())])
     log_path = logs / f"worker-{index + 1}.log"
     import subprocess
 
@@ -279,7 +294,8 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
     steps: list[dict[str, Any]] = []
     try:
         with log_path.open("wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], cwd=REPO, env=env,
+            proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], cwd=args.code_root,
+                                    env=env,
                                     stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         produce_jobs(bootstrap, topics["jobs"], frames[0], WARMUP_JOBS, "w-")
@@ -379,6 +395,8 @@ def main() -> int:
     ap.add_argument("--label", default="", help="added to the record's file name")
     ap.add_argument("--cache", type=Path, default=frame_corpus.DEFAULT_CACHE)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--code-root", type=Path, default=REPO,
+                    help="checkout the worker runs from (default: this one)")
     args = ap.parse_args()
     rates = sorted(float(r) for r in args.rates.split(",") if r)
     args.auto_rates = [float(f) for f in args.auto_rates.split(",") if f]
@@ -425,6 +443,8 @@ def main() -> int:
                        "steady_s": args.steady_s, "partitions": args.partitions,
                        "worker_config_overrides": args.overrides, "warmup_jobs": WARMUP_JOBS,
                        "producers": args.producers,
+                       "code_root": str(args.code_root),
+                       "code_commit": code_commit(args.code_root),
                        "worker_command": "python -m worker run" + (
                            " with the overrides above" if args.overrides
                            else " (CPU default: onnxruntime)")},

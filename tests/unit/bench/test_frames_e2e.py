@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from bench.frames_e2e import scheduled_jobs
+from bench.frames_e2e import code_commit, scheduled_jobs
 
 
 @pytest.mark.parametrize("jobs", [600, 1500, 3000, 5000, 20000])
@@ -15,3 +17,12 @@ def test_a_drain_of_n_jobs_schedules_n(jobs: int) -> None:
 
 def test_a_fixed_rate_schedules_rate_times_seconds() -> None:
     assert scheduled_jobs(80, 33.0) == 2640
+
+
+def test_a_staged_checkout_names_its_own_commit(tmp_path: Path) -> None:
+    (tmp_path / "COMMIT").write_text("1978609\n")
+    assert code_commit(tmp_path) == "1978609"
+
+
+def test_a_checkout_without_a_commit_stamp_is_unknown(tmp_path: Path) -> None:
+    assert code_commit(tmp_path) == "unknown"
