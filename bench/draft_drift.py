@@ -19,7 +19,10 @@ CPU engine (``engine_plan``, onnxruntime fp32), each image's worst view as the w
 Reported per set: |delta nsfw| (median, p99, max) and the verdicts that differ at the default
 thresholds (review 0.2, block 0.8); per frame class: median decode + resize ms both ways.
 
-python bench/draft_drift.py [--variants 24] [--steps 25] [--out DIR]
+``--draft-precision int8``: the scaled side runs on the int8 CPU engine (both opt-ins at once)
+against the default (fp32, full decode).
+
+python bench/draft_drift.py [--variants 24] [--steps 25] [--draft-precision int8] [--out DIR]
 """
 
 from __future__ import annotations
@@ -152,6 +155,8 @@ def main() -> None:
     ap.add_argument("--draft-side", type=int, default=DRAFT_SIDE,
                     help="the least side libjpeg may scale to (256: the resize target; 512 "
                          "keeps twice its pixels, a smaller scale for HD frames)")
+    ap.add_argument("--draft-precision", choices=("fp32", "int8"), default="fp32",
+                    help="the scaled side's engine precision (the full side's is fp32)")
     ap.add_argument("--cache", type=Path, default=frame_corpus.DEFAULT_CACHE)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -167,16 +172,23 @@ def main() -> None:
 
     got: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     with tempfile.TemporaryDirectory() as cache:
-        runner = engine_plan(load_config(model={"precision": "fp32"},
-                                         engines={"cache_dir": cache},
-                                         log={"level": "WARNING"})).runner()
-        runner.activate()
+        def runner_of(precision: str) -> Any:
+            r = engine_plan(load_config(model={"precision": precision},
+                                        engines={"cache_dir": cache},
+                                        log={"level": "WARNING"})).runner()
+            r.activate()
+            return r
+
+        full = runner_of("fp32")
+        scaled = full if args.draft_precision == "fp32" else runner_of(args.draft_precision)
         try:
             for name, images in sets.items():
-                got[name] = (worst(runner, images, None), worst(runner, images, args.draft_side))
+                got[name] = (worst(full, images, None), worst(scaled, images, args.draft_side))
                 print(f"{name}: {compare(*got[name])['abs_delta_nsfw']}", flush=True)
         finally:
-            runner.deactivate()
+            full.deactivate()
+            if scaled is not full:
+                scaled.deactivate()
     frames_all = [np.concatenate([got[k][i] for k in got if k.startswith("frames/")])
                   for i in (0, 1)]
     everything = [np.concatenate([g[i] for g in got.values()]) for i in (0, 1)]
@@ -189,7 +201,9 @@ def main() -> None:
         "bench": "draft-drift", "env": environment(),
         "params": {"draft_side": args.draft_side, "variants": args.variants, "steps": args.steps,
                    "seed": args.seed, "thresholds": {"review": REVIEW, "block": BLOCK},
-                   "engine": "worker engine_plan, onnxruntime fp32, real open_nsfw weights",
+                   "engine": "worker engine_plan, onnxruntime, real open_nsfw weights: fp32 "
+                             f"for the full decode, {args.draft_precision} for the scaled one",
+                   "draft_precision": args.draft_precision,
                    "preprocess": "decode_views + preprocess_open_nsfw (JPEG round trip on), "
                                  "worst view per image",
                    "pushed_targets": sorted(set(targets))},
