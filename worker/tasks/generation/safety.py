@@ -150,19 +150,52 @@ def resolve(cfg: WorkerConfig) -> tuple[str | None, str | None, dict[str, Policy
     return image, prompt, {n: p for n, p in policies.items() if n in (image, prompt)}
 
 
-def make_safety(cfg: WorkerConfig) -> Safety | None:
-    """The models ``generation.moderation`` needs, built and activated, or None (all off)."""
+def make_safety(cfg: WorkerConfig, device: str = "cpu") -> Safety | None:
+    """The models ``generation.moderation`` needs, built and activated, or None (all off).
+    ``device``: where generation runs (resolved), which is where the checks run by default
+    (:func:`checks_config`)."""
     from worker.tasks.moderation.models import make_models
     from worker.tasks.moderation.served_policies import check_runtime
 
     image, prompt, policies = resolve(cfg)
     if not policies:
         return None
+    cfg = checks_config(cfg, device)
     check_runtime(cfg, policies)
     safety = Safety(make_models(cfg, policies), image, prompt, policies)
     log.info("generation_moderation", image_policy=image, image_models=safety.image_models,
-             prompt_policy=prompt, prompt_models=safety.prompt_models)
+             prompt_policy=prompt, prompt_models=safety.prompt_models,
+             backend=cfg.model.backend, preprocess=cfg.model.preprocess)
     return safety
+
+
+def checks_config(cfg: WorkerConfig, device: str) -> WorkerConfig:
+    """The config the checks' models are built from: the worker's, except where generation runs
+    on a CUDA device and ``model.backend`` is left unset. Then open_nsfw (and the towers that
+    follow it) run on that device, through the registry's pipelined backend that needs no
+    build step: the VAE's images are already there, and scoring them on the default CPU
+    backend cost 3.4-4.6% of a 20-step batch on the H200 against 0.5-0.7% on the device
+    (docs/generation.md), over the 3% a check may cost. A ``model.backend`` that is set is
+    kept, as is the CPU where a setting the device backend refuses is set (logged)."""
+    if not device.startswith("cuda") or "backend" in cfg.model.model_fields_set:
+        return cfg
+    from pydantic import ValidationError
+
+    from engines.backends.registry import BACKENDS
+
+    name = next((b.name for b in BACKENDS.values() if b.pipelined and not b.needs_artifact),
+                None)
+    if name is None:
+        return cfg
+    try:
+        model = type(cfg.model).model_validate(
+            {**cfg.model.model_dump(), "backend": name, "preprocess": "gpu",
+             "jpeg_roundtrip": False, "device": int(device.partition(":")[2] or 0)})
+    except ValidationError as exc:
+        log.warning("generation_checks_on_cpu", device=device, backend=cfg.model.backend,
+                    why=str(exc).splitlines()[-1].strip())
+        return cfg
+    return cfg.model_copy(update={"model": model})
 
 
 def generated_pixels(rows: Sequence[Any]) -> Any:

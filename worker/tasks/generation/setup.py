@@ -105,7 +105,7 @@ def make_generation_task(cfg: WorkerConfig,
     resolve(cfg)  # a moderation setting that cannot work fails before any load too
     engines = make_engines(cfg, on_build, g)
     quarantine = g.moderation.quarantine
-    safety = make_safety(cfg)
+    safety = make_safety(cfg, g.device)
     return GenerationTask(g, engines, make_blob_store(cfg.generation.blob),
                           max_in_flight_batches=cfg.batch.max_in_flight_batches,
                           max_jobs_per_batch=jobs_per_batch(cfg), safety=safety,
