@@ -144,3 +144,44 @@ def test_gpu_task_scores_match_the_cpu_reference(backend: str, preprocess: str,
     print(f"{preprocess} preprocessing: max |diff| {diff.max():.2e}, mean {diff.mean():.2e}")
     # fp16 engine (<=1e-2, see the conformance test) plus, on the gpu path, nvJPEG's IDCT.
     assert diff.max() < 3e-2 and diff.mean() < 5e-3
+
+
+def test_activation_does_not_break_a_capture_in_another_thread() -> None:
+    """Two tasks in one process: one engine's graphs are captured (generation's, lazily) while
+    another activates (moderation's pipeline, which captures too). Entering torch.cuda.graph
+    synchronises the whole device, which CUDA refuses during the other thread's capture and
+    which invalidates it (what a two-task run hit on an H100): captures take turns."""
+    import threading
+
+    import torch
+
+    from engines.backends.torch.graphs import capture
+
+    net = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(64)]).cuda().eval()
+    x = torch.randn(64, 512, device="cuda")
+    errors: list[BaseException] = []
+    captures = 0
+    done = threading.Event()
+
+    def capture_loop() -> None:
+        nonlocal captures
+        try:
+            while not done.is_set():
+                graph, _ = capture(net, [x], warmup=0 if captures else 1)
+                graph.replay()
+                torch.cuda.current_stream().synchronize()
+                captures += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    t = threading.Thread(target=capture_loop)
+    t.start()
+    try:
+        for _ in range(5):
+            _, pipe = _pipeline(overlap=True, sizes=(8, 32), slots=3)
+            pipe.deactivate()
+    finally:
+        done.set()
+        t.join(60)
+    assert not errors, errors
+    assert captures > 0

@@ -12,6 +12,7 @@ are dropped.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,22 @@ import numpy as np
 
 from engines.backends.base import EventHandle
 from engines.exceptions import RunnerStateError
+
+# One capture at a time in a process. Entering torch.cuda.graph synchronises the whole device
+# and empties the allocator's cache, which CUDA refuses while any stream is capturing (and
+# which then invalidates that capture); with both tasks in one process, their engines can
+# capture at once (warm-ups, a shape's first use). Eager work on other threads goes on
+# meanwhile: captures are thread_local.
+_CAPTURE_LOCK = threading.Lock()
+
+
+def empty_cache() -> None:
+    """``torch.cuda.empty_cache()`` between captures, never during one: freeing device memory
+    synchronises the device."""
+    import torch
+
+    with _CAPTURE_LOCK:
+        torch.cuda.empty_cache()
 
 
 @dataclass
@@ -93,7 +110,8 @@ def capture(fn: Any, dev_in: list[Any], *, pool: Any = None, warmup: int = 3
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     # thread_local: another batch thread may run other engines while this one captures.
-    with torch.no_grad(), torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+    with _CAPTURE_LOCK, torch.no_grad(), torch.cuda.graph(graph, pool=pool,
+                                                        capture_error_mode="thread_local"):
         dev_out = fn(*dev_in)
     return graph, dev_out
 

@@ -114,7 +114,9 @@ class TorchPipeline:
             self._slots[size] = [self._make_slot(size, warmup=1 if i == 0 else 0)
                                  for i in range(self.slots_per_size)]
             self._next[size] = 0
-        torch.cuda.synchronize()
+        # The slots' inputs and captures are on the current stream (see runner._capture for
+        # why not the whole device).
+        torch.cuda.current_stream(torch.device(self.runner.device)).synchronize()
         log.info("pipeline_activated: %s, %d graphs for batch sizes %s in %.3f s",
                  self.runner.spec.model_id, self.slots_per_size * len(self.sizes),
                  list(self.sizes), time.monotonic() - started)

@@ -289,7 +289,11 @@ class TorchRunner(Runner):
                 # (its first calls compile and may recompile).
                 ring.append(capture_graph(self._fn, dev_in, name, pool=self._pool,
                                           warmup=(3 if self._compile else 1) if i == 0 else 0))
-            torch.cuda.synchronize(self.device)  # inputs and capture done before any replay
+            # Inputs and capture done before any replay: the device's current stream (the
+            # copies; the capture's side stream joined it). Never the whole device: a
+            # device-wide sync while another thread captures (the other task of a two-task
+            # process) is refused by CUDA and invalidates that capture.
+            torch.cuda.current_stream(self.device).synchronize()
         except RuntimeError as exc:
             self._static.discard(key)
             self.graph_errors[key] = str(exc)

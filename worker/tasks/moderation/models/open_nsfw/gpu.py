@@ -199,6 +199,7 @@ class OpenNsfwGpuModel(OpenNsfwModel):
         if self._gpu_decode and self._decoder_ready.is_set():
             import torch
 
+            from engines.backends.torch.graphs import empty_cache
             from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import prepare_batch
 
             stream = self._prep_stream()
@@ -214,7 +215,7 @@ class OpenNsfwGpuModel(OpenNsfwModel):
                 # instead (the engine's own memory is preallocated in its graphs). Any other
                 # CUDA error propagates and stops the worker, nothing committed past it.
                 stream.synchronize()
-                torch.cuda.empty_cache()
+                empty_cache()  # (not during another engine's graph capture)
                 log.warning("gpu_preprocess_out_of_memory", images=n,
                             error=one_line(exc, 200), fallback="cpu")
                 rejects = self._fill_host_rows(slot, images)
