@@ -16,11 +16,13 @@ consistency).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker.config.policies import PolicySettings
+from worker.config.policies import LabelThresholds, PolicySettings
 from worker.tasks.moderation.models import package
+from worker.tasks.moderation.models.package import Rule
 from worker.wire.moderation_jobs import Verdict
 
 # By model name (a plug-in's, worker.tasks.moderation.models): its scores by label.
@@ -47,26 +49,66 @@ class _Hit:
         return self.score - self.threshold
 
 
+@dataclass(frozen=True, slots=True)
+class _ModelRules:
+    """What one model's scores mean under one policy: its informational labels, the
+    thresholds of the labels the policy has it score, and its package's extra rules."""
+
+    info: frozenset[str]
+    thresholds: Mapping[str, LabelThresholds]
+    rules: tuple[Rule, ...]
+    keys: Mapping[str, str]  # label -> "<model>.<label>", for the labels above
+
+
+# Per (policy, model), worked out on first use: every job's result is decided here, and the
+# policy's lookups (which models score a label, its thresholds for a model, the package's
+# info labels) cost more than the comparisons. Keyed by the policy object's id, checked
+# against a weak reference and dropped with the policy (configs are frozen: a policy never
+# changes; a test's new config is a new object).
+_RULES: dict[tuple[int, str], tuple[weakref.ref[PolicySettings], _ModelRules]] = {}
+
+
+def _rules(policy: PolicySettings, model: str) -> _ModelRules:
+    key = (id(policy), model)
+    hit = _RULES.get(key)
+    if hit is not None and hit[0]() is policy:
+        return hit[1]
+    pkg = package(model)
+    info = frozenset(pkg.info_labels)
+    thresholds = {label: settings.thresholds(model)
+                  for label, settings in policy.labels.items()
+                  if label not in info and model in policy.scorers(label)}
+    rules = _ModelRules(info, thresholds, tuple(pkg.rule_functions()),
+                        {label: f"{model}.{label}" for label in (*info, *thresholds)})
+    _RULES[key] = (weakref.ref(policy, lambda _ref: _RULES.pop(key, None)), rules)
+    return rules
+
+
 def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel) -> Decision:
     """Apply the rules above. ``scores_by_model`` holds only the models that ran."""
     if not scores_by_model:
         raise ValueError("no model produced scores: nothing to decide on")
     models_run = tuple(m for m in policy.models if m in scores_by_model)
-    stray = set(scores_by_model) - set(policy.models)
-    if stray:
+    if len(models_run) != len(scores_by_model):
+        stray = set(scores_by_model) - set(policy.models)
         raise ValueError(f"scores from models {sorted(stray)} that the policy does not run")
     flat: dict[str, float] = {}
     blocks: list[_Hit] = []
     reviews: list[_Hit] = []
     for model in models_run:
-        scores = scores_by_model[model]
+        scores, rules = scores_by_model[model], _rules(policy, model)
         for label, score in scores.items():
-            _check_score(model, label, score, policy)
-            key = f"{model}.{label}"
+            # A bad score here is a bug in a scorer, never a property of the job: fail loudly.
+            t = rules.thresholds.get(label)
+            if t is None and label not in rules.info:
+                raise ValueError(f"{model} scored {label!r}, which the policy does not ask it "
+                                 "to score")
+            if not (math.isfinite(score) and 0.0 <= score <= 1.0):
+                raise ValueError(f"{model}.{label} = {score!r} is not a score in [0, 1]")
+            key = rules.keys[label]
             flat[key] = float(score)
-            if label in _info_labels(model):
+            if t is None:  # informational
                 continue
-            t = policy.labels[label].thresholds(model)
             if score >= t.block:
                 blocks.append(_Hit(key, score, t.block))
             elif score >= t.review:
@@ -76,7 +118,7 @@ def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel) -> Decision
     if reviews:
         return _decide(Verdict.REVIEW, "review", reviews, flat, models_run)
     for model in models_run:
-        for rule in package(model).rule_functions():
+        for rule in _rules(policy, model).rules:
             hit = rule(policy, scores_by_model[model])
             if hit is not None:
                 return Decision(hit.verdict, hit.rule, hit.reason, flat, models_run)
@@ -89,17 +131,3 @@ def _decide(verdict: Verdict, kind: str, hits: list[_Hit], flat: dict[str, float
     top = max(hits, key=lambda h: h.margin)  # max() keeps the first of equal margins
     reason = f"{top.key} {top.score:.3f} >= {kind} {top.threshold:.3f}"
     return Decision(verdict, f"{kind}:{top.key}", reason, flat, models_run)
-
-
-def _info_labels(model: str) -> tuple[str, ...]:
-    """The scores ``model`` reports that are no policy label."""
-    return package(model).info_labels
-
-
-def _check_score(model: str, label: str, score: float, policy: PolicySettings) -> None:
-    # A bad score here is a bug in a scorer, never a property of the job: fail loudly.
-    if label not in _info_labels(model) and (
-            label not in policy.labels or model not in policy.scorers(label)):
-        raise ValueError(f"{model} scored {label!r}, which the policy does not ask it to score")
-    if not (math.isfinite(score) and 0.0 <= score <= 1.0):
-        raise ValueError(f"{model}.{label} = {score!r} is not a score in [0, 1]")
