@@ -95,9 +95,9 @@ def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel) -> Decision
     flat: dict[str, float] = {}
     blocks: list[_Hit] = []
     reviews: list[_Hit] = []
-    for model in models_run:
-        scores, rules = scores_by_model[model], _rules(policy, model)
-        for label, score in scores.items():
+    ruled = [(model, _rules(policy, model)) for model in models_run]
+    for model, rules in ruled:
+        for label, score in scores_by_model[model].items():
             # A bad score here is a bug in a scorer, never a property of the job: fail loudly.
             t = rules.thresholds.get(label)
             if t is None and label not in rules.info:
@@ -117,8 +117,8 @@ def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel) -> Decision
         return _decide(Verdict.BLOCK, "block", blocks, flat, models_run)
     if reviews:
         return _decide(Verdict.REVIEW, "review", reviews, flat, models_run)
-    for model in models_run:
-        for rule in _rules(policy, model).rules:
+    for model, rules in ruled:
+        for rule in rules.rules:
             hit = rule(policy, scores_by_model[model])
             if hit is not None:
                 return Decision(hit.verdict, hit.rule, hit.reason, flat, models_run)
