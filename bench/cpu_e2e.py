@@ -276,9 +276,11 @@ class Reader(threading.Thread):
 
 # -- worker process ----------------------------------------------------------------------------
 def worker_env(bootstrap: str, topics: dict[str, str], group: str,
-               overrides: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """The environment of `python -m worker run`: the caller's, minus any inherited worker
-    configuration (KTW_<SECTION>__*, KTW_CONFIG_FILE, KAFKA_BOOTSTRAP_SERVERS), plus ours."""
+               overrides: dict[str, str], root: Path = REPO
+               ) -> tuple[dict[str, str], list[str]]:
+    """The environment of `python -m worker run` from checkout ``root``: the caller's, minus
+    any inherited worker configuration (KTW_<SECTION>__*, KTW_CONFIG_FILE,
+    KAFKA_BOOTSTRAP_SERVERS), plus ours."""
     env, dropped = {}, []
     for k, v in os.environ.items():
         if (k.startswith("KTW_") and "__" in k) or k in ("KTW_CONFIG_FILE",
@@ -286,7 +288,7 @@ def worker_env(bootstrap: str, topics: dict[str, str], group: str,
             dropped.append(k)
         else:
             env[k] = v
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env |= {"KTW_KAFKA__BOOTSTRAP_SERVERS": bootstrap, "KTW_KAFKA__GROUP_ID": group,
             "KTW_TOPICS__JOBS": topics["jobs"], "KTW_TOPICS__RESULTS": topics["results"],

@@ -113,6 +113,7 @@ stage)
     if [ -n "${2:-}" ]; then
         mkdir -p .before && git archive "$2" | tar -x -C .before
         git rev-parse --short "$2" > .before/COMMIT
+        echo 0 > .before/DIRTY  # a git archive of a commit: no local changes
         # Its own steps read the staged commit from .whl/COMMIT (else /tmp/site's, this
         # checkout's: on 2026-12-03 the older side's records carried the newer commit).
         mkdir -p .before/.whl && cp .before/COMMIT .before/.whl/COMMIT
@@ -364,12 +365,14 @@ bench|bench-before|tests|profile|aoti|probe|probe-before|warm|kernels|build|sdst
             done
         done ;;
     probe-before)  # the older checkout's own task probe (its bench layout, its worker)
-        BENCH_COMMIT=$(cat .before/COMMIT) PYTHONPATH=/tmp/site:$ROOT/.before \
+        BENCH_COMMIT=$(cat .before/COMMIT) BENCH_DIRTY=$(cat .before/DIRTY 2>/dev/null) \
+            PYTHONPATH=/tmp/site:$ROOT/.before \
             timeout $LIMIT_S python3 "$(ls .before/bench/moderation/task_probe.py \
             .before/bench/task_probe.py 2>/dev/null | head -1)" --out "$OUT" "$@" 2>&1 \
             | grep --line-buffered -v 'Warning\|warn(' | tee -a "$OUT/probe-before.log" | tail -30 ;;
     bench-before)
         BENCH_COMMIT=$(cat .before/COMMIT) BENCH_CODE_COMMIT=$(cat .before/COMMIT) \
+            BENCH_DIRTY=$(cat .before/DIRTY 2>/dev/null) \
             timeout $LIMIT_S python3 bench/moderation/kafka_e2e.py \
             --code-root .before --out "$OUT" "$@" 2>&1 | grep --line-buffered -v '^%' \
             | tee -a "$OUT/before.log" ;;

@@ -45,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import frames as frame_corpus
-from bench.common import commit, environment, provenance, write
+from bench.common import RESULTS, environment, provenance, write
 from bench.cpu_e2e import (
     REPO,
     WORKER_STOP_TIMEOUT_S,
@@ -67,12 +67,20 @@ END_BOUND_S = 2.0  # backlog left at the end of the steady window, in seconds of
 WARMUP_JOBS = 24
 
 
-def code_commit(root: Path) -> str:
-    """The worker's commit: this checkout's, or the one a staged checkout names in COMMIT."""
+def code_provenance(root: Path) -> dict[str, Any]:
+    """The worker's commit and dirty flag: this checkout's, or what a staged checkout's COMMIT
+    and DIRTY stamps say (``bench/device_kafka.sh stage``: a ``git archive``, so clean)."""
     if root.resolve() == REPO.resolve():
-        return commit()
-    stamp = root / "COMMIT"
-    return stamp.read_text().strip() if stamp.is_file() else "unknown"
+        here = provenance()
+        return {"code_commit": here["commit"], "code_dirty": here["dirty"]}
+
+    def stamp(name: str) -> str | None:
+        path = root / name
+        return path.read_text().strip() if path.is_file() else None
+
+    dirty = stamp("DIRTY")
+    return {"code_commit": stamp("COMMIT") or "unknown",
+            "code_dirty": None if dirty is None else dirty == "1"}
 
 
 def _histogram() -> Any:
@@ -283,10 +291,8 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
     if not reader.ready.wait(30) or reader.error:
         reader.halt.set()
         raise BenchFailed(reader.error or "results reader not ready after 30 s")
-    env, _dropped = worker_env(bootstrap, topics, f"frames-e2e-{tag}", args.overrides)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(args.code_root), *(p for p in env["PYTHONPATH"].split(os.pathsep)
-                                if p and Path(p).resolve() != REPO.resolve())])
+    env, _dropped = worker_env(bootstrap, topics, f"frames-e2e-{tag}", args.overrides,
+                               root=args.code_root)
     log_path = logs / f"worker-{index + 1}.log"
     import subprocess
 
@@ -294,10 +300,10 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
     steps: list[dict[str, Any]] = []
     try:
         with log_path.open("wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], cwd=args.code_root,
-                                    env=env,
-                                    stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen([sys.executable, "-m", "worker", "run"],
+                                    cwd=args.code_root, env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
         produce_jobs(bootstrap, topics["jobs"], frames[0], WARMUP_JOBS, "w-")
         deadline = time.monotonic() + args.start_timeout
         while reader.answered() < WARMUP_JOBS:
@@ -365,6 +371,48 @@ def pooled(runs: list[dict[str, Any]], by_index: bool = False) -> dict[str, Any]
     return out
 
 
+def summarize(sides: list[str], frames: str, quality: int,
+              results: Path = RESULTS) -> dict[str, Any]:
+    """One record over earlier runs, per side (a ``--label``): every run's record named,
+    sustained rates and drains per run with their medians, latencies pooled per rate index,
+    and the provenance the runs share (machine, libraries, broker) with each side's code."""
+    out: dict[str, Any] = {}
+    shared: dict[str, Any] | None = None
+    for side in sides:
+        files = sorted(results.glob(f"frames-e2e-{frames}-q{quality}-{side}-2*.json"))
+        if not files:
+            raise BenchFailed(f"no records for side {side!r} in {results}")
+        records = [json.loads(f.read_text()) for f in files]
+        runs = [r for d in records for r in d["runs"]]
+        sustained = [r["sustained_rate"] for r in runs]
+        drains = [r["backlog_drain"]["frames_per_s"] for r in runs]
+        per_rate = pooled(runs, by_index=True)
+        for v in per_rate.values():
+            del v["latency_pooled_hdr"]  # (in the runs' own records)
+        for d in records:  # what must match for the sides to compare: not the time or code
+            mine = {k: v for k, v in d["provenance"].items() if k not in ("machine",)}
+            if shared is None:
+                shared = mine
+            elif mine != shared:
+                raise BenchFailed(f"{side}: its runs' provenance differs from the first "
+                                  f"side's: {sorted(set(mine.items()) ^ set(shared.items()))}")
+        out[side] = {
+            "records": [f.name for f in files],
+            "code": sorted({(d["params"].get("code_commit"), d["params"].get("code_dirty"))
+                            for d in records}),
+            "worker_config_overrides": records[0]["params"]["worker_config_overrides"],
+            "broker_config": records[0]["params"].get("broker_config", {}),
+            "sustained_per_run": sustained, "sustained_median": statistics.median(sustained),
+            "drain_fps_per_run": drains, "drain_fps_median": statistics.median(drains),
+            "pooled_by_rate_index": per_rate}
+    assert shared is not None
+    return {"bench": "frames-e2e-summary", "env": environment(), "provenance": shared,
+            "broker": {"kind": "Apache Kafka (KRaft, single node, worker.devkit LocalKafka)",
+                       "version": shared.get("broker_version"),
+                       "settings": "LocalKafka's defaults plus each side's broker_config"},
+            "frames": frames, "quality": quality, "sides": out}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--frames", default="1080p",
@@ -397,7 +445,16 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--code-root", type=Path, default=REPO,
                     help="checkout the worker runs from (default: this one)")
+    ap.add_argument("--summarize", default="",
+                    help="LABEL,LABEL,...: no run; one summary record over the records of "
+                         "these labels for --frames and --quality (in --out)")
     args = ap.parse_args()
+    if args.summarize:
+        summary = summarize(args.summarize.split(","), args.frames, args.quality)
+        summary["note"] = args.machine_note  # how the runs were made, in the summarizer's words
+        name = f"frames-e2e-{args.frames}-summary" + (f"-{args.label}" if args.label else "")
+        print("wrote", write(name, summary, args.out))
+        return 0
     rates = sorted(float(r) for r in args.rates.split(",") if r)
     args.auto_rates = [float(f) for f in args.auto_rates.split(",") if f]
     if not rates and not (args.auto_rates and args.burst_jobs):
@@ -443,8 +500,7 @@ def main() -> int:
                        "steady_s": args.steady_s, "partitions": args.partitions,
                        "worker_config_overrides": args.overrides, "warmup_jobs": WARMUP_JOBS,
                        "producers": args.producers,
-                       "code_root": str(args.code_root),
-                       "code_commit": code_commit(args.code_root),
+                       "code_root": str(args.code_root), **code_provenance(args.code_root),
                        "worker_command": "python -m worker run" + (
                            " with the overrides above" if args.overrides
                            else " (CPU default: onnxruntime)")},

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -53,6 +54,18 @@ BROKER = {"num.network.threads": "8", "num.io.threads": "16",
           # 3 s after each join, so every process that finished warming up within 3 s of the
           # previous one gets partitions at once (Kafka's own default; LocalKafka uses 0).
           "group.initial.rebalance.delay.ms": "3000"}
+
+
+def _provenance() -> dict[str, Any]:
+    """This bench's own ``bench.common.provenance`` (commit, dirty flag, library versions, CPU),
+    loaded by path: ``bench`` itself is the code root's, and an older checkout's records lack
+    fields this one has."""
+    spec = importlib.util.spec_from_file_location("_bench_common_here",
+                                                  HERE / "bench" / "common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.provenance())
 
 
 def _local_kafka() -> Any:
@@ -116,7 +129,7 @@ def main() -> None:
     configure_logging("WARNING")
     torch.backends.cudnn.benchmark = False
     record: dict[str, Any] = {
-        "benchmark": "kafka_e2e_open_nsfw", "env": environment(),
+        "benchmark": "kafka_e2e_open_nsfw", "env": {**_provenance(), **environment()},
         "code_root": str(root), "code_commit": os.environ.get("BENCH_CODE_COMMIT", "unknown"),
         "params": {"jobs": args.jobs, "procs": args.procs, "preprocess": args.preprocess,
                    "naive_jobs": args.naive_jobs, "gpus": args.gpus,

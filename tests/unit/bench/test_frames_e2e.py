@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.frames_e2e import code_commit, scheduled_jobs
+from bench.frames_e2e import code_provenance, scheduled_jobs
 
 
 @pytest.mark.parametrize("jobs", [600, 1500, 3000, 5000, 20000])
@@ -19,10 +19,11 @@ def test_a_fixed_rate_schedules_rate_times_seconds() -> None:
     assert scheduled_jobs(80, 33.0) == 2640
 
 
-def test_a_staged_checkout_names_its_own_commit(tmp_path: Path) -> None:
+def test_a_staged_checkout_names_its_own_commit_and_dirty_flag(tmp_path: Path) -> None:
     (tmp_path / "COMMIT").write_text("1978609\n")
-    assert code_commit(tmp_path) == "1978609"
+    (tmp_path / "DIRTY").write_text("0\n")
+    assert code_provenance(tmp_path) == {"code_commit": "1978609", "code_dirty": False}
 
 
-def test_a_checkout_without_a_commit_stamp_is_unknown(tmp_path: Path) -> None:
-    assert code_commit(tmp_path) == "unknown"
+def test_a_checkout_without_stamps_is_unknown(tmp_path: Path) -> None:
+    assert code_provenance(tmp_path) == {"code_commit": "unknown", "code_dirty": None}
