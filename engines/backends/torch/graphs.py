@@ -102,7 +102,8 @@ def capture(fn: Any, dev_in: list[Any], *, pool: Any = None, warmup: int = 3
     import torch
 
     device = dev_in[0].device
-    side = cuda_module().Stream(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    side = _warmup_stream(index)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.no_grad(), torch.cuda.stream(side):
         for _ in range(warmup):
@@ -110,10 +111,46 @@ def capture(fn: Any, dev_in: list[Any], *, pool: Any = None, warmup: int = 3
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     # thread_local: another batch thread may run other engines while this one captures.
-    with _CAPTURE_LOCK, torch.no_grad(), torch.cuda.graph(graph, pool=pool,
-                                                        capture_error_mode="thread_local"):
-        dev_out = fn(*dev_in)
+    with _CAPTURE_LOCK:
+        stream = _capture_stream(index)
+        with torch.no_grad(), torch.cuda.graph(graph, pool=pool, stream=stream,
+                                               capture_error_mode="thread_local"):
+            dev_out = fn(*dev_in)
     return graph, dev_out
+
+
+# Warm-up and capture run on streams made here (cudaStreamCreate), not on torch's pooled
+# streams: torch.cuda.Stream() hands out 32 pooled streams per priority round-robin to every
+# caller, and torch.cuda.graph captures on one of them, so another thread's pooled stream can
+# be the stream under capture; waiting on it then fails ("dependency created on uncaptured
+# work in another stream") and launching on it joins the graph. One warm-up stream per thread
+# and device; one capture stream per device, used under _CAPTURE_LOCK.
+_local = threading.local()
+_CAPTURE_STREAMS: dict[int, Any] = {}
+
+
+def _own_stream(index: int) -> Any:
+    import torch
+
+    from engines.cudart import Stream
+
+    with torch.cuda.device(index):
+        made = Stream()
+    return cuda_module().ExternalStream(made.ptr, device=torch.device("cuda", index))
+
+
+def _warmup_stream(index: int) -> Any:
+    streams: dict[int, Any] = getattr(_local, "streams", None) or {}
+    _local.streams = streams
+    if index not in streams:
+        streams[index] = _own_stream(index)
+    return streams[index]
+
+
+def _capture_stream(index: int) -> Any:
+    if index not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[index] = _own_stream(index)
+    return _CAPTURE_STREAMS[index]
 
 
 def capture_graph(fn: Any, dev_in: list[Any], name: str, *, pool: Any = None, warmup: int = 3
