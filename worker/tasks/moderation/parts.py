@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from worker.config.policies import PolicySettings
@@ -33,6 +33,9 @@ class Pending(QueuedJob):
     # The source partition's epoch at intake (worker.loop.worker): an answer whose partition was
     # revoked, lost or rewound since is stale and discarded.
     epoch: int = 0
+    # The policy's models that score this job, in the policy's order (worked out by the
+    # intake check, used again to make its parts).
+    plan: tuple[Any, ...] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -40,10 +43,12 @@ class JobState:
     pending: Pending
     policy: PolicySettings
     outstanding: int = 0
+    parts: int = 0  # how many parts it was split into
     started: float | None = None  # monotonic: the first of its parts began computing
     decode_s: float = 0.0  # the longest image decode of its parts (for the result's timings)
-    # model name -> part key -> value, as the model's parts finish (see Part.key)
-    values: dict[str, dict[Hashable, Any]] = field(default_factory=dict)
+    # model name -> part key -> value, as the model's parts finish (see Part.key); None until
+    # the first (a one-part job's value never lands here: worker.tasks.moderation.task)
+    values: dict[str, dict[Hashable, Any]] | None = None
     rejection: JobRejected | None = None
     expired: bool = False
     finished: bool = False  # its outcome was handed out; late parts are ignored
@@ -58,6 +63,8 @@ class JobState:
         if isinstance(value, JobRejected):
             self.rejection = value
         else:
+            if self.values is None:
+                self.values = {}
             self.values.setdefault(part.model, {})[part.key] = value
 
 

@@ -11,8 +11,8 @@ scored it (:func:`single_model_v1`). A v2 result has one form everywhere.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from worker.exceptions import NothingToScore
 from worker.tasks.moderation.parts import JobState, Pending
@@ -46,26 +46,34 @@ def no_image(job: ModerationJob) -> NothingToScore:
 
 
 def job_result(state: JobState, models: Mapping[str, ModerationModel], now_ms: int, *,
-               single_model_v1: bool) -> ModerationResult:
+               single_model_v1: bool,
+               values: Mapping[str, Mapping[Hashable, Any]] | None = None) -> ModerationResult:
     """The result of a job whose parts are all in (or which expired); ``single_model_v1``:
-    see the module's docstring."""
+    see the module's docstring. ``values``: its models' values, when not (yet) in
+    ``state.values`` (a one-part job assembled where its part finished)."""
     p, now = state.pending, time.monotonic()
     started = state.started or now
     if state.expired:
         return _expired(p, state, models, now_ms, started, now, single_model_v1)
     policy = p.job.policy
-    decision = evaluate(state.policy, {name: models[name].scores(policy, values)
-                                       for name, values in state.values.items()})
-    ids = [models[m].identity() for m in decision.models_run]
-    decode = min(state.decode_s, now - started)
-    timings = {"queue": (started - p.consumed_at) * 1e3, "infer": (now - started) * 1e3,
-               "total": (now - p.consumed_at) * 1e3}
+    got = (state.values or {}) if values is None else values
+    decision = evaluate(state.policy, {name: models[name].scores(policy, v)
+                                       for name, v in got.items()})
+    if len(decision.models_run) == 1:  # most policies: no list, no joins
+        model_id, engine_hash = models[decision.models_run[0]].identity()
+    else:
+        ids = [models[m].identity() for m in decision.models_run]
+        model_id, engine_hash = "+".join(i for i, _ in ids), "+".join(h for _, h in ids)
+    queue, total = (started - p.consumed_at) * 1e3, (now - p.consumed_at) * 1e3
     if single_model_v1:
-        timings = {"queue": timings["queue"], "decode": decode * 1e3,
-                   "infer": (now - started - decode) * 1e3, "total": timings["total"]}
+        decode = min(state.decode_s, now - started)
+        timings = {"queue": queue, "decode": decode * 1e3,
+                   "infer": (now - started - decode) * 1e3, "total": total}
+    else:
+        timings = {"queue": queue, "infer": (now - started) * 1e3, "total": total}
     result = ModerationResult(
-        id=p.job.id, status=Status.OK, policy=policy, model_id="+".join(i for i, _ in ids),
-        engine_hash="+".join(h for _, h in ids), source=p.ref, timings_ms=timings,
+        id=p.job.id, status=Status.OK, policy=policy, model_id=model_id,
+        engine_hash=engine_hash, source=p.ref, timings_ms=timings,
         verdict=decision.verdict, scores=decision.label_scores, rule=decision.rule,
         models=decision.models_run, schema_version=p.job.schema_version)
     if single_model_v1 and p.job.schema_version == V1:

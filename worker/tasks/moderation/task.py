@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeAlias
 
 from worker.config import WorkerConfig
 from worker.config.policies import PolicySettings
@@ -32,6 +32,9 @@ from worker.tasks.protocol import Answer, source_ref
 from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job, encode_result
 from worker.wire.moderation_jobs import ModerationJob, ModerationResult
 from worker.wire.records import Headers, SourceRecord, TopicPartitionKey
+
+# What a batch's thread hands back: each part with its value, and the results it assembled.
+Ran: TypeAlias = tuple[list[Finished], dict[int, ModerationResult]]
 
 
 class ModerationTask(BatchedTask[Part]):
@@ -94,31 +97,30 @@ class ModerationTask(BatchedTask[Part]):
     def intake(self, record: SourceRecord, value: bytes, epoch: int, consumed_at: float
                ) -> Pending:
         job = decode_moderation_job(value, self._decode_limits)
-        self.check(job)
-        return Pending(source_ref(record), job, consumed_at, record, epoch)
+        plan = self.check(job)
+        return Pending(source_ref(record), job, consumed_at, record, epoch, plan)
 
-    def check(self, job: ModerationJob) -> None:
-        """Raise what goes to the DLQ: an unknown policy, nothing the policy's models can
-        score, a model's own refusal (e.g. too many text chunks)."""
+    def check(self, job: ModerationJob) -> tuple[ModerationModel, ...]:
+        """The policy's models that score ``job``, in the policy's order; raise what goes to
+        the DLQ: an unknown policy, nothing the policy's models can score, a model's own
+        refusal (e.g. too many text chunks)."""
         policy = self.policies.get(job.policy)
         if policy is None:
             known = ", ".join(sorted(self.policies))
             raise UnknownPolicy(f"policy {job.policy!r} is not configured (known: {known})")
-        planned = self._plan(policy, job)
+        planned = tuple(m for m in map(self.models.__getitem__, policy.models) if m.feeds(job))
         if not planned:
             raise nothing_to_score(job, policy.models)
         for model in planned:
             model.check(job)
-
-    def _plan(self, policy: PolicySettings, job: ModerationJob) -> list[ModerationModel]:
-        """The policy's models this job can feed, in the policy's order."""
-        return [m for m in map(self.models.__getitem__, policy.models) if m.feeds(job)]
+        return planned
 
     def _queue(self, admitted: Any) -> None:
         p: Pending = admitted
         state = JobState(p, self.policies[p.job.policy])
-        parts = [part for model in self._plan(state.policy, p.job) for part in model.parts(state)]
-        state.outstanding = len(parts)
+        plan: tuple[ModerationModel, ...] = p.plan or self.check(p.job)
+        parts = [part for model in plan for part in model.parts(state)]
+        state.outstanding = state.parts = len(parts)
         self._add(parts)
         self._states[id(p)] = state
 
@@ -126,27 +128,48 @@ class ModerationTask(BatchedTask[Part]):
         return p.kind
 
     # -- a batch --------------------------------------------------------------------------
-    def submit(self, batch: Batch[Part]) -> Future[list[Finished]]:
+    def submit(self, batch: Batch[Part]) -> Future[Ran]:
         return self._pool.submit(self._run, batch)
 
-    def _run(self, batch: Batch[Part]) -> list[Finished]:
+    def _run(self, batch: Batch[Part]) -> Ran:
         for part in batch.items:
             mark_started(part.state)
         kind = batch.items[0].kind
-        return self.by_kind[kind].run(kind, batch)
+        finished = self.by_kind[kind].run(kind, batch)
+        return finished, self._assembled(finished)
+
+    def _assembled(self, finished: list[Finished]) -> dict[int, ModerationResult]:
+        """The results of the jobs these parts complete alone (a job of one part: an image
+        under an open_nsfw-only policy, the video-frame case), by id(part), made here on the
+        batch thread: the loop thread, whose per-job work sets one process's rate, then only
+        encodes them. Nothing else touches a one-part job's state while its part computes;
+        if its partition is lost meanwhile, the loop drops the result unread. A job of
+        several parts is assembled by the loop when its last part is in."""
+        out: dict[int, ModerationResult] = {}
+        for part, value in finished:
+            state = part.state
+            if state.parts == 1 and not isinstance(value, JobRejected) and not state.finished:
+                out[id(part)] = job_result(state, self.models, 0,
+                                           single_model_v1=self._single_model_v1,
+                                           values={part.model: {part.key: value}})
+        return out
 
     # -- answers --------------------------------------------------------------------------
     def _settle(self, outcomes: Any, started: float, done: float) -> list[Answer]:
         answers: list[Answer] = []
-        finished: list[Finished] = outcomes
+        ran: Ran = outcomes
+        finished, assembled = ran
+        now_ms = int(time.time() * 1e3)  # (what an expired job's result names)
         for part, value in finished:
             state = part.state
             if state.finished:
                 continue  # its job was answered (a part refused, expired) or its partition left
             state.outstanding -= 1
-            state.apply(part, value)
-            if state.failed or state.outstanding == 0:
-                answers += self._finish(state, int(time.time() * 1e3), started, done)
+            result = assembled.get(id(part))
+            if result is None:
+                state.apply(part, value)
+            if result is not None or state.failed or state.outstanding == 0:
+                answers += self._finish(state, now_ms, started, done, result)
         return answers
 
     def _expire(self, items: list[Part], now_ms: int) -> list[Answer]:
@@ -160,16 +183,19 @@ class ModerationTask(BatchedTask[Part]):
         p.state.rejection = rejection
         return self._finish(p.state, int(time.time() * 1e3))
 
-    def _finish(self, state: JobState, now_ms: int, started: float = 0.0, done: float = 0.0
-                ) -> list[Answer]:
+    def _finish(self, state: JobState, now_ms: int, started: float = 0.0, done: float = 0.0,
+                result: ModerationResult | None = None) -> list[Answer]:
+        """The job's answer; ``result``: already assembled (see :meth:`_assembled`)."""
         if state.finished:
             return []
         self._forget(state)
         p = state.pending
         if state.rejection is not None:
             return [Answer(p.ref, p.record, p.epoch, p.job.id, rejection=state.rejection)]
-        a = self._answer(p, job_result(state, self.models, now_ms,
-                                       single_model_v1=self._single_model_v1))
+        if result is None:
+            result = job_result(state, self.models, now_ms,
+                                single_model_v1=self._single_model_v1)
+        a = self._answer(p, result)
         a.consumed_at, a.batched_at, a.done_at = p.consumed_at, started, done
         return [a]
 

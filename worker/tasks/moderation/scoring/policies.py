@@ -93,8 +93,8 @@ def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel) -> Decision
         stray = set(scores_by_model) - set(policy.models)
         raise ValueError(f"scores from models {sorted(stray)} that the policy does not run")
     flat: dict[str, float] = {}
-    blocks: list[_Hit] = []
-    reviews: list[_Hit] = []
+    blocks: list[_Hit] | None = None  # made when the first score reaches its threshold
+    reviews: list[_Hit] | None = None
     ruled = [(model, _rules(policy, model)) for model in models_run]
     for model, rules in ruled:
         for label, score in scores_by_model[model].items():
@@ -110,8 +110,10 @@ def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel) -> Decision
             if t is None:  # informational
                 continue
             if score >= t.block:
+                blocks = blocks if blocks is not None else []
                 blocks.append(_Hit(key, score, t.block))
             elif score >= t.review:
+                reviews = reviews if reviews is not None else []
                 reviews.append(_Hit(key, score, t.review))
     if blocks:
         return _decide(Verdict.BLOCK, "block", blocks, flat, models_run)
