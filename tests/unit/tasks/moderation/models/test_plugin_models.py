@@ -3,6 +3,7 @@ end (admit -> schedule -> collect -> a result on the wire) with no other code to
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Hashable, Iterator, Mapping
 from typing import Any, ClassVar
@@ -154,6 +155,50 @@ def _answers(task: Task, records: list[SourceRecord]) -> list[Answer]:
         answers += task.schedule(time.monotonic(), int(time.time() * 1e3), free=2, force=True)
         answers += task.collect(block=True)
     return answers
+
+
+def test_a_one_part_job_is_decided_on_its_batch_thread(fake: None,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # One worker process's rate is its loop thread's: a job of one part (an image under an
+    # open_nsfw-only policy, the video-frame case) is decided where its part finished; a job
+    # of several parts by the loop, once its last part is in. Both give the same result.
+    decided_on: dict[int, str] = {}
+    real = FakeModel.scores
+
+    def scores(self: FakeModel, policy: str, values: Mapping[Hashable, Any]) -> dict[str, float]:
+        decided_on[len(values)] = threading.current_thread().name
+        return real(self, policy, values)
+
+    monkeypatch.setattr(FakeModel, "scores", scores)
+    task = _served(load_config(), _policies())
+    answers = _answers(task, [_record(0, id="one", text="spam"),
+                              _record(1, id="four", text="buy spam right now")])
+    assert decided_on[1].startswith("batch") and decided_on[4] == threading.main_thread().name
+    results = {a.job_id: decode_result(a.value or b"") for a in answers}
+    assert results["one"]["verdict"] == results["four"]["verdict"] == "block"
+    assert results["one"]["rule"] == results["four"]["rule"] == "block:fake.spam"
+    task.close()
+
+
+def test_a_one_part_job_whose_partition_left_while_it_computed_is_not_answered(
+        fake: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    entered, go = threading.Event(), threading.Event()
+    real = FakeModel.run
+
+    def run(self: FakeModel, kind: str, batch: Batch[Part]) -> list[Finished]:
+        entered.set()
+        assert go.wait(10)
+        return real(self, kind, batch)
+
+    monkeypatch.setattr(FakeModel, "run", run)
+    task = _served(load_config(), _policies())
+    assert task.admit(ConsumedBatch([_record(0, id="a", text="spam")], {}, time.monotonic())) == []
+    task.schedule(time.monotonic(), int(time.time() * 1e3), free=2, force=True)
+    assert entered.wait(10)
+    task.remove({("moderation.jobs", 0)})  # its result, made on the batch thread, is dropped
+    go.set()
+    assert task.collect(block=True) == [] and task.held() == 0
+    task.close()
 
 
 def test_a_model_bug_on_one_job_dead_letters_that_job_only(fake: None) -> None:
