@@ -57,8 +57,9 @@ def job_result(state: JobState, models: Mapping[str, ModerationModel], now_ms: i
         return _expired(p, state, models, now_ms, started, now, single_model_v1)
     policy = p.job.policy
     got = (state.values or {}) if values is None else values
+    plain = single_model_v1 and p.job.schema_version == V1  # v1's open_nsfw form
     decision = evaluate(state.policy, {name: models[name].scores(policy, v)
-                                       for name, v in got.items()})
+                                       for name, v in got.items()}, qualified=not plain)
     if len(decision.models_run) == 1:  # most policies: no list, no joins
         model_id, engine_hash = models[decision.models_run[0]].identity()
     else:
@@ -76,10 +77,7 @@ def job_result(state: JobState, models: Mapping[str, ModerationModel], now_ms: i
         engine_hash=engine_hash, source=p.ref, timings_ms=timings,
         verdict=decision.verdict, scores=decision.label_scores, rule=decision.rule,
         models=decision.models_run, schema_version=p.job.schema_version)
-    if single_model_v1 and p.job.schema_version == V1:
-        (model,) = decision.models_run
-        cut = len(model) + 1
-        result.scores = {k[cut:]: v for k, v in result.scores.items()}
+    if plain:
         result.rule, result.models = None, ()
     return result
 

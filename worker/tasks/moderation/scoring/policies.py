@@ -84,8 +84,11 @@ def _rules(policy: PolicySettings, model: str) -> _ModelRules:
     return rules
 
 
-def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel) -> Decision:
-    """Apply the rules above. ``scores_by_model`` holds only the models that ran."""
+def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel, *,
+             qualified: bool = True) -> Decision:
+    """Apply the rules above. ``scores_by_model`` holds only the models that ran.
+    ``qualified=False``: ``label_scores`` and the rule name labels without their model (one
+    model's scores, as a v1 open_nsfw result has them)."""
     if not scores_by_model:
         raise ValueError("no model produced scores: nothing to decide on")
     models_run = tuple(m for m in policy.models if m in scores_by_model)
@@ -105,7 +108,7 @@ def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel) -> Decision
                                  "to score")
             if not (math.isfinite(score) and 0.0 <= score <= 1.0):
                 raise ValueError(f"{model}.{label} = {score!r} is not a score in [0, 1]")
-            key = rules.keys[label]
+            key = rules.keys[label] if qualified else label
             flat[key] = float(score)
             if t is None:  # informational
                 continue

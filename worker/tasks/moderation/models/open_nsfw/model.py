@@ -217,9 +217,10 @@ class OpenNsfwModel(ModerationModel):
             mine = all_scores[at:at + len(views)]
             at += len(views)
             p.decoded(decoded - started)
-            done.append((p, self.named(mine[int(np.argmax(mine[:, NSFW]))])))
+            worst = mine[0] if len(views) == 1 else mine[int(np.argmax(mine[:, NSFW]))]
+            done.append((p, self.named(worst)))
         return done
 
     @staticmethod
     def named(row: np.ndarray) -> dict[str, float]:
-        return {label: float(v) for label, v in zip(LABELS, row, strict=True)}
+        return dict(zip(LABELS, row.tolist(), strict=True))  # tolist: Python floats, in C
