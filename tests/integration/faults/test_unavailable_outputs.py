@@ -125,10 +125,14 @@ def test_a_stuck_output_holds_its_partition_at_the_uncommitted_limit(
     DLQ is back, with everything answered and committed."""
     limit = 100
     topics = fresh_topics(kafka_bootstrap, partitions=1)
+    # One consume() takes up to the high watermark: below the jobs sent (4 x limit), so a
+    # consume that took them all at once cannot pass for a partition that was never held.
     cfg = worker_config(kafka_bootstrap, topics,
-                        batch={"max_uncommitted_per_partition": limit},
+                        batch={"max_uncommitted_per_partition": limit,
+                               "high_watermark": 2 * limit, "low_watermark": limit // 2},
                         kafka={"producer_extra": {"message.timeout.ms": "3000"}})
     good = [f"g-{i}" for i in range(4 * limit)]
+    assert limit + cfg.batch.high_watermark < len(good)
     with ThreadedWorker(cfg) as w:
         produce_records(kafka_bootstrap, topics.jobs, [(b"warm", good_job("warm"), None)])
         read_topic(kafka_bootstrap, topics.results, until=lambda m: len(m) >= 1)
