@@ -60,10 +60,10 @@ def _side(code_root: Path, jobs: int, inline: bool) -> dict[str, Any]:
     task: Any = moderation_task(cfg)
     # The model's decode and engine steps (same names in both layouts: the open_nsfw task of
     # older checkouts, the open_nsfw model of the moderation task now).
-    model = task.models["open_nsfw"] if hasattr(task, "models") else task
+    old_layout = not hasattr(task, "models")
+    model = task if old_layout else task.models["open_nsfw"]
     row = np.zeros((1, 224, 224, 3), np.float32)
     scores = np.tile(np.array([[0.9, 0.1]], np.float32), (128, 1))
-    old_layout = not hasattr(task, "models")
     model._prepare = lambda p: row
     if old_layout:
         model._infer_chunks = lambda rows, profile: (scores[: len(rows)], {})
@@ -79,7 +79,7 @@ def _side(code_root: Path, jobs: int, inline: bool) -> dict[str, Any]:
             if hasattr(task, name):
                 getattr(task, name).submit = at_once
 
-    image = (REPO / "worker" / "samples").glob("*.jpg").__next__().read_bytes()
+    image = sorted((REPO / "worker" / "samples").glob("*.jpg"))[0].read_bytes()
     values = [msgpack.packb({"v": 1, "id": f"job-{i:08d}", "image": image})
               for i in range(jobs)]
     records = [SourceRecord("jobs", i % 6, i // 6, f"job-{i:08d}".encode(), v, [], 0)

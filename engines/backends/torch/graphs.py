@@ -140,17 +140,17 @@ def _own_stream(index: int) -> Any:
 
 
 def _warmup_stream(index: int) -> Any:
-    streams: dict[int, Any] = getattr(_local, "streams", None) or {}
-    _local.streams = streams
-    if index not in streams:
-        streams[index] = _own_stream(index)
-    return streams[index]
+    return _stream_of(_local.__dict__.setdefault("streams", {}), index)
 
 
 def _capture_stream(index: int) -> Any:
-    if index not in _CAPTURE_STREAMS:
-        _CAPTURE_STREAMS[index] = _own_stream(index)
-    return _CAPTURE_STREAMS[index]
+    return _stream_of(_CAPTURE_STREAMS, index)
+
+
+def _stream_of(streams: dict[int, Any], index: int) -> Any:
+    if index not in streams:
+        streams[index] = _own_stream(index)
+    return streams[index]
 
 
 def capture_graph(fn: Any, dev_in: list[Any], name: str, *, pool: Any = None, warmup: int = 3

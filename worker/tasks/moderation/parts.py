@@ -33,8 +33,8 @@ class Pending(QueuedJob):
     # The source partition's epoch at intake (worker.loop.worker): an answer whose partition was
     # revoked, lost or rewound since is stale and discarded.
     epoch: int = 0
-    # The policy's models that score this job, in the policy's order (worked out by the
-    # intake check, used again to make its parts).
+    # The policy's models that score this job, in the policy's order (ModerationTask.check
+    # works them out at intake; its parts are made from them).
     plan: tuple[Any, ...] = ()
 
 

@@ -118,8 +118,7 @@ class ModerationTask(BatchedTask[Part]):
     def _queue(self, admitted: Any) -> None:
         p: Pending = admitted
         state = JobState(p, self.policies[p.job.policy])
-        plan: tuple[ModerationModel, ...] = p.plan or self.check(p.job)
-        parts = [part for model in plan for part in model.parts(state)]
+        parts = [part for model in p.plan for part in model.parts(state)]
         state.outstanding = state.parts = len(parts)
         self._add(parts)
         self._states[id(p)] = state
@@ -157,8 +156,7 @@ class ModerationTask(BatchedTask[Part]):
     # -- answers --------------------------------------------------------------------------
     def _settle(self, outcomes: Any, started: float, done: float) -> list[Answer]:
         answers: list[Answer] = []
-        ran: Ran = outcomes
-        finished, assembled = ran
+        finished, assembled = outcomes  # (Ran: what _run returned)
         now_ms = int(time.time() * 1e3)  # (what an expired job's result names)
         for part, value in finished:
             state = part.state
