@@ -17,6 +17,7 @@
 #            bench/moderation/kafka_e2e.py
 #   device:  bash bench/device_kafka.sh bench-before [ARGS]  # carry .whl .before: older commit
 #   device:  bash bench/device_kafka.sh profile [ARGS]       # carry .whl: bench under py-spy
+#            (profile-before: carry .before too; the older checkout, same arguments)
 #   device:  bash bench/device_kafka.sh aoti [ARGS]          # carry .whl: bench/aoti/aoti_bench.py
 #   device:  bash bench/device_kafka.sh probe [ARGS]         # carry .whl:
 #            bench/moderation/task_probe.py (probe-before: the .before checkout's own probe)
@@ -293,7 +294,7 @@ stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
 (out / f"warm-ab-{stamp}.json").write_text(json.dumps(merged, indent=1))
 EOF
     ;;
-bench|bench-before|tests|profile|aoti|probe|probe-before|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks)
+bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks)
     what=$1
     shift
     mkdir -p "$OUT"
@@ -352,6 +353,13 @@ bench|bench-before|tests|profile|aoti|probe|probe-before|warm|kernels|build|sdst
             -o "$OUT/profile${PYSPY_FLAGS:+-gil}.speedscope.json" \
             -- python3 bench/moderation/kafka_e2e.py --out "$OUT" "$@" \
             2>&1 | grep --line-buffered -v '^%' | tee -a "$OUT/profile.log" ;;
+    profile-before)  # the staged older checkout under the same profiler, same arguments
+        BENCH_COMMIT=$(cat .before/COMMIT) BENCH_CODE_COMMIT=$(cat .before/COMMIT) \
+            BENCH_DIRTY=$(cat .before/DIRTY 2>/dev/null) timeout $LIMIT_S \
+            /tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope ${PYSPY_FLAGS:-} \
+            -o "$OUT/profile-before${PYSPY_FLAGS:+-gil}.speedscope.json" \
+            -- python3 bench/moderation/kafka_e2e.py --code-root .before --out "$OUT" "$@" \
+            2>&1 | grep --line-buffered -v '^%' | tee -a "$OUT/profile-before.log" ;;
     aoti)
         mkdir -p /tmp/aoti-cache
         [ -d bench/aoti-cache ] && cp -rn bench/aoti-cache/. /tmp/aoti-cache/
