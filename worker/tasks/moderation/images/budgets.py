@@ -149,10 +149,13 @@ def guard_for(cfg: WorkerConfig) -> DecodeGuard:
 
 
 def admit(data: bytes, fmt: str | None, size: tuple[int, int], frames: int, *,
-          max_pixels: int, max_frames: int, sampled: int, guard: DecodeGuard) -> int:
+          max_pixels: int, max_frames: int, sampled: int, guard: DecodeGuard,
+          scans_checked: bool = False) -> int:
     """Checks on the headers before anything is decoded; the pixels the decode will hold at
     once (for :meth:`DecodeGuard.decoding`). ``frames``: what the decoder reports;
-    ``sampled``: the most frames whose views are kept. Raises :class:`ImageRejected`.
+    ``sampled``: the most frames whose views are kept; ``scans_checked``: a JPEG's scans were
+    already counted against the limit (:func:`~.cpu.jpeg_plain`'s walk refuses more), so they
+    are not searched for again. Raises :class:`ImageRejected`.
 
     Frames are the larger of the decoder's count and a PNG's fcTL chunks, against the same
     limits as an animation's: at most ``max_frames``, and all of them together at most four
@@ -168,7 +171,7 @@ def admit(data: bytes, fmt: str | None, size: tuple[int, int], frames: int, *,
             raise ImageRejected(f"PNG with {counted} frame controls (fcTL) of {width}x{height} "
                                 "exceeds the pixel budget")
         frames = max(frames, counted)
-    elif fmt in ("JPEG", "MPO"):
+    elif fmt in ("JPEG", "MPO") and not scans_checked:
         reason = too_many_scans(data)
         if reason is not None:
             raise ImageRejected(reason)

@@ -54,10 +54,14 @@ def _gpu_decode(datas: list[bytes], jpeg_idx: list[int], device: Any, decoder: s
         return decoded
 
 
-def decode_all(datas: list[bytes], device: Any, limits: ImageLimits, decoder: str
-               ) -> list[Any | JobRejected]:
+def decode_all(datas: list[bytes], device: Any, limits: ImageLimits, decoder: str, *,
+               plain: bool = False) -> list[Any | JobRejected]:
     """Each of ``datas`` decoded as uint8 RGB [3, H, W] on ``device``, or its rejection.
-    ``decoder`` decodes the JPEGs: "torchvision" or "nvimgcodec" (:mod:`.jpeg_ops`)."""
+    ``decoder`` decodes the JPEGs: "torchvision" or "nvimgcodec" (:mod:`.jpeg_ops`).
+    ``plain``: every JPEG among ``datas`` passed :func:`~.cpu.jpeg_plain`, whose walk over
+    the markers already refused more scans than the limit, so they are not searched for
+    again (a search through every byte with the GIL held, which on the video-frame path cost
+    more than the rest of the header checks together)."""
     import torch
 
     out: list[Any | JobRejected] = [None] * len(datas)
@@ -71,7 +75,7 @@ def decode_all(datas: list[bytes], device: Any, limits: ImageLimits, decoder: st
                 # nvJPEG must not take what the CPU refuses.
                 admit(data, "JPEG", dims, 1, max_pixels=limits.max_pixels,
                       max_frames=MAX_FRAMES, sampled=MAX_SAMPLED_FRAMES,
-                      guard=limits.guard or default_guard())
+                      guard=limits.guard or default_guard(), scans_checked=plain)
                 jpeg_idx.append(i)
                 continue
             open_checked(data, limits)  # not a clean JPEG header: let Pillow judge it

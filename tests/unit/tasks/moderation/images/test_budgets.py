@@ -122,6 +122,32 @@ def test_the_gpu_batch_refuses_what_the_cpu_refuses() -> None:
     assert isinstance(refused, ImageRejected) and "scans" in str(refused)
 
 
+def test_jpegs_the_plain_walk_passed_are_not_searched_for_scans_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The video-frame path: jpeg_plain's walk refuses more than MAX_SCANS scans, so the GPU
+    # batch of plain JPEGs skips the byte search (it held the GIL longer than every other
+    # header check); a batch not known to be plain still searches each JPEG.
+    torch = pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
+    pytest.importorskip("torchvision", reason="torchvision is not installed")
+    from worker.tasks.moderation.images import budgets
+    from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import prepare_batch
+
+    searched: list[int] = []
+
+    def counting(data: bytes, most: int = MAX_SCANS) -> str | None:
+        searched.append(len(data))
+        return too_many_scans(data, most)
+
+    monkeypatch.setattr(budgets, "too_many_scans", counting)
+    frames = [progressive_jpeg(256, 256), many_scan_jpeg(256, 256, 20)]
+    assert all(jpeg_plain(f) for f in frames)
+    out = torch.zeros((2, 224, 224, 3), dtype=torch.uint8)
+    assert prepare_batch(frames, out, plain=True) == [None, None]
+    assert searched == []
+    assert prepare_batch(frames, out) == [None, None]
+    assert searched == [len(f) for f in frames]
+
+
 # --- PNG frames: fcTL chunks, with or without acTL -------------------------------------------
 
 

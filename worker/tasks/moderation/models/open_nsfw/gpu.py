@@ -191,7 +191,8 @@ class OpenNsfwGpuModel(OpenNsfwModel):
 
     def _infer_rows(self, images: list[bytes]) -> tuple[np.ndarray | None,
                                                          list[JobRejected | None], float]:
-        """Preprocess ``images`` into a slot and run it; (scores, rejections, prep seconds)."""
+        """Preprocess ``images`` (JPEGs that passed ``jpeg_plain``) into a slot and run it;
+        (scores, rejections, prep seconds)."""
         n = len(images)
         slot = self.pipeline.acquire(n)
         t0 = time.monotonic()
@@ -206,7 +207,7 @@ class OpenNsfwGpuModel(OpenNsfwModel):
             try:
                 with torch.cuda.stream(stream):
                     rejects = prepare_batch(images, slot.dev_in[:n], self._limits,
-                                            self.cfg.model.gpu_jpeg_decoder)
+                                            self.cfg.model.gpu_jpeg_decoder, plain=True)
                 event: Event = self._local.ready
                 event.record_on(stream.cuda_stream)
                 ready = event

@@ -22,15 +22,17 @@ from worker.tasks.moderation.models.open_nsfw.preprocess import CROP, RESIZE
 
 
 def prepare_batch(datas: list[bytes], out: Any, limits: ImageLimits | None = None,
-                  decoder: str = "torchvision") -> list[JobRejected | None]:
+                  decoder: str = "torchvision", *, plain: bool = False
+                  ) -> list[JobRejected | None]:
     """Decode ``datas`` and write row i of ``out`` (uint8 [N, 224, 224, 3]) for each good
     image. Returns, per input, None or the rejection; bad rows are left untouched.
     ``decoder``: "torchvision" or "nvimgcodec"
-    (:mod:`worker.tasks.moderation.images.jpeg_ops`)."""
+    (:mod:`worker.tasks.moderation.images.jpeg_ops`); ``plain``: see
+    :func:`~worker.tasks.moderation.images.gpu.decode_all`."""
     import torch
 
     limits = limits or ImageLimits()
-    images: list[Any] = images_gpu.decode_all(datas, out.device, limits, decoder)
+    images: list[Any] = images_gpu.decode_all(datas, out.device, limits, decoder, plain=plain)
     by_size: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, img in enumerate(images):
         if not isinstance(img, JobRejected):
