@@ -15,7 +15,6 @@ consistency).
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -116,17 +115,19 @@ def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel, *,
     flat: dict[str, float] = {}
     blocks: list[_Hit] | None = None  # made when the first score reaches its threshold
     reviews: list[_Hit] | None = None
-    ruled = [(model, plan.by_model[model]) for model in models_run]
-    for model, rules in ruled:
+    by_model = plan.by_model
+    for model in models_run:
+        rules = by_model[model]
+        thresholds, keys = rules.thresholds, rules.keys
         for label, score in scores_by_model[model].items():
             # A bad score here is a bug in a scorer, never a property of the job: fail loudly.
-            t = rules.thresholds.get(label)
+            t = thresholds.get(label)
             if t is None and label not in rules.info:
                 raise ValueError(f"{model} scored {label!r}, which the policy does not ask it "
                                  "to score")
-            if not (math.isfinite(score) and 0.0 <= score <= 1.0):
+            if not 0.0 <= score <= 1.0:  # NaN fails both comparisons, infinities one
                 raise ValueError(f"{model}.{label} = {score!r} is not a score in [0, 1]")
-            key = rules.keys[label] if qualified else label
+            key = keys[label] if qualified else label
             flat[key] = float(score)
             if t is None:  # informational
                 continue
@@ -140,8 +141,8 @@ def evaluate(policy: PolicySettings, scores_by_model: ScoresByModel, *,
         return _decide(Verdict.BLOCK, "block", blocks, flat, models_run)
     if reviews:
         return _decide(Verdict.REVIEW, "review", reviews, flat, models_run)
-    for model, rules in ruled:
-        for rule in rules.rules:
+    for model in models_run:
+        for rule in by_model[model].rules:
             hit = rule(policy, scores_by_model[model])
             if hit is not None:
                 return Decision(hit.verdict, hit.rule, hit.reason, flat, models_run)

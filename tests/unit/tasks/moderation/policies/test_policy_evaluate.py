@@ -91,6 +91,9 @@ def test_consistency_rule_needs_the_policy_setting() -> None:
     ({"open_nsfw": {"violence": 0.1}}, "does not ask it to score"),
     ({"text": {"violence": 1.5}}, r"not a score in \[0, 1\]"),
     ({"text": {"violence": float("nan")}}, "not a score"),
+    ({"text": {"violence": float("inf")}}, "not a score"),
+    ({"text": {"violence": float("-inf")}}, "not a score"),
+    ({"text": {"violence": -0.01}}, "not a score"),
 ])
 def test_scorer_bugs_fail_loudly(scores: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
