@@ -19,7 +19,9 @@ from 1 and 4 threads (each thread its own CUDA stream and, for nvImageCodec, its
                      load 0.65, then CUDA, hybrid and CPU backends): DALI's own decoder core,
                      standing in for DALI, whose wheel (~0.5 GB) cannot be carried to the machine
     dali_prep        that decode + the same resize and crop
-    cpu_checks       the GPU path's CPU work per frame (header walk, decode budget, plain check)
+    cpu_checks       the GPU path's CPU work per frame (plain check, size, decode budget);
+                     ``--cpu-checks-only``: that alone, with and without a second search for
+                     scan markers, on any machine
     engine           graph replays of the pipeline's slot (batch ``--batch``) from device memory
     task             the worker's batch path (parts -> decode -> slot -> graph -> D2H), 4 in flight,
                      once per GPU decoder
@@ -187,7 +189,13 @@ def stage_rates(frames: list[bytes], batch: int, reps: int, threads: tuple[int, 
     return out
 
 
-def cpu_checks_rate(frames: list[bytes], reps: int) -> dict[str, Any]:
+def cpu_checks_rate(frames: list[bytes], reps: int, *, search_scans: bool = False
+                    ) -> dict[str, Any]:
+    """Frames/s of the CPU checks the GPU path makes per frame, in the worker's order: the
+    plain check (the model's split), then decode_all's size check and decode budget, whose
+    scan count the plain walk already made. ``search_scans``: the budget searches the bytes
+    for scan markers again, as the worker did before it passed ``plain=True`` (kept to measure
+    what that cost)."""
     from worker.tasks.moderation.images.budgets import admit, default_guard
     from worker.tasks.moderation.images.cpu import (
         MAX_FRAMES,
@@ -203,12 +211,13 @@ def cpu_checks_rate(frames: list[bytes], reps: int) -> dict[str, Any]:
     for _ in range(reps):
         t0 = time.perf_counter()
         for d in frames * 4:
+            assert jpeg_plain(d)
             dims = jpeg_dimensions(d)
             assert dims is not None
             check_dimensions(*dims, lim)
             admit(d, "JPEG", dims, 1, max_pixels=lim.max_pixels, max_frames=MAX_FRAMES,
-                  sampled=MAX_SAMPLED_FRAMES, guard=lim.guard or default_guard())
-            jpeg_plain(d)
+                  sampled=MAX_SAMPLED_FRAMES, guard=lim.guard or default_guard(),
+                  scans_checked=not search_scans)
         rates.append(round(len(frames) * 4 / (time.perf_counter() - t0)))
     return {"median": statistics.median(rates), "rates": rates, "threads": 1}
 
@@ -307,6 +316,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", default="1,4")
     ap.add_argument("--skip-task", action="store_true")
+    ap.add_argument("--cpu-checks-only", action="store_true",
+                    help="only the per-frame CPU checks, with and without the second scan "
+                         "search (no GPU needed)")
     ap.add_argument("--cache", type=Path, default=frame_corpus.DEFAULT_CACHE)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -324,11 +336,15 @@ def main() -> int:
         c: dict[str, Any] = {"frames": frame_corpus.stream_record(frames)}
         c["cpu_checks"] = cpu_checks_rate(frames, args.reps)
         print(f"  cpu_checks: {c['cpu_checks']}", flush=True)
-        c["stages"] = stage_rates(frames, args.batch, args.reps, threads)
-        c["parity"] = parity(frames[:16])
-        print(f"  parity: {c['parity']}", flush=True)
-        if not args.skip_task:
-            c.update(task_rates(frames, args.batch, args.reps))
+        if args.cpu_checks_only:
+            c["cpu_checks_scan_search"] = cpu_checks_rate(frames, args.reps, search_scans=True)
+            print(f"  cpu_checks_scan_search: {c['cpu_checks_scan_search']}", flush=True)
+        else:
+            c["stages"] = stage_rates(frames, args.batch, args.reps, threads)
+            c["parity"] = parity(frames[:16])
+            print(f"  parity: {c['parity']}", flush=True)
+            if not args.skip_task:
+                c.update(task_rates(frames, args.batch, args.reps))
         record["classes"][cls] = c
         # After each class, into one file: a run cut off by its time limit keeps what it did.
         path = path or write("frames-gpu", record, args.out)
