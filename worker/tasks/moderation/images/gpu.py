@@ -60,8 +60,8 @@ def decode_all(datas: list[bytes], device: Any, limits: ImageLimits, decoder: st
     ``decoder`` decodes the JPEGs: "torchvision" or "nvimgcodec" (:mod:`.jpeg_ops`).
     ``plain``: every JPEG among ``datas`` passed :func:`~.cpu.jpeg_plain`, whose walk over
     the markers already refused more scans than the limit, so they are not searched for
-    again (a search through every byte with the GIL held, which on the video-frame path cost
-    more than the rest of the header checks together)."""
+    again (a search through every byte with the GIL held, as long as the rest of the header
+    checks together on HD frames)."""
     import torch
 
     out: list[Any | JobRejected] = [None] * len(datas)

@@ -125,8 +125,8 @@ def test_the_gpu_batch_refuses_what_the_cpu_refuses() -> None:
 def test_jpegs_the_plain_walk_passed_are_not_searched_for_scans_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # The video-frame path: jpeg_plain's walk refuses more than MAX_SCANS scans, so the GPU
-    # batch of plain JPEGs skips the byte search (it held the GIL longer than every other
-    # header check); a batch not known to be plain still searches each JPEG.
+    # batch of plain JPEGs skips the byte search (with the GIL held, as long as the other
+    # header checks together); a batch not known to be plain still searches each JPEG.
     torch = pytest.importorskip("torch", reason="torch is not installed (the gpu extra)")
     pytest.importorskip("torchvision", reason="torchvision is not installed")
     from worker.tasks.moderation.images import budgets
