@@ -146,7 +146,9 @@ bundle)  # bundle [NAME]: everything in $OUT into one $OUT/NAME.tgz (default bun
     name=${2:-bundle-$(date -u +%Y%m%dT%H%M%S)}
     mkdir -p "$OUT"
     ( cd "$OUT" || exit 1
-      mapfile -t files < <(ls -A | grep -vx "$name.tgz")
+      shopt -s dotglob nullglob
+      files=()
+      for f in *; do [ "$f" = "$name.tgz" ] || files+=("$f"); done
       [ "${#files[@]}" -eq 0 ] || { tar czf "$name.tgz" "${files[@]}" && rm -rf "${files[@]}"; }
       ls -la )
     ;;
@@ -347,19 +349,18 @@ bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|ker
         BENCH_COMMIT=$(staged_commit) \
             timeout $LIMIT_S python3 bench/moderation/kafka_e2e.py --out "$OUT" "$@" 2>&1 \
             | grep --line-buffered -v '^%' | tee -a "$OUT/after.log" ;;
-    profile)
-        BENCH_COMMIT=$(staged_commit) timeout $LIMIT_S \
+    profile|profile-before)  # profile-before: the staged older checkout, same arguments
+        code=()
+        if [ "$what" = profile-before ]; then
+            code=(--code-root .before)
+            BENCH_CODE_COMMIT=$(cat .before/COMMIT)
+            BENCH_DIRTY=$(cat .before/DIRTY 2>/dev/null)
+        fi
+        BENCH_COMMIT=$BENCH_CODE_COMMIT timeout $LIMIT_S \
             /tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope ${PYSPY_FLAGS:-} \
-            -o "$OUT/profile${PYSPY_FLAGS:+-gil}.speedscope.json" \
-            -- python3 bench/moderation/kafka_e2e.py --out "$OUT" "$@" \
-            2>&1 | grep --line-buffered -v '^%' | tee -a "$OUT/profile.log" ;;
-    profile-before)  # the staged older checkout under the same profiler, same arguments
-        BENCH_COMMIT=$(cat .before/COMMIT) BENCH_CODE_COMMIT=$(cat .before/COMMIT) \
-            BENCH_DIRTY=$(cat .before/DIRTY 2>/dev/null) timeout $LIMIT_S \
-            /tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope ${PYSPY_FLAGS:-} \
-            -o "$OUT/profile-before${PYSPY_FLAGS:+-gil}.speedscope.json" \
-            -- python3 bench/moderation/kafka_e2e.py --code-root .before --out "$OUT" "$@" \
-            2>&1 | grep --line-buffered -v '^%' | tee -a "$OUT/profile-before.log" ;;
+            -o "$OUT/$what${PYSPY_FLAGS:+-gil}.speedscope.json" \
+            -- python3 bench/moderation/kafka_e2e.py "${code[@]}" --out "$OUT" "$@" \
+            2>&1 | grep --line-buffered -v '^%' | tee -a "$OUT/$what.log" ;;
     aoti)
         mkdir -p /tmp/aoti-cache
         [ -d bench/aoti-cache ] && cp -rn bench/aoti-cache/. /tmp/aoti-cache/
