@@ -29,7 +29,7 @@ from worker.exceptions import KafkaIOError
 from worker.kafka.admin import Admin
 from worker.kafka.clients import ClientSettings
 
-SETTLE_S = 2.0
+SETTLE_S = 1.5
 MIN_GAP_S = 10.0
 MAX_GAP_S = 300.0
 PROBE_EVERY_S = 1.0

@@ -54,3 +54,26 @@ def test_a_real_probe_against_nothing_never_answers() -> None:
     time.sleep(3.5)
     assert probe.answering_since is None
     probe.deactivate()
+
+
+def test_a_consumer_stuck_after_an_outage_is_replaced_within_2_5_s_of_its_loss() -> None:
+    """A CI run's 30 s stall: the heartbeat sent after the resume timed out, the session was
+    lost 6.6 s after the resume with the cluster already answering, and the replacement waited
+    for a statistics sample (every 5 s then) until 11.4 s, past the test's 10 s bound. With the
+    default statistics interval, the first check that can replace the client comes within
+    2.5 s of the loss, wherever the samples fall."""
+    from worker.config.observe import MetricsSettings
+
+    every = MetricsSettings().statistics_interval_ms / 1e3
+    for phase in (0.0, 0.25, 0.5, 0.75, 0.99):
+        r, probe = _rejoin()
+        lost_at = 1_000.0
+        r.lost()
+        probe.answering_since = lost_at + 0.05  # the probe's first fresh client answers
+        stats_at = lost_at - phase * every
+        now = lost_at
+        while not r.due(now, False, stats_at):
+            now += 0.01  # the loop steps far more often than this
+            while stats_at + every <= now:
+                stats_at += every
+            assert now - lost_at < 2.5, (phase, every)

@@ -35,6 +35,8 @@ Error classes (librdkafka's, see :func:`worker.kafka.txn_error`):
 - fatal (fenced by a newer instance with the same transactional.id, or anything unclassified):
   :class:`TransactionError` with ``fatal`` set (:class:`ProducerFenced` when fenced) stops the
   worker without committing again; the process exits non-zero for the orchestrator to restart.
+  The exception is an abort the broker refuses for any reason but fencing: it is done by a
+  reset, which ends the transaction as that restart would.
 """
 
 from __future__ import annotations
@@ -61,6 +63,15 @@ WAIT_BEAT_S = 0.5
 
 class _Stuck(Exception):
     """A call kept timing out for its whole budget: the client needs a reset."""
+
+def _replaceable(exc: TransactionError) -> bool:
+    """A failed abort that a new client can finish: anything but fencing (a newer instance
+    owns the transactional.id; a new client would fence it in turn) and librdkafka's generic
+    fatal code, which a client already in its fatal state returns whatever the cause."""
+    if isinstance(exc, ProducerFenced):
+        return False
+    return exc.code not in FENCED_CODES and exc.code != ck.KafkaError._FATAL
+
 
 def _as_fatal(exc: TransactionError, what: str) -> TransactionError:
     cls = ProducerFenced if exc.code in FENCED_CODES else TransactionError
@@ -201,6 +212,14 @@ class Transactions:
                                    abortable_is_fatal=True)
                 except _Stuck as exc:
                     self.reset(str(exc))
+                except TransactionError as exc:
+                    if not _replaceable(exc):
+                        raise
+                    # The broker refused the abort itself (Kafka 4.1 answered an EndTxn sent
+                    # right after a commit with INVALID_TXN_STATE, which librdkafka makes
+                    # fatal to the client). The transaction still has to end, and a new client
+                    # with this transactional.id ends it, as a restart would, without one.
+                    self.reset(f"abort refused: {exc}")
         finally:
             # Whatever the new client's registration does, this transaction is gone: the
             # coordinator aborts it when a client with this transactional.id registers.

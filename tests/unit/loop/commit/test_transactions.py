@@ -262,13 +262,38 @@ def test_a_produce_refused_for_the_clients_transaction_state_aborts_by_a_reset()
     assert t.resets == 1 and t.failed is None and not t.open
 
 
-def test_an_abortable_error_during_abort_is_fatal() -> None:
-    p = ScriptedProducer(abort=[ABORTABLE])
+@pytest.mark.parametrize("refusal", [
+    _err(ck.KafkaError.INVALID_TXN_STATE, fatal=True),  # Kafka 4.1, an abort just after a commit
+    ABORTABLE,
+    UNCLASSIFIED,
+], ids=["invalid-txn-state", "abortable", "unclassified"])
+def test_an_abort_the_broker_refuses_is_done_by_a_reset(refusal: TransactionError) -> None:
+    """The transaction must end either way; a new client with the same transactional.id ends
+    it at the coordinator (as the restart after a fatal exit would), and the worker goes on."""
+    p = ScriptedProducer(abort=[refusal])
+    t = _txn(p)
+    t.produce(OUT, _noop)
+    assert t.abort() is True
+    assert p.calls[-4:] == ["abort", "abandon", "open", "init"]
+    assert t.resets == 1 and t.aborts == 1 and not t.open and t.failed is None
+    t.produce(OUT, _noop)
+    assert t.open
+
+
+@pytest.mark.parametrize("refusal", [
+    FENCED,
+    _err(ck.KafkaError.PRODUCER_FENCED, fatal=True),
+    _err(ck.KafkaError._FATAL, fatal=True),  # the client's fatal state, cause unreported
+], ids=["fenced", "producer-fenced", "generic-fatal"])
+def test_an_abort_refused_for_fencing_or_an_unknown_fatal_cause_stays_fatal(
+        refusal: TransactionError) -> None:
+    """A newer instance owns the transactional.id: a new client would fence it in turn."""
+    p = ScriptedProducer(abort=[refusal])
     t = _txn(p)
     t.produce(OUT, _noop)
     with pytest.raises(TransactionError) as info:
         t.abort()
-    assert info.value.fatal
+    assert info.value.fatal and t.resets == 0 and "abandon" not in p.calls
 
 
 def test_produce_errors_abortable_marks_failed_and_fatal_raises_fatal() -> None:
