@@ -64,6 +64,7 @@ WAIT_BEAT_S = 0.5
 class _Stuck(Exception):
     """A call kept timing out for its whole budget: the client needs a reset."""
 
+
 def _replaceable(exc: TransactionError) -> bool:
     """A failed abort that a new client can finish: anything but fencing (a newer instance
     owns the transactional.id; a new client would fence it in turn) and librdkafka's generic
