@@ -207,20 +207,16 @@ class Transactions:
             if self._suspect:
                 self.reset(f"aborting after a timeout ({self.failed})")
             else:
+                # A refused abort must still end the transaction (Kafka 4.1 answered an EndTxn
+                # sent right after a commit with INVALID_TXN_STATE, which librdkafka makes
+                # fatal to the client): a new client with this transactional.id ends it, as
+                # a restart would, without one.
                 try:
                     self._retrying("abort_transaction", self._producer.abort_transaction,
                                    budget_s=self._abort_budget_s, on_deadline="reset",
-                                   abortable_is_fatal=True)
+                                   refused_resets=True)
                 except _Stuck as exc:
                     self.reset(str(exc))
-                except TransactionError as exc:
-                    if not _replaceable(exc):
-                        raise
-                    # The broker refused the abort itself (Kafka 4.1 answered an EndTxn sent
-                    # right after a commit with INVALID_TXN_STATE, which librdkafka makes
-                    # fatal to the client). The transaction still has to end, and a new client
-                    # with this transactional.id ends it, as a restart would, without one.
-                    self.reset(f"abort refused: {exc}")
         finally:
             # Whatever the new client's registration does, this transaction is gone: the
             # coordinator aborts it when a client with this transactional.id registers.
@@ -279,7 +275,12 @@ class Transactions:
 
     # -- retries -----------------------------------------------------------------------------
     def _retrying(self, what: str, call: Callable[[float], None], *, budget_s: float,
-                  on_deadline: str, abortable_is_fatal: bool = False) -> None:
+                  on_deadline: str, refused_resets: bool = False) -> None:
+        """``call`` until it succeeds, retriable errors repeated within ``budget_s``.
+        ``refused_resets``: a fatal or abortable error that a new client can get past
+        (:func:`_replaceable`) raises :class:`_Stuck`, like a timeout with ``on_deadline``
+        "reset"; otherwise a fatal error raises fatally and an abortable one fails the
+        transaction."""
         deadline = self._clock() + budget_s
         attempt = 0
         while True:
@@ -289,7 +290,11 @@ class Transactions:
                 self._blocking(call, max(0.1, min(self._op_timeout_s, left)))
                 return
             except TransactionError as exc:
-                if exc.fatal or (exc.abortable and abortable_is_fatal):
+                if refused_resets and (exc.fatal or exc.abortable):
+                    if _replaceable(exc):
+                        raise _Stuck(f"{what} refused: {exc}") from exc
+                    raise _as_fatal(exc, what) from exc
+                if exc.fatal:
                     raise _as_fatal(exc, what) from exc
                 if exc.abortable:
                     self.fail(str(exc))
