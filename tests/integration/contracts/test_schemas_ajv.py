@@ -40,11 +40,15 @@ def _installed(root: Path) -> bool:
 
 
 @pytest.fixture(scope="session")
-def ajv_modules(request: pytest.FixtureRequest) -> Path:
-    """A folder whose node_modules holds ajv and ajv-formats (pytest's cache, per version)."""
+def ajv_modules(request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder whose node_modules holds ajv and ajv-formats: pytest's cache, per version, or a
+    temporary folder when the cache plugin is off (``-p no:cacheprovider``)."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("needs node and npm: ajv is a Node library")
-    root: Path = request.config.cache.mkdir(f"{AJV}+{AJV_FORMATS}".replace("@", "-"))
+    name = f"{AJV}+{AJV_FORMATS}".replace("@", "-")
+    cache = getattr(request.config, "cache", None)
+    root: Path = cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp(name)
     if _installed(root):
         return root
     try:
