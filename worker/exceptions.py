@@ -193,7 +193,7 @@ class StaticMemberFenced(KafkaIOError):
     """The group coordinator fenced this static member: another member joined with the same
     ``group.instance.id``, or, after a group-coordinator failover, no one did (librdkafka
     issues 3437, 5456; seen in the cluster drill under exactly-once). The consumer client is
-    unusable; :meth:`worker.loop.membership.Membership.fenced` decides whether a new one may
+    unusable; :meth:`worker.loop.group.membership.Membership.fenced` decides whether a new one may
     rejoin or the process must stop."""
 
 

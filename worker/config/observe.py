@@ -22,9 +22,9 @@ class MetricsSettings(Section):
     # that stopped answering), besides a lost assignment, a fatal error or engines not warm.
     delivery_stall_s: float = Field(15.0, gt=0)
     # How often librdkafka reports statistics. Consumer lag per partition comes from them, and
-    # so does the rejoin watch's view of the group-coordinator connection (worker/loop/rejoin.py):
-    # a consumer stuck after an outage is replaced up to one interval later than it could be.
-    # 0 turns both off.
+    # so does the rejoin watch's view of the group-coordinator connection
+    # (worker/loop/group/rejoin.py): a consumer stuck after an outage is replaced up to one
+    # interval later than it could be. 0 turns both off.
     statistics_interval_ms: int = Field(1_000, ge=0)
 
 

@@ -89,7 +89,7 @@ class Consumer:
 
     def resubscribe(self) -> None:
         """Leave the subscription and take it again on the same client: a rejoin, so the group
-        rebalances (for partitions nobody holds: :mod:`worker.loop.orphans`); against Apache
+        rebalances (for partitions nobody holds: :mod:`worker.loop.group.orphans`); against Apache
         Kafka 4.1.1 a static member's rejoin handed the orphans out within 2 s, where a
         restart under the same instance id never did. The revoke callback for what this member
         holds runs from the next ``consume()``, as in any rebalance."""

@@ -15,18 +15,18 @@ from worker.config import WorkerConfig
 from worker.exceptions import ConfigError
 from worker.kafka import Consumer, member_consumer_settings
 from worker.kafka.clients import common_settings
-from worker.loop.assignment import Assignment
 from worker.loop.backpressure import Backpressure
 from worker.loop.commit.base import Committer, make_committer
+from worker.loop.group.assignment import Assignment
+from worker.loop.group.membership import Membership, StaticFencing
+from worker.loop.group.orphans import OrphanWatch
+from worker.loop.group.rejoin import ClusterProbe, Rejoin
 from worker.loop.heap import HeapPolicy
 from worker.loop.hold import PartitionHold
 from worker.loop.hops import HopTimes
 from worker.loop.intake import Intake
-from worker.loop.membership import Membership, StaticFencing
-from worker.loop.orphans import OrphanWatch
 from worker.loop.output import CloudEvents, OutputBuilder
 from worker.loop.poison import PoisonGuard
-from worker.loop.rejoin import ClusterProbe, Rejoin
 from worker.loop.startup import Startup
 from worker.loop.stats import Stats
 from worker.observe.spans import JobObserver, make_spans
@@ -50,7 +50,7 @@ class LoopParts:
     assignment: Assignment
     backpressure: Backpressure
     hold: PartitionHold
-    membership: Any  # worker.loop.membership.Membership
+    membership: Any  # worker.loop.group.membership.Membership
     startup: Any  # worker.loop.startup.Startup
     stats: Stats
     vitals: Vitals
@@ -136,7 +136,7 @@ def build_parts(cfg: WorkerConfig, task: Task, vitals: Vitals | None = None) -> 
 
 
 def _membership(cfg: WorkerConfig, consumer: Consumer, jobs: str) -> Membership:
-    # A lost consumer that stays lost once the cluster answers is replaced (loop/rejoin.py).
+    # A lost consumer that stays lost once the cluster answers is replaced (loop/group/rejoin.py).
     rejoin = Rejoin(ClusterProbe(common_settings(cfg.kafka)))
     # Static members only: partitions left to nobody by a member killed mid-rebalance. A
     # revoke callback finishes the batches in flight, then flushes and commits (each bounded

@@ -16,8 +16,8 @@ import structlog
 
 from worker.exceptions import KafkaIOError, StaticMemberFenced
 from worker.kafka import Consumer, is_fatal, is_static_fencing, source_record
-from worker.loop.assignment import Assignment
 from worker.loop.commit.base import Committer
+from worker.loop.group.assignment import Assignment
 from worker.loop.refusal import Refusal
 from worker.loop.stats import Stats
 from worker.tasks.protocol import ConsumedBatch
@@ -51,7 +51,7 @@ class Intake:
             if err is not None:
                 if is_fatal(err):
                     # The consumer is unusable: a fenced static member may rejoin with a new
-                    # client (loop/membership.py); anything else stops the process, so it is
+                    # client (loop/group/membership.py); anything else stops the process, so it is
                     # restarted, instead of idling.
                     kind = StaticMemberFenced if is_static_fencing(err) else KafkaIOError
                     raise kind(f"fatal consumer error: {err.str()}", code=err.code())

@@ -12,7 +12,7 @@ collected and freed slots refilled as they come.
 
 The loop builds nothing: its parts (consumer, committer, intake, outputs, membership, start-up,
 observers) come wired from :mod:`worker.loop.build`, so ``step()`` is unit-tested with fakes.
-Static membership lives in :mod:`worker.loop.membership`, tracing behind the job observer.
+Static membership lives in :mod:`worker.loop.group.membership`, tracing behind the job observer.
 
 Rebalances (cooperative-sticky): on revoke, queued jobs of the revoked partitions are dropped,
 batches in flight finish and their outputs are made durable by the committer; on lost, the
@@ -29,7 +29,7 @@ import structlog
 from worker.config import WorkerConfig
 from worker.exceptions import ProducerFenced, StaticMemberFenced
 from worker.loop.build import LoopParts
-from worker.loop.rebalance import Rebalance
+from worker.loop.group.rebalance import Rebalance
 from worker.observe.vitals import process_age_s
 from worker.tasks.protocol import Answer, ConsumedBatch, Task
 

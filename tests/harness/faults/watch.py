@@ -113,7 +113,7 @@ class TopicWatcher(threading.Thread):
         })
         # Assigned, not subscribed: a watcher in a group is dropped from it in a long broker
         # freeze and must rejoin, and librdkafka's rejoin can sit for tens of seconds (what
-        # worker/loop/rejoin.py works around); its delay would count as the worker's recovery.
+        # worker/loop/group/rejoin.py works around); its delay would count as the worker's recovery.
         meta = self._consumer.list_topics(topic, timeout=30).topics[topic]
         self._consumer.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING)
                                for p in sorted(meta.partitions)])

@@ -1,5 +1,5 @@
 """A static member killed inside a cooperative rebalance leaves partitions to nobody; the
-restarted worker finds them and has the group hand them out (worker/loop/orphans.py).
+restarted worker finds them and has the group hand them out (worker/loop/group/orphans.py).
 
 Reproduced with real members: "w0" (a plain consumer) takes all six partitions, a second
 member joins, and w0 is SIGKILLed inside its revoke callback, after giving up three partitions
@@ -26,7 +26,7 @@ from tests.harness.workers import (
     fresh_topics,
     worker_config,
 )
-from worker.loop import orphans
+from worker.loop.group import orphans
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 naming the member that holds the id once the session timeout has passed) instead of rejoining
 and fencing it back; the newcomer answers everything. The other case, a fencing with no other
 process (a group-coordinator failover), rejoins: unit-tested in
-tests/unit/loop/test_membership.py and drilled on a 3-node cluster by
+tests/unit/loop/group/test_membership.py and drilled on a 3-node cluster by
 ``python -m bench.faults.cluster --faults group_coordinator --modes exactly-once``."""
 
 from __future__ import annotations

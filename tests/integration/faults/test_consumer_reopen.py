@@ -46,7 +46,7 @@ def test_reopen_rejoins_with_a_new_client(kafka_bootstrap: str) -> None:
 
 
 def test_the_cluster_probe_sees_a_broker_that_answers(kafka_bootstrap: str) -> None:
-    from worker.loop.rejoin import ClusterProbe
+    from worker.loop.group.rejoin import ClusterProbe
 
     probe = ClusterProbe({"bootstrap.servers": kafka_bootstrap})
     probe.activate()

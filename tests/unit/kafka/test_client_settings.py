@@ -74,8 +74,8 @@ def test_the_tools_and_side_threads_keep_their_settings_masked() -> None:
     """Every client settings the replay and the loop's side threads (cluster probe, orphan
     watch) hold print no secret; the replay's admin settings were once a plain dict."""
     from worker.kafka.clients import common_settings, reader_settings
-    from worker.loop.orphans import OrphanWatch
-    from worker.loop.rejoin import ClusterProbe
+    from worker.loop.group.orphans import OrphanWatch
+    from worker.loop.group.rejoin import ClusterProbe
     from worker.tools.replay.kafka import (
         admin_settings as replay_admin_settings,
     )

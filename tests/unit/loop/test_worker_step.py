@@ -14,9 +14,9 @@ import pytest
 
 from worker.config import load_config
 from worker.exceptions import DeliveryFailed, SchemaViolation, StaticMemberFenced
-from worker.loop.assignment import Assignment
 from worker.loop.backpressure import Backpressure
 from worker.loop.build import LoopParts
+from worker.loop.group.assignment import Assignment
 from worker.loop.heap import HeapPolicy
 from worker.loop.hold import PartitionHold
 from worker.loop.hops import HopTimes
@@ -348,7 +348,7 @@ def test_answers_of_lost_partitions_are_discarded_as_stale() -> None:
 
 
 def test_a_fenced_static_member_loses_every_partition_and_the_loop_goes_on() -> None:
-    """Membership decides (worker.loop.membership.StaticFencing); the loop drops what the
+    """Membership decides (worker.loop.group.membership.StaticFencing); the loop drops what the
     fenced client owned as lost, so nothing of it is committed and late answers are stale."""
     w, task, intake, committer, consumer = _worker()
     _subscribed(w, consumer)

@@ -16,8 +16,8 @@ import confluent_kafka as ck
 
 from worker.config import WorkerConfig
 from worker.kafka import Consumer
-from worker.loop.assignment import Assignment
 from worker.loop.commit.marks import CommitMarks
+from worker.loop.group.assignment import Assignment
 from worker.loop.hops import HopTimes
 from worker.loop.output import Output, OutputBuilder
 from worker.wire.records import TopicPartitionKey

@@ -28,13 +28,13 @@ from worker.config import WorkerConfig
 from worker.exceptions import KafkaIOError, TransactionError
 from worker.kafka import Consumer, Producer, transactional_id, transactional_producer_settings
 from worker.kafka.topics import transactional_id_refused
-from worker.loop.assignment import Assignment
 from worker.loop.commit.at_least_once import REFUSED_AS_IS
 from worker.loop.commit.base import DropWork
 from worker.loop.commit.marks import CommitMarks, marker
 from worker.loop.commit.offsets import OffsetTracker
 from worker.loop.commit.ordered import OrderedRelease
 from worker.loop.commit.transactions import Transactions
+from worker.loop.group.assignment import Assignment
 from worker.loop.hops import HopTimes
 from worker.loop.output import Output, OutputBuilder, by_record, reported, stand_in
 from worker.wire.records import SourceRef, TopicPartitionKey

@@ -26,9 +26,9 @@ import structlog
 from engines.backends.base import Runner
 from worker.config import WorkerConfig
 from worker.kafka.admin import Admin
-from worker.loop.assignment import Assignment
 from worker.loop.backpressure import Backpressure
 from worker.loop.build import LoopParts
+from worker.loop.group.assignment import Assignment
 from worker.loop.heap import HeapPolicy
 from worker.loop.hold import PartitionHold
 from worker.loop.hops import HopTimes

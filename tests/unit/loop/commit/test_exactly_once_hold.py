@@ -9,9 +9,9 @@ import confluent_kafka as ck
 import pytest
 
 from worker.config import load_config
-from worker.loop.assignment import Assignment
 from worker.loop.commit import exactly_once
 from worker.loop.commit.exactly_once import ExactlyOnce
+from worker.loop.group.assignment import Assignment
 
 
 class _Consumer:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from worker.config import load_config
-from worker.loop.assignment import Assignment
 from worker.loop.commit.exactly_once import ExactlyOnce
+from worker.loop.group.assignment import Assignment
 from worker.loop.hops import HopTimes
 from worker.loop.output import Output
 from worker.wire.records import SourceRef

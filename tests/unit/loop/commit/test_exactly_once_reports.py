@@ -8,8 +8,8 @@ from typing import Any
 import confluent_kafka as ck
 
 from worker.config import load_config
-from worker.loop.assignment import Assignment
 from worker.loop.commit.exactly_once import ExactlyOnce
+from worker.loop.group.assignment import Assignment
 from worker.loop.output import Output
 from worker.wire.records import SourceRecord, SourceRef
 

@@ -11,8 +11,8 @@ import confluent_kafka as ck
 
 from worker.config import load_config
 from worker.exceptions import KafkaIOError
-from worker.loop.assignment import Assignment
 from worker.loop.commit.exactly_once import ExactlyOnce
+from worker.loop.group.assignment import Assignment
 
 
 class CoordinatorConsumer:

@@ -1,7 +1,7 @@
 """The member's place in its consumer group, kept outside the loop: a consumer cut off from its
-group coordinator while the cluster answers is replaced (:mod:`worker.loop.rejoin`), and, for
+group coordinator while the cluster answers is replaced (:mod:`worker.loop.group.rejoin`), and, for
 static members only, partitions the group leaves to nobody are taken back by a rejoin
-(:mod:`worker.loop.orphans`) and a member fenced while no other process holds its instance id
+(:mod:`worker.loop.group.orphans`) and a member fenced while no other process holds its instance id
 rejoins with a new client (:class:`StaticFencing`). The loop calls :meth:`Membership.step` once
 a step and tells it about rebalances; it never asks whether membership is static.
 """
@@ -19,8 +19,8 @@ from worker.exceptions import KafkaIOError, StaticMemberFenced
 from worker.kafka import Consumer
 from worker.kafka.admin import Admin
 from worker.kafka.clients import ClientSettings
-from worker.loop.orphans import OrphanWatch
-from worker.loop.rejoin import Rejoin
+from worker.loop.group.orphans import OrphanWatch
+from worker.loop.group.rejoin import Rejoin
 from worker.observe.vitals import Vitals
 
 log = structlog.get_logger("worker")
@@ -175,7 +175,7 @@ class Membership:
 
     def assigned(self) -> None:
         self._rejoin.assigned()
-        if self._orphans is not None:  # (read here, on the loop thread: see loop/orphans.py)
+        if self._orphans is not None:  # (read here, on the loop thread: see loop/group/orphans.py)
             self._orphans.note_member(self._consumer.member_id())
 
     def lost(self) -> None:

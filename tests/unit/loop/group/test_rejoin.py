@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.loop.rejoin import MIN_GAP_S, SETTLE_S, Rejoin
+from worker.loop.group.rejoin import MIN_GAP_S, SETTLE_S, Rejoin
 
 
 class _Probe:
@@ -47,7 +47,7 @@ def test_only_a_client_cut_off_from_its_coordinator_while_the_cluster_answers() 
 def test_a_real_probe_against_nothing_never_answers() -> None:
     import time
 
-    from worker.loop.rejoin import ClusterProbe
+    from worker.loop.group.rejoin import ClusterProbe
 
     probe = ClusterProbe({"bootstrap.servers": "127.0.0.1:9"})
     probe.activate()

@@ -1,6 +1,6 @@
 """A static member fenced by its group coordinator drops its partitions, waits out the session
 timeout out of the group, then rejoins unless another process holds its instance id
-(worker.loop.membership.StaticFencing), within a budget."""
+(worker.loop.group.membership.StaticFencing), within a budget."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pytest
 
 from worker.exceptions import KafkaIOError, StaticMemberFenced
 from worker.kafka import is_static_fencing
-from worker.loop import membership as membership_module
-from worker.loop.membership import (
+from worker.loop.group import membership as membership_module
+from worker.loop.group.membership import (
     FENCING_WINDOW_S,
     MAX_FENCED_REJOINS,
     Membership,
     StaticFencing,
 )
-from worker.loop.rejoin import ClusterProbe, Rejoin
+from worker.loop.group.rejoin import ClusterProbe, Rejoin
 from worker.observe.vitals import Vitals
 
 

@@ -1,4 +1,4 @@
-"""The orphan watch's decisions (worker/loop/orphans.py); the real group is in
+"""The orphan watch's decisions (worker/loop/group/orphans.py); the real group is in
 tests/integration/delivery/test_orphaned_partitions.py."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import confluent_kafka as ck
 import pytest
 
-from worker.loop import orphans
-from worker.loop.orphans import (
+from worker.loop.group import orphans
+from worker.loop.group.orphans import (
     JITTER_FRACTION,
     MIN_GAP_S,
     POLLERS,
