@@ -117,17 +117,15 @@ def run_kill9(bootstrap: str, log_dir: Path, *, mode: str, kills: int, seed: int
     started = time.monotonic()
     # The crash-loop breaker off. After each death it isolates the partition's next records
     # one by one, so with a kill every few seconds the kills land in isolation: under
-    # exactly-once almost never inside the normal, open transactions this drill is about (its
-    # abort evidence came out 0), and under at-least-once three kills in a row can land on
-    # the same isolated record, which the breaker then rightly calls poison and dead-letters
-    # (a CI run: a good job's DLQ record, reason `poison`, after three kills while its
-    # partition was isolated from it). The breaker under kills is
+    # exactly-once almost never inside the normal, open transactions this drill is about, and
+    # under at-least-once three kills in a row can land on one isolated good record, which
+    # the breaker then rightly dead-letters as poison. The breaker under kills is
     # tests/integration/faults/test_poison.py's, in both modes.
-    breaker = {"KTW_PROCESSING__POISON_MAX_ATTEMPTS": "0"}
     with Fleet(cfg, log_dir, **{"KTW_KAFKA__STATIC_MEMBERSHIP": "true",
                                 "KTW_BATCH__MAX_BATCH_SIZE": "8",
                                 "KTW_BATCH__MAX_DELAY_MS": str(batch_delay_ms),
-                                **breaker, **(env or {})}) as fleet:
+                                "KTW_PROCESSING__POISON_MAX_ATTEMPTS": "0",
+                                **(env or {})}) as fleet:
         fleet.own(feeder, outputs)
         for name in names:
             fleet.start(name)

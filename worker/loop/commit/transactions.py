@@ -62,7 +62,8 @@ WAIT_BEAT_S = 0.5
 
 
 class _Stuck(Exception):
-    """A call kept timing out for its whole budget: the client needs a reset."""
+    """The client needs a reset: a call kept timing out for its whole budget, or the broker
+    refused it in a way a new client gets past (:func:`_replaceable`)."""
 
 
 def _replaceable(exc: TransactionError) -> bool:
@@ -213,8 +214,7 @@ class Transactions:
                 # a restart would, without one.
                 try:
                     self._retrying("abort_transaction", self._producer.abort_transaction,
-                                   budget_s=self._abort_budget_s, on_deadline="reset",
-                                   refused_resets=True)
+                                   budget_s=self._abort_budget_s, on_deadline="reset")
                 except _Stuck as exc:
                     self.reset(str(exc))
         finally:
@@ -275,12 +275,12 @@ class Transactions:
 
     # -- retries -----------------------------------------------------------------------------
     def _retrying(self, what: str, call: Callable[[float], None], *, budget_s: float,
-                  on_deadline: str, refused_resets: bool = False) -> None:
+                  on_deadline: str) -> None:
         """``call`` until it succeeds, retriable errors repeated within ``budget_s``.
-        ``refused_resets``: a fatal or abortable error that a new client can get past
-        (:func:`_replaceable`) raises :class:`_Stuck`, like a timeout with ``on_deadline``
-        "reset"; otherwise a fatal error raises fatally and an abortable one fails the
-        transaction."""
+        ``on_deadline`` "reset" makes a new client the remedy for a refusal too: a fatal or
+        abortable error that a new client can get past (:func:`_replaceable`) raises
+        :class:`_Stuck`, as the timeout does. Otherwise a fatal error raises fatally and an
+        abortable one fails the transaction."""
         deadline = self._clock() + budget_s
         attempt = 0
         while True:
@@ -290,7 +290,7 @@ class Transactions:
                 self._blocking(call, max(0.1, min(self._op_timeout_s, left)))
                 return
             except TransactionError as exc:
-                if refused_resets and (exc.fatal or exc.abortable):
+                if on_deadline == "reset" and (exc.fatal or exc.abortable):
                     if _replaceable(exc):
                         raise _Stuck(f"{what} refused: {exc}") from exc
                     raise _as_fatal(exc, what) from exc
