@@ -65,6 +65,7 @@ SAMPLE_S = 0.5
 GROWTH_BOUND = 0.05  # backlog growth per second, as a fraction of the offered rate
 END_BOUND_S = 2.0  # backlog left at the end of the steady window, in seconds of jobs
 WARMUP_JOBS = 24
+SLICE_S = 5.0  # latency summaries per slice of the steady window: where in time a tail sits
 
 
 def code_provenance(root: Path) -> dict[str, Any]:
@@ -204,6 +205,7 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
     # drain: wait for the rest (bounded), so the next rate starts on an empty queue
     _wait_answered(reader, prefix, n, args.drain_s)
     hist = _histogram()
+    slices = [_histogram() for _ in range(slice_count(args.steady_s))]
     answered_steady = 0
     with reader.lock:
         results = {k: v for k, v in reader.results.items() if k.startswith(prefix)}
@@ -211,7 +213,9 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
     for key, (arrival, _create) in results.items():
         due_s = start_at + int(key[len(prefix):]) / rate
         if steady_from <= due_s < steady_to:
-            hist.record_value(max(1, min(HIST_MAX_US, round((arrival - due_s) * 1e6))))
+            us = max(1, min(HIST_MAX_US, round((arrival - due_s) * 1e6)))
+            hist.record_value(us)
+            slices[min(len(slices) - 1, int((due_s - steady_from) / SLICE_S))].record_value(us)
         if steady_from <= arrival < steady_to:
             answered_steady += 1
     return {"offered_rate": rate, "producer": report,
@@ -221,7 +225,14 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
             "backlog_end": backlog[-1][1] if backlog else None,
             "backlog_max": max((b for _, b in backlog), default=None),
             "bounded": bounded_growth and bounded_end and not dlq,
-            "latency": hist_summary(hist), "latency_hdr": hist.encode().decode()}
+            "latency": hist_summary(hist), "latency_hdr": hist.encode().decode(),
+            "latency_by_slice": {"slice_s": SLICE_S,
+                                 "slices": [hist_summary(h) for h in slices]}}
+
+
+def slice_count(steady_s: float) -> int:
+    """Slices of ``SLICE_S`` in the steady window (the last takes any remainder)."""
+    return max(1, int(steady_s // SLICE_S))
 
 
 def _wait_answered(reader: Reader, prefix: str, n: int, seconds: float) -> None:

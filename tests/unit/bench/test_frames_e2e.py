@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.frames_e2e import code_provenance, scheduled_jobs
+from bench.frames_e2e import code_provenance, scheduled_jobs, slice_count
 
 
 @pytest.mark.parametrize("jobs", [600, 1500, 3000, 5000, 20000])
@@ -27,3 +27,8 @@ def test_a_staged_checkout_names_its_own_commit_and_dirty_flag(tmp_path: Path) -
 
 def test_a_checkout_without_stamps_is_unknown(tmp_path: Path) -> None:
     assert code_provenance(tmp_path) == {"code_commit": "unknown", "code_dirty": None}
+
+
+@pytest.mark.parametrize(("steady_s", "slices"), [(30.0, 6), (32.0, 6), (4.0, 1), (5.0, 1)])
+def test_the_steady_window_is_cut_into_whole_slices(steady_s: float, slices: int) -> None:
+    assert slice_count(steady_s) == slices
