@@ -72,10 +72,23 @@ class PinnedBuffer:
             self.ptr = 0
 
 
+def greatest_stream_priority() -> int:
+    """The current device's most urgent stream priority (CUDA orders lower numbers first; 0 is
+    the default and least urgent)."""
+    _least, greatest = check(runtime().cudaDeviceGetStreamPriorityRange())
+    return int(greatest)
+
+
 class Stream:
-    def __init__(self) -> None:
+    def __init__(self, *, urgent: bool = False) -> None:
+        """``urgent``: the device's highest priority, so that the block scheduler dispatches this
+        stream's kernels before those of default-priority streams queued beside them."""
         rt = runtime()
-        self.handle = check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking))
+        if urgent:
+            self.handle = check(rt.cudaStreamCreateWithPriority(rt.cudaStreamNonBlocking,
+                                                                greatest_stream_priority()))
+        else:
+            self.handle = check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking))
 
     @property
     def ptr(self) -> int:

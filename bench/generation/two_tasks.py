@@ -1,8 +1,10 @@
 """Both tasks in one worker process (``trt-worker run --task moderation,generation``) under live
 load: what moderation latency does while generation runs at full load, and what generation
-throughput gives up for it, per ``processing.gpu_yield_ms`` (worker/tasks/gpu_share.py).
+throughput gives up for it, per ``processing.gpu_yield_ms`` (worker/tasks/gpu_share.py) and
+``processing.gpu_priority`` (moderation's CUDA streams at the device's highest priority).
 
-Per yield value: fresh topics and groups, one worker process serving both tasks, a warm-up
+Per variant (``--variants YIELD_MS:on|off,...``, or each ``--yield-ms`` value with the priority
+on, the default): fresh topics and groups, one worker process serving both tasks, a warm-up
 (moderation jobs and one generation job answered), then three phases:
 
 1. generation alone: a closed-loop feeder keeps ``--gen-outstanding`` generation jobs
@@ -22,6 +24,7 @@ generation section.
 
 python bench/generation/two_tasks.py --tiny --mod-rate 10 --warmup-s 2 --steady-s 8
 python bench/generation/two_tasks.py --mod-rate 200 --yield-ms 0,5 --set model.backend=torch
+python bench/generation/two_tasks.py --mod-rate 2000 --variants 0:off,0:on,5:on ...
 """
 
 from __future__ import annotations
@@ -149,8 +152,22 @@ def _wait(what: str, done: Any, proc: subprocess.Popen[bytes], log_path: Path,
         time.sleep(0.1)
 
 
+def parse_variants(spec: str | None, yield_ms: str) -> list[tuple[float, bool]]:
+    """``--variants`` ("0:off,5:on"), else each ``--yield-ms`` value with the priority on:
+    (gpu_yield_ms, gpu_priority) per worker process."""
+    if not spec:
+        return [(float(y), True) for y in yield_ms.split(",") if y]
+    out = []
+    for item in spec.split(","):
+        y, _, prio = item.partition(":")
+        if prio not in ("on", "off"):
+            raise ValueError(f"variant {item!r}: YIELD_MS:on or YIELD_MS:off")
+        out.append((float(y), prio == "on"))
+    return out
+
+
 def one_yield(bootstrap: str, pics: list[bytes], yield_ms: float, args: argparse.Namespace,
-              logs: Path) -> dict[str, Any]:
+              logs: Path, priority: bool = True) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     mod = {k: f"two-tasks-mod-{k}-{tag}" for k in ("jobs", "results", "dlq")}
     gen = {k: f"two-tasks-gen-{k}-{tag}" for k in ("jobs", "results", "dlq")}
@@ -167,13 +184,16 @@ def one_yield(bootstrap: str, pics: list[bytes], yield_ms: float, args: argparse
            "steps": args.steps, "num_images": 1}
     overrides = dict(args.overrides) | {
         "processing.task": "moderation,generation", "processing.gpu_yield_ms": str(yield_ms),
+        "processing.gpu_priority": str(priority).lower(),
         "processing.max_batch_ms": "120000", "kafka.transaction_timeout_ms": "300000",
         "generation": json.dumps(generation_settings(args, gen, logs))}
     env, _dropped = worker_env(bootstrap, mod, f"two-tasks-{tag}", overrides)
     env["KTW_METRICS__PORT"] = "0"
-    log_path = logs / f"worker-yield-{yield_ms:g}.log"
+    name = f"yield {yield_ms:g} ms, priority {'on' if priority else 'off'}"
+    log_path = logs / f"worker-{name.replace(' ', '-').replace(',', '')}.log"
     proc: subprocess.Popen[bytes] | None = None
-    out: dict[str, Any] = {"gpu_yield_ms": yield_ms, "worker_log": str(log_path)}
+    out: dict[str, Any] = {"gpu_yield_ms": yield_ms, "gpu_priority": priority,
+                           "worker_log": str(log_path)}
     try:
         with log_path.open("wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], cwd=REPO, env=env,
@@ -195,12 +215,11 @@ def one_yield(bootstrap: str, pics: list[bytes], yield_ms: float, args: argparse
         out["generation_alone"] = {
             "images_per_s": alone.images_per_s(t0 + args.warmup_s, t0 + window),
             **alone.finish(args.drain_s)}
-        print(f"  yield {yield_ms:g} ms: generation alone {out['generation_alone']}",
-              flush=True)
+        print(f"  {name}: generation alone {out['generation_alone']}", flush=True)
 
         out["moderation_alone"] = one_rate(bootstrap, mod["jobs"], readers["mod"], pics,
                                            args.mod_rate, args, "ma-")
-        print(f"  yield {yield_ms:g} ms: moderation alone "
+        print(f"  {name}: moderation alone "
               f"{out['moderation_alone']['latency']}", flush=True)
 
         both = GenFeeder(bootstrap, gen["jobs"], readers["gen"], "gb-", args.gen_outstanding,
@@ -212,7 +231,7 @@ def one_yield(bootstrap: str, pics: list[bytes], yield_ms: float, args: argparse
         out["both"] = {"moderation": step, "generation": {
             "images_per_s": both.images_per_s(t0 + args.warmup_s, t0 + window),
             **both.finish(args.drain_s)}}
-        print(f"  yield {yield_ms:g} ms: both: moderation {step['latency']}, generation "
+        print(f"  {name}: both: moderation {step['latency']}, generation "
               f"{out['both']['generation']}", flush=True)
         out["worker_exit_code"] = stop_worker(proc, WORKER_STOP_TIMEOUT_S)
     finally:
@@ -234,6 +253,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20, help="denoising steps per generation job")
     ap.add_argument("--yield-ms", default="5", help="processing.gpu_yield_ms values, comma "
                                                     "separated: one worker process each")
+    ap.add_argument("--variants", default=None,
+                    help="YIELD_MS:on|off,... (processing.gpu_yield_ms, processing.gpu_priority):"
+                         " one worker process each; overrides --yield-ms")
     ap.add_argument("--warmup-s", type=float, default=5.0)
     ap.add_argument("--steady-s", type=float, default=30.0)
     ap.add_argument("--drain-s", type=float, default=60.0)
@@ -252,7 +274,8 @@ def main() -> int:
     if args.tiny and args.steps == 20:
         args.steps = TINY_STEPS
     args.overrides = dict(kv.split("=", 1) for kv in args.overrides)
-    yields = [float(y) for y in args.yield_ms.split(",") if y]
+    variants = parse_variants(args.variants, args.yield_ms)
+    yields = [y for y, _ in variants]
 
     def on_term(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)  # unwinds the finally blocks: worker and broker stop
@@ -267,8 +290,8 @@ def main() -> int:
     try:
         bootstrap = kafka.start(timeout=180)
         try:
-            for y in yields:
-                runs.append(one_yield(bootstrap, pics, y, args, logs))
+            for y, prio in variants:
+                runs.append(one_yield(bootstrap, pics, y, args, logs, prio))
         finally:
             kafka.stop()
     except BenchFailed as exc:
@@ -281,6 +304,7 @@ def main() -> int:
                        "machine": args.machine_note},
         "params": {"tiny": args.tiny, "mod_rate": args.mod_rate, "steps": args.steps,
                    "gen_outstanding": args.gen_outstanding, "yield_ms": yields,
+                   "variants": [{"gpu_yield_ms": y, "gpu_priority": p} for y, p in variants],
                    "warmup_s": args.warmup_s, "steady_s": args.steady_s,
                    "partitions": args.partitions, "worker_config_overrides": args.overrides,
                    "gen_json": args.gen_json,

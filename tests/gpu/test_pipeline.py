@@ -185,3 +185,28 @@ def test_activation_does_not_break_a_capture_in_another_thread() -> None:
         t.join(60)
     assert not errors, errors
     assert captures > 0
+
+
+def test_an_urgent_pipeline_runs_on_the_devices_highest_priority_streams() -> None:
+    from engines.backends.torch.pipeline import TorchPipeline
+    from engines.backends.torch.runner import TorchRunner
+    from engines.cudart import check, greatest_stream_priority, runtime
+
+    runner = TorchRunner(open_nsfw_spec(), profiles=(StaticProfile("gpu", ITEM, (8,)),))
+    urgent = TorchPipeline(runner, (8,), slots=1, pixels=True, urgent=True)
+    urgent.activate()
+    plain = TorchPipeline(runner, (8,), slots=1, pixels=True)
+    plain.activate()
+    try:
+        greatest = greatest_stream_priority()
+        assert greatest < 0  # the device has priorities at all (every GPU since Kepler)
+        for stream in (urgent.h2d, urgent.compute, urgent.d2h):
+            assert check(runtime().cudaStreamGetPriority(stream.handle)) == greatest
+        assert check(runtime().cudaStreamGetPriority(plain.compute.handle)) == 0
+        x = np.random.default_rng(1).integers(0, 256, size=(8, *ITEM), dtype=np.uint8)
+        np.testing.assert_array_equal(_run(urgent, [x], depth=1)[0],
+                                      _run(plain, [x], depth=1)[0])
+    finally:
+        urgent.deactivate()
+        plain.deactivate()
+        runner.deactivate()

@@ -54,6 +54,10 @@ class ProcessingSettings(Section):
     # waits before each step of its own while another task's batches are in flight
     # (worker.tasks.gpu_share). 0: it never waits. Moot with one task.
     gpu_yield_ms: float = Field(5.0, ge=0, le=1_000)
+    # With several tasks: the tasks that do not yield (moderation) put their own CUDA streams
+    # at the device's highest priority, so their kernels are dispatched before the queued
+    # steps of the ones that do. Moot with one task.
+    gpu_priority: bool = True
     # The longest one batch (decode + inference + results) may take. A transaction stays open
     # for about one commit interval plus one batch, so exactly-once requires
     # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches

@@ -78,9 +78,12 @@ class TorchPipeline:
     """Three-stream pipeline over an active :class:`TorchRunner`'s network."""
 
     def __init__(self, runner: TorchRunner, sizes: tuple[int, ...], *, slots: int = 3,
-                 pixels: bool = True, overlap: bool = True) -> None:
+                 pixels: bool = True, overlap: bool = True, urgent: bool = False) -> None:
         self.runner, self.sizes, self.slots_per_size = runner, tuple(sorted(sizes)), slots
         self.pixels, self.overlap = pixels, overlap
+        # The three streams at the device's highest priority (engines.cudart.Stream): set
+        # before activate(). A graph launched into a stream runs at that stream's priority.
+        self.urgent = urgent
         self._slots: dict[int, list[PipelineSlot]] = {}
         self._next: dict[int, int] = {}
         self.h2d: Stream | None = None
@@ -106,7 +109,7 @@ class TorchPipeline:
             # Made before capture: a host-to-device copy cannot happen inside graph capture.
             self._pixels_to_input = make(torch.device(self.runner.device))
         started = time.monotonic()
-        self.h2d, self.compute, self.d2h = Stream(), Stream(), Stream()
+        self.h2d, self.compute, self.d2h = (Stream(urgent=self.urgent) for _ in range(3))
         self._torch_compute = torch.cuda.ExternalStream(self.compute.ptr)
         for size in self.sizes:
             # One eager pass initialises what a capture cannot (cuDNN and cuBLAS handles, the

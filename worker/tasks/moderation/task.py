@@ -25,6 +25,7 @@ from worker.config.policies import PolicySettings
 from worker.exceptions import JobRejected, UnknownPolicy
 from worker.tasks.batched import BatchedTask
 from worker.tasks.batcher import Batch
+from worker.tasks.gpu_share import GpuShare
 from worker.tasks.moderation.models.base import Finished, ModerationModel
 from worker.tasks.moderation.parts import JobState, Part, Pending, mark_started
 from worker.tasks.moderation.results import job_result, moderation_headers, nothing_to_score
@@ -77,6 +78,12 @@ class ModerationTask(BatchedTask[Part]):
         return "+".join(m.identity()[1] for m in self.models.values())
 
     # -- lifecycle ------------------------------------------------------------------------
+    def share_gpu(self, share: GpuShare, *, yields: bool) -> None:
+        super().share_gpu(share, yields=yields)
+        if not yields and self.cfg.processing.gpu_priority:
+            for model in self.models.values():
+                model.prefer_gpu()
+
     def warm_up(self) -> None:
         for model in self.models.values():
             model.warm_up()

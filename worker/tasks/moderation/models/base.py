@@ -116,6 +116,12 @@ class ModerationModel(abc.ABC):
         raise NotImplementedError(f"model {self.name!r} does not score pixels")
 
     # -- lifecycle -----------------------------------------------------------------------
+    def prefer_gpu(self) -> None:
+        """Before :meth:`warm_up`: this model's GPU work goes before other work queued on the
+        device (a task beside it in the process yields to it, worker.tasks.gpu_share): its
+        own CUDA streams at the device's highest priority. A no-op for a model without."""
+        return None
+
     def warm_up(self) -> None:
         """Called before the first poll (``create`` may already have activated engines)."""
         return None

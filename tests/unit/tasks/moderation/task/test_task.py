@@ -270,3 +270,25 @@ def test_text_and_image_batches_form_and_finish_independently(
     finally:
         held.go.set()
         task.close()
+
+
+@pytest.mark.parametrize(("yields", "gpu_priority", "preferred"),
+                         [(False, True, True), (True, True, False), (False, False, False)])
+def test_beside_a_yielding_task_its_models_ask_for_the_gpu_first(
+        mm_cfg: WorkerConfig, models: dict[str, ModerationModel],
+        monkeypatch: pytest.MonkeyPatch, yields: bool, gpu_priority: bool,
+        preferred: bool) -> None:
+    from worker.tasks.gpu_share import GpuShare
+
+    asked: list[str] = []
+    for name, model in models.items():
+        monkeypatch.setattr(model, "prefer_gpu", lambda name=name: asked.append(name))
+    cfg = mm_cfg.model_copy(update={"processing": mm_cfg.processing.model_copy(
+        update={"gpu_priority": gpu_priority})})
+    t = _task(cfg, models)
+    try:
+        t.share_gpu(GpuShare(max_wait_s=0.005), yields=yields)
+        assert sorted(asked) == (sorted(models) if preferred else [])
+        assert t.gpu_share is not None
+    finally:
+        t.close()
