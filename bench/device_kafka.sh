@@ -35,6 +35,10 @@
 #            (nvImageCodec, nvJPEG, HdrHistogram, the HD frame corpus; made here by
 #             `bash bench/device_kafka.sh hdpack`)
 #   device:  bash bench/device_kafka.sh framesgpu [ARGS]     # bench/moderation/frames_gpu.py
+#   device:  bash bench/device_kafka.sh dalistage [ARGS]     # bench/moderation/dali_stage.py:
+#            DALI itself (after hdstage; DALI's 199 MB wheel and its small Python dependencies
+#            come as parts: `stage-parts nvidia-dali-cuda130==2.4.0 gast astunparse six optree
+#            nvtx makefun`, then `parts` once per two .partK folders, chained)
 #   device:  bash bench/device_kafka.sh framese2e [ARGS]     # bench/frames_e2e.py (broker)
 #   device:  bash bench/device_kafka.sh hde2e CLASS DECODER REPEATS   # both, GPU worker preset
 #   device:  bash bench/device_kafka.sh kernels [ARGS]       # carry .whl:
@@ -296,7 +300,7 @@ stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
 (out / f"warm-ab-{stamp}.json").write_text(json.dumps(merged, indent=1))
 EOF
     ;;
-bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks)
+bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks|dalistage)
     what=$1
     shift
     mkdir -p "$OUT"
@@ -333,8 +337,9 @@ bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|ker
         PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -v -p no:cacheprovider \
             --durations=15 tests/gpu "$@" > "$OUT/gpu_tests.txt" 2>&1
         tail -25 "$OUT/gpu_tests.txt" ;;
-    probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks)
+    probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks|dalistage)
         script=$(case $what in
+                 dalistage) echo moderation/dali_stage ;;
                  safetycost) echo generation/safety_cost ;; twotasks) echo generation/two_tasks ;;
                  framesgpu) echo moderation/frames_gpu ;; framese2e) echo frames_e2e ;;
                  probe) echo moderation/task_probe ;; warm) echo start/warm_start ;;
