@@ -15,7 +15,10 @@ The sustained rate of a run is its highest bounded offered rate.
 
 Latencies are HdrHistograms (``hdrhistogram``, microseconds, 3 significant digits), stored
 encoded in the record so they pool across runs (decode and add): per run and rate, and pooled
-per rate. ``--repeats`` (>= 3 for medians and spread) repeats the whole run.
+per rate; each window's also per 5 s slice (``latency_by_slice``: where in time a tail sits),
+beside what the worker's own histograms saw in the window (``worker_metrics``: collector
+pauses, engine time per batch, hops; bench/worker_metrics.py). ``--repeats`` (>= 3 for
+medians and spread) repeats the whole run.
 
 ``--code-root DIR`` runs the worker from another checkout (``git archive REV | tar -x -C DIR``,
 its commit in ``DIR/COMMIT``) with this bench, broker and corpus: old and new code on the same
@@ -45,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import frames as frame_corpus
+from bench import worker_metrics
 from bench.common import RESULTS, environment, provenance, write
 from bench.cpu_e2e import (
     REPO,
@@ -169,7 +173,10 @@ def _slope(points: list[tuple[float, float]]) -> float:
 
 
 def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], rate: float,
-             args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+             args: argparse.Namespace, prefix: str, metrics_port: int | None = None
+             ) -> dict[str, Any]:
+    """One offered rate; ``metrics_port``: the worker's /metrics, read at the steady window's
+    start and end (bench/worker_metrics.py)."""
     seconds = args.warmup_s + args.steady_s
     start_at = time.time() + 1.0
     ctx = mp.get_context("spawn")
@@ -179,15 +186,21 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
     steady_from, steady_to = start_at + args.warmup_s, start_at + seconds
     n = scheduled_jobs(rate, seconds)
     backlog: list[tuple[float, float]] = []
+    at_start: worker_metrics.Snapshot | None = None
+    at_end: worker_metrics.Snapshot | None = None
     try:
         while time.time() < steady_to:
             time.sleep(SAMPLE_S)
             now = time.time()
+            if metrics_port and at_start is None and now >= steady_from:
+                at_start = worker_metrics.scrape(metrics_port)
             due = min(n, max(0, int((now - start_at) * rate) + 1))
             with reader.lock:
                 done = sum(1 for k in reader.results if k.startswith(prefix))
             if now >= steady_from:
                 backlog.append((now - steady_from, due - done))
+        if metrics_port:
+            at_end = worker_metrics.scrape(metrics_port)
         reports = [q.get(timeout=120) for _ in procs]
         for proc in procs:
             proc.join(30)
@@ -227,7 +240,9 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
             "bounded": bounded_growth and bounded_end and not dlq,
             "latency": hist_summary(hist), "latency_hdr": hist.encode().decode(),
             "latency_by_slice": {"slice_s": SLICE_S,
-                                 "slices": [hist_summary(h) for h in slices]}}
+                                 "slices": [hist_summary(h) for h in slices]},
+            **({"worker_metrics": worker_metrics.delta(at_start, at_end)} if metrics_port
+               else {})}
 
 
 def slice_count(steady_s: float) -> int:
@@ -304,6 +319,10 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
         raise BenchFailed(reader.error or "results reader not ready after 30 s")
     env, _dropped = worker_env(bootstrap, topics, f"frames-e2e-{tag}", args.overrides,
                                root=args.code_root)
+    from worker.devkit.local_kafka.config import free_port
+
+    metrics_port = free_port()
+    env |= {"KTW_METRICS__PORT": str(metrics_port), "KTW_METRICS__HOST": "127.0.0.1"}
     log_path = logs / f"worker-{index + 1}.log"
     import subprocess
 
@@ -329,7 +348,8 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
             if args.auto_rates and drain["frames_per_s"]:
                 rates = sorted(round(f * drain["frames_per_s"], -1) for f in args.auto_rates)
         for k, rate in enumerate(rates):
-            step = one_rate(bootstrap, topics["jobs"], reader, frames, rate, args, f"r{k}-")
+            step = one_rate(bootstrap, topics["jobs"], reader, frames, rate, args, f"r{k}-",
+                            metrics_port)
             step["rate_index"] = k
             steps.append(step)
             lat = step["latency"]

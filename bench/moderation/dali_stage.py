@@ -51,9 +51,7 @@ def pipeline(source: Callable[[], list[Any]], batch: int, threads: int, device: 
     """A built DALI pipeline: ``source`` -> decode (-> resize 256 -> crop 224), RGB HWC uint8."""
     from nvidia.dali import fn, pipeline_def, types
 
-    @pipeline_def(batch_size=batch, num_threads=threads,
-                  device_id=0 if device == "mixed" else None, prefetch_queue_depth=2)
-    def build() -> Any:
+    def graph() -> Any:
         jpegs = fn.external_source(source=source, dtype=types.UINT8, no_copy=False)
         images = fn.decoders.image(jpegs, device=device, output_type=types.RGB)
         if prep:
@@ -62,6 +60,9 @@ def pipeline(source: Callable[[], list[Any]], batch: int, threads: int, device: 
             images = fn.crop(images, crop=(CROP, CROP), out_of_bounds_policy="error")
         return images
 
+    build = pipeline_def(batch_size=batch, num_threads=threads,
+                         device_id=0 if device == "mixed" else None,
+                         prefetch_queue_depth=2)(graph)
     pipe = build()
     pipe.build()
     return pipe
