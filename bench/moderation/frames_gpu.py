@@ -17,7 +17,7 @@ from 1 and 4 threads (each thread its own CUDA stream and, for nvImageCodec, its
     nvc_prep         the worker's prepare_batch with model.gpu_jpeg_decoder = nvimgcodec
     dali_decode      nvImageCodec configured as DALI's fn.decoders.image configures it (hardware
                      load 0.65, then CUDA, hybrid and CPU backends): DALI's own decoder core,
-                     standing in for DALI, whose wheel (~0.5 GB) cannot be carried to the machine
+                     standing in for DALI (DALI itself: bench/moderation/dali_stage.py)
     dali_prep        that decode + the same resize and crop
     cpu_checks       the GPU path's CPU work per frame (plain check, size, decode budget);
                      ``--cpu-checks-only``: that alone, with and without a second search for
