@@ -119,7 +119,8 @@ class ModerationModel(abc.ABC):
     def prefer_gpu(self) -> None:
         """Before :meth:`warm_up`: this model's GPU work goes before other work queued on the
         device (a task beside it in the process yields to it, worker.tasks.gpu_share): its
-        own CUDA streams at the device's highest priority. A no-op for a model without."""
+        own CUDA streams at the device's highest priority. A no-op for a model without streams of
+        its own (the text and CLIP towers run on their runners' streams)."""
         return None
 
     def warm_up(self) -> None:
