@@ -45,7 +45,8 @@
 #            bench/generation/unet_kernels.py
 #            (no broker; the built engines come back in $OUT/aoti-cache)
 #            (stage adds the py-spy wheel; a speedscope profile of every process lands in $OUT;
-#             PYSPY_FLAGS=--gil samples only the thread holding the GIL)
+#             PYSPY_FLAGS=--gil samples only the thread holding the GIL; PYSPY=1 puts any other
+#             Python step, twotasks or framese2e say, under py-spy the same way)
 #   device:  bash bench/device_kafka.sh build [ARGS]         # carry .whl:
 #            bench/aoti/engines_build.py
 #            (no broker; give it --cache /tmp/ecache and later steps on the warm machine find it)
@@ -347,8 +348,16 @@ bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|ker
                  kernels) echo generation/unet_kernels ;; build) echo aoti/engines_build ;;
                  sdsteps) echo generation/sd_steps ;; variants) echo generation/unet_variants ;;
                  esac)
+        # PYSPY=1: the step under py-spy (every process; PYSPY_FLAGS=--gil: only the thread
+        # holding the GIL), a speedscope profile beside its record.
+        spy=()
+        if [ -n "${PYSPY:-}" ]; then
+            # shellcheck disable=SC2206  # PYSPY_FLAGS is meant to split: "--gil --idle"
+            spy=(/tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope
+                 ${PYSPY_FLAGS:-} -o "$OUT/$what${PYSPY_FLAGS:+-gil}.speedscope.json" --)
+        fi
         BENCH_COMMIT=$(staged_commit) PYTHONPATH=/tmp/site:$ROOT \
-            timeout $LIMIT_S python3 "bench/$script.py" --out "$OUT" "$@" 2>&1 \
+            timeout $LIMIT_S "${spy[@]}" python3 "bench/$script.py" --out "$OUT" "$@" 2>&1 \
             | grep --line-buffered -v 'Warning\|warn(' | tee -a "$OUT/$what.log" | tail -60 ;;
     bench)
         BENCH_COMMIT=$(staged_commit) \
