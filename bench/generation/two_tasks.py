@@ -166,7 +166,7 @@ def parse_variants(spec: str | None, yield_ms: str) -> list[tuple[float, bool]]:
     return out
 
 
-def one_yield(bootstrap: str, pics: list[bytes], yield_ms: float, args: argparse.Namespace,
+def one_variant(bootstrap: str, pics: list[bytes], yield_ms: float, args: argparse.Namespace,
               logs: Path, priority: bool = True) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     mod = {k: f"two-tasks-mod-{k}-{tag}" for k in ("jobs", "results", "dlq")}
@@ -291,7 +291,7 @@ def main() -> int:
         bootstrap = kafka.start(timeout=180)
         try:
             for y, prio in variants:
-                runs.append(one_yield(bootstrap, pics, y, args, logs, prio))
+                runs.append(one_variant(bootstrap, pics, y, args, logs, prio))
         finally:
             kafka.stop()
     except BenchFailed as exc:
