@@ -41,6 +41,8 @@
 #            nvtx makefun`, then `parts` once per two .partK folders, chained)
 #   device:  bash bench/device_kafka.sh framese2e [ARGS]     # bench/frames_e2e.py (broker)
 #   device:  bash bench/device_kafka.sh hde2e CLASS DECODER REPEATS   # both, GPU worker preset
+#            (CLASS thumb, 720p, 1080p or mixed; after REPEATS any frames_e2e option, e.g.
+#             --procs 4 --mps: four worker processes on the GPU under MPS)
 #   device:  bash bench/device_kafka.sh kernels [ARGS]       # carry .whl:
 #            bench/generation/unet_kernels.py
 #            (no broker; the built engines come back in $OUT/aoti-cache)
@@ -129,7 +131,8 @@ stage)
     du -sh .jars .jdk .whl .before 2>/dev/null
     ;;
 stage-parts)  # stage-parts REQ...: wheels over a call's 64 MiB, cut into .part1, .part2, ...
-    # (28 MB each, two to a call), each folder with the whole wheels' sizes and sha256 sums
+    # (24 MiB each, two to a call: 48 MiB beside a working tree of ~9 MiB), each folder with
+    # the whole wheels' sizes and sha256 sums
     shift
     grep -qs '^/.part\*/' .git/info/exclude || printf '/.part*/\n' >> .git/info/exclude
     rm -rf .part* /tmp/ktw-parts && mkdir -p /tmp/ktw-parts
@@ -137,7 +140,7 @@ stage-parts)  # stage-parts REQ...: wheels over a call's 64 MiB, cut into .part1
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any \
         -d /tmp/ktw-parts "$@" || exit 1
     (cd /tmp/ktw-parts && sha256sum ./*.whl > SHA256SUMS && for w in ./*.whl; do
-        split -b 28M -d -a 2 "$w" "$w.piece."; rm "$w"; done)
+        split -b 24M -d -a 2 "$w" "$w.piece."; rm "$w"; done)
     n=0
     for piece in /tmp/ktw-parts/*.piece.*; do
         n=$((n + 1)); k=$(( (n + 1) / 2 ))
@@ -176,9 +179,12 @@ hde2e)  # hde2e CLASS DECODER REPEATS [ARGS]: after hdstage, jars and jdk. The G
     # for CLASS (4 threads), then the GPU worker live on it, all in this call
     cls=$2 dec=$3 reps=$4
     shift 4
-    case $cls in thumb) burst=20000 ;; 720p) burst=5000 ;; *) burst=3000 ;; esac
+    case $cls in thumb) burst=20000 ;; 720p|mixed) burst=5000 ;; *) burst=3000 ;; esac
+    # mixed (720p with a 4K still every 30th frame): the stages of both classes
+    stages=$cls
+    [ "$cls" = mixed ] && stages=720p,4k
     SKIP_INSTALL=1 LIMIT_S=${STAGES_LIMIT_S:-150} bash "$0" framesgpu --cache /tmp/frames \
-        --classes "$cls" --threads 4 --skip-task
+        --classes "$stages" --threads 4 --skip-task
     SKIP_INSTALL=1 bash "$0" framese2e --cache /tmp/frames --frames "$cls" --repeats "$reps" \
         --burst-jobs "$burst" --auto-rates 0.5,0.8,1.0 --warmup-s 3 --partitions 8 \
         --producers 4 --retention-s 30 --label "gpu-$dec" \
@@ -191,7 +197,8 @@ reader and worker on the same host" \
         --set batch.low_watermark=2048 --set batch.poll_timeout_ms=5 "$@"
     ;;
 hdpack)  # here: .dec (nvImageCodec without the TIFF, JPEG 2000 and OpenCV extensions and the
-    # other Pythons' bindings: 25 MB -> 9 MB with nvJPEG) and .frames (thumb, 720p, 1080p, q85)
+    # other Pythons' bindings: 25 MB -> 9 MB with nvJPEG) and .frames (thumb, 720p, 1080p and
+    # the 4K stills of the mixed stream, q85)
     grep -qs '^/.dec/' .git/info/exclude || printf '/.dec/\n/.frames/\n' >> .git/info/exclude
     rm -rf .dec /tmp/ktw-dec && mkdir -p .dec /tmp/ktw-dec/pkg
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
@@ -206,7 +213,7 @@ hdpack)  # here: .dec (nvImageCodec without the TIFF, JPEG 2000 and OpenCV exten
     mv /tmp/ktw-dec/nvidia_nvjpeg-*.whl /tmp/ktw-dec/hdrhistogram-*.whl /tmp/ktw-dec/pbr-*.whl .dec/
     .venv/bin/python bench/frames.py > /dev/null || exit 1
     rm -rf .frames && mkdir -p .frames/frames && cp .cache/frames/manifest.json .frames/
-    for c in thumb 720p 1080p; do cp -r ".cache/frames/frames/$c-q85" .frames/frames/; done
+    for c in thumb 720p 1080p 4k; do cp -r ".cache/frames/frames/$c-q85" .frames/frames/; done
     du -sh .dec .frames
     ;;
 hdstage)  # carry .whl .dec .frames: the wheels, nvImageCodec (stripped to what decodes

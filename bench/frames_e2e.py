@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -173,10 +174,10 @@ def _slope(points: list[tuple[float, float]]) -> float:
 
 
 def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], rate: float,
-             args: argparse.Namespace, prefix: str, metrics_port: int | None = None
+             args: argparse.Namespace, prefix: str, metrics_ports: Sequence[int] = ()
              ) -> dict[str, Any]:
-    """One offered rate; ``metrics_port``: the worker's /metrics, read at the steady window's
-    start and end (bench/worker_metrics.py)."""
+    """One offered rate; ``metrics_ports``: the worker processes' /metrics, read at the steady
+    window's start and end (bench/worker_metrics.py)."""
     seconds = args.warmup_s + args.steady_s
     start_at = time.time() + 1.0
     ctx = mp.get_context("spawn")
@@ -186,21 +187,20 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
     steady_from, steady_to = start_at + args.warmup_s, start_at + seconds
     n = scheduled_jobs(rate, seconds)
     backlog: list[tuple[float, float]] = []
-    at_start: worker_metrics.Snapshot | None = None
-    at_end: worker_metrics.Snapshot | None = None
+    at_start: list[worker_metrics.Snapshot | None] | None = None
+    at_end: list[worker_metrics.Snapshot | None] = []
     try:
         while time.time() < steady_to:
             time.sleep(SAMPLE_S)
             now = time.time()
-            if metrics_port and at_start is None and now >= steady_from:
-                at_start = worker_metrics.scrape(metrics_port)
+            if at_start is None and now >= steady_from:
+                at_start = [worker_metrics.scrape(port) for port in metrics_ports]
             due = min(n, max(0, int((now - start_at) * rate) + 1))
             with reader.lock:
                 done = sum(1 for k in reader.results if k.startswith(prefix))
             if now >= steady_from:
                 backlog.append((now - steady_from, due - done))
-        if metrics_port:
-            at_end = worker_metrics.scrape(metrics_port)
+        at_end = [worker_metrics.scrape(port) for port in metrics_ports]
         reports = [q.get(timeout=120) for _ in procs]
         for proc in procs:
             proc.join(30)
@@ -241,8 +241,25 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
             "latency": hist_summary(hist), "latency_hdr": hist.encode().decode(),
             "latency_by_slice": {"slice_s": SLICE_S,
                                  "slices": [hist_summary(h) for h in slices]},
-            **({"worker_metrics": worker_metrics.delta(at_start, at_end)} if metrics_port
-               else {})}
+            **_seen_by_workers(at_start or [], at_end)}
+
+
+def _seen_by_workers(at_start: list[worker_metrics.Snapshot | None],
+                     at_end: list[worker_metrics.Snapshot | None]) -> dict[str, Any]:
+    """What each worker process's histograms saw in the window: one process's as it is,
+    several as ``per_process``."""
+    deltas = [worker_metrics.delta(a, b) for a, b in zip(at_start, at_end, strict=False)]
+    if not deltas:
+        return {}
+    return {"worker_metrics": deltas[0] if len(deltas) == 1 else {"per_process": deltas}}
+
+
+def worker_command(procs: int, mps: bool) -> list[str]:
+    """The worker's command line: one process, or ``procs`` on one GPU (under MPS)."""
+    cmd = [sys.executable, "-m", "worker", "run"]
+    if procs > 1 or mps:
+        cmd += ["--gpus", "1", "--procs-per-gpu", str(procs)] + (["--mps"] if mps else [])
+    return cmd
 
 
 def slice_count(steady_s: float) -> int:
@@ -321,6 +338,8 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
                                root=args.code_root)
     from worker.devkit.local_kafka.config import free_port
 
+    # Several processes (--procs) serve /metrics on this port and the ones after it
+    # (worker/tools/gpus.py).
     metrics_port = free_port()
     env |= {"KTW_METRICS__PORT": str(metrics_port), "KTW_METRICS__HOST": "127.0.0.1"}
     log_path = logs / f"worker-{index + 1}.log"
@@ -330,7 +349,7 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
     steps: list[dict[str, Any]] = []
     try:
         with log_path.open("wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "worker", "run"],
+            proc = subprocess.Popen(worker_command(args.procs, args.mps),
                                     cwd=args.code_root, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
@@ -349,7 +368,7 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
                 rates = sorted(round(f * drain["frames_per_s"], -1) for f in args.auto_rates)
         for k, rate in enumerate(rates):
             step = one_rate(bootstrap, topics["jobs"], reader, frames, rate, args, f"r{k}-",
-                            metrics_port)
+                            [metrics_port + i for i in range(args.procs)])
             step["rate_index"] = k
             steps.append(step)
             lat = step["latency"]
@@ -467,6 +486,10 @@ def main() -> int:
                          "after each run either way")
     ap.add_argument("--producers", type=int, default=1,
                     help="producer processes splitting each rate's schedule")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="worker processes on the GPU (`run --gpus 1 --procs-per-gpu N`)")
+    ap.add_argument("--mps", action="store_true",
+                    help="those processes under a private NVIDIA MPS daemon (`run --mps`)")
     ap.add_argument("--machine-note", default="2-core VM shared with ~7 other engineers "
                     "working at the same time: figures are noisy, low-side")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
@@ -530,9 +553,11 @@ def main() -> int:
                        "auto_rates": args.auto_rates, "warmup_s": args.warmup_s,
                        "steady_s": args.steady_s, "partitions": args.partitions,
                        "worker_config_overrides": args.overrides, "warmup_jobs": WARMUP_JOBS,
-                       "producers": args.producers,
+                       "producers": args.producers, "worker_processes": args.procs,
+                       "mps": args.mps,
                        "code_root": str(args.code_root), **code_provenance(args.code_root),
-                       "worker_command": "python -m worker run" + (
+                       "worker_command": "python " + " ".join(
+                           worker_command(args.procs, args.mps)[1:]) + (
                            " with the overrides above" if args.overrides
                            else " (CPU default: onnxruntime)")},
             "frames": frame_corpus.stream_record(frames), "frames_manifest": manifest,
