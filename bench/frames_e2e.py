@@ -20,6 +20,9 @@ beside what the worker's own histograms saw in the window (``worker_metrics``: c
 pauses, engine time per batch, hops; bench/worker_metrics.py). ``--repeats`` (>= 3 for
 medians and spread) repeats the whole run.
 
+``--procs N [--mps]`` runs N worker processes on the GPU (``run --gpus 1 --procs-per-gpu N``,
+under a private MPS daemon with ``--mps``), all of them ready before the first drain.
+
 ``--code-root DIR`` runs the worker from another checkout (``git archive REV | tar -x -C DIR``,
 its commit in ``DIR/COMMIT``) with this bench, broker and corpus: old and new code on the same
 frames and load, e.g. alternating in one session.
@@ -71,6 +74,7 @@ GROWTH_BOUND = 0.05  # backlog growth per second, as a fraction of the offered r
 END_BOUND_S = 2.0  # backlog left at the end of the steady window, in seconds of jobs
 WARMUP_JOBS = 24
 SLICE_S = 5.0  # latency summaries per slice of the steady window: where in time a tail sits
+SETTLE_S = 5.0  # after several worker processes are ready: their group's rebalance
 
 
 def code_provenance(root: Path) -> dict[str, Any]:
@@ -267,6 +271,30 @@ def slice_count(steady_s: float) -> int:
     return max(1, int(steady_s // SLICE_S))
 
 
+def _wait_ready(ports: list[int], seconds: float, proc: Any, log_path: Path) -> None:
+    """Until every worker process answers /readyz with 200 (warm, subscribed), then
+    ``SETTLE_S`` for the group's rebalance among them; a process that never does fails the run."""
+    import urllib.error
+    import urllib.request
+
+    def ready(port: int) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError, TimeoutError):
+            return False
+
+    deadline = time.monotonic() + seconds
+    waiting = list(ports)
+    while waiting:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise BenchFailed(f"worker processes on ports {waiting} not ready; log {log_path}:"
+                              f"\n{log_tail(log_path)}")
+        waiting = [p for p in waiting if not ready(p)]
+        time.sleep(0.5)
+    time.sleep(SETTLE_S)
+
+
 def _wait_answered(reader: Reader, prefix: str, n: int, seconds: float) -> None:
     """Until ``n`` results with keys starting ``prefix`` have arrived, or ``seconds``."""
     deadline = time.monotonic() + seconds
@@ -360,6 +388,9 @@ def one_run(bootstrap: str, frames: list[bytes], rates: list[float], args: argpa
                 raise BenchFailed(f"warm-up not answered ({reader.answered()}/{WARMUP_JOBS}); "
                                   f"{reader.error or ''} log {log_path}:\n{log_tail(log_path)}")
             time.sleep(0.1)
+        if args.procs > 1:  # the warm-up may all have gone to the first process up
+            _wait_ready([metrics_port + i for i in range(args.procs)], args.start_timeout,
+                        proc, log_path)
         drain: dict[str, Any] | None = None
         if args.burst_jobs:
             drain = burst(bootstrap, topics["jobs"], reader, frames, args, "b-")
