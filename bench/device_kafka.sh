@@ -103,6 +103,13 @@ install_wheels() {  # install_wheels DIR: its carried wheels into /tmp/site (eve
     return 0
 }
 
+pyspy() {  # pyspy NAME: $spy, the py-spy command line a step runs under (every process;
+    # PYSPY_FLAGS=--gil: only the thread holding the GIL), its speedscope profile in $OUT
+    # shellcheck disable=SC2206  # PYSPY_FLAGS is meant to split: "--gil --idle"
+    spy=(/tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope
+         ${PYSPY_FLAGS:-} -o "$OUT/$1${PYSPY_FLAGS:+-gil}.speedscope.json" --)
+}
+
 staged_commit() { cat .whl/COMMIT 2>/dev/null || cat /tmp/site/COMMIT 2>/dev/null || echo unknown; }
 staged_dirty() { cat .whl/DIRTY 2>/dev/null || cat /tmp/site/DIRTY 2>/dev/null; }
 
@@ -355,14 +362,9 @@ bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|ker
                  kernels) echo generation/unet_kernels ;; build) echo aoti/engines_build ;;
                  sdsteps) echo generation/sd_steps ;; variants) echo generation/unet_variants ;;
                  esac)
-        # PYSPY=1: the step under py-spy (every process; PYSPY_FLAGS=--gil: only the thread
-        # holding the GIL), a speedscope profile beside its record.
+        # PYSPY=1: the step under py-spy, as profile runs kafka_e2e
         spy=()
-        if [ -n "${PYSPY:-}" ]; then
-            # shellcheck disable=SC2206  # PYSPY_FLAGS is meant to split: "--gil --idle"
-            spy=(/tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope
-                 ${PYSPY_FLAGS:-} -o "$OUT/$what${PYSPY_FLAGS:+-gil}.speedscope.json" --)
-        fi
+        [ -n "${PYSPY:-}" ] && pyspy "$what"
         BENCH_COMMIT=$(staged_commit) PYTHONPATH=/tmp/site:$ROOT \
             timeout $LIMIT_S "${spy[@]}" python3 "bench/$script.py" --out "$OUT" "$@" 2>&1 \
             | grep --line-buffered -v 'Warning\|warn(' | tee -a "$OUT/$what.log" | tail -60 ;;
@@ -377,10 +379,9 @@ bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|ker
             BENCH_CODE_COMMIT=$(cat .before/COMMIT)
             BENCH_DIRTY=$(cat .before/DIRTY 2>/dev/null)
         fi
+        pyspy "$what"
         BENCH_COMMIT=$BENCH_CODE_COMMIT timeout $LIMIT_S \
-            /tmp/site/bin/py-spy record --subprocesses --rate 200 --format speedscope ${PYSPY_FLAGS:-} \
-            -o "$OUT/$what${PYSPY_FLAGS:+-gil}.speedscope.json" \
-            -- python3 bench/moderation/kafka_e2e.py "${code[@]}" --out "$OUT" "$@" \
+            "${spy[@]}" python3 bench/moderation/kafka_e2e.py "${code[@]}" --out "$OUT" "$@" \
             2>&1 | grep --line-buffered -v '^%' | tee -a "$OUT/$what.log" ;;
     aoti)
         mkdir -p /tmp/aoti-cache

@@ -274,23 +274,13 @@ def slice_count(steady_s: float) -> int:
 def _wait_ready(ports: list[int], seconds: float, proc: Any, log_path: Path) -> None:
     """Until every worker process answers /readyz with 200 (warm, subscribed), then
     ``SETTLE_S`` for the group's rebalance among them; a process that never does fails the run."""
-    import urllib.error
-    import urllib.request
-
-    def ready(port: int) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError, TimeoutError):
-            return False
-
     deadline = time.monotonic() + seconds
     waiting = list(ports)
     while waiting:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise BenchFailed(f"worker processes on ports {waiting} not ready; log {log_path}:"
                               f"\n{log_tail(log_path)}")
-        waiting = [p for p in waiting if not ready(p)]
+        waiting = [p for p in waiting if not worker_metrics.ready(p)]
         time.sleep(0.5)
     time.sleep(SETTLE_S)
 

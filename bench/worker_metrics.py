@@ -2,13 +2,12 @@
 start and end (prometheus_client's parser), and per histogram series the observations, their
 sum and the bucket the largest of them fell in. A latency tail the producer side measures can
 then be set against the collector's pauses, the batches' engine time and the hops of a job's
-trip in the same window.
+trip in the same window. Also whether a worker is ready (/readyz), from the same endpoint.
 """
 
 from __future__ import annotations
 
 import math
-import urllib.error
 import urllib.request
 from typing import Any
 
@@ -20,14 +19,25 @@ HISTOGRAMS = ("trt_worker_gc_pause_seconds", "trt_worker_engine_seconds",
 Snapshot = dict[str, dict[str, tuple[list[tuple[float, float]], float]]]
 
 
-def scrape(port: int, timeout: float = 2.0) -> Snapshot | None:
-    """The histograms of the worker serving /metrics on ``port``; None if it did not answer."""
+def _get(port: int, path: str, timeout: float = 2.0) -> str | None:
+    """The body of a local worker's ``path`` if it answered 200 (an HTTPError, a refused
+    connection and a timeout are all OSErrors)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
-            text = r.read().decode()
-    except (urllib.error.URLError, OSError, TimeoutError):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return str(r.read().decode())
+    except OSError:
         return None
-    return parse(text)
+
+
+def ready(port: int) -> bool:
+    """Whether the worker serving on ``port`` answers /readyz with 200 (warm, subscribed)."""
+    return _get(port, "/readyz") is not None
+
+
+def scrape(port: int) -> Snapshot | None:
+    """The histograms of the worker serving /metrics on ``port``; None if it did not answer."""
+    text = _get(port, "/metrics")
+    return None if text is None else parse(text)
 
 
 def parse(text: str) -> Snapshot:

@@ -63,7 +63,6 @@ class OpenNsfwGpuModel(OpenNsfwModel):
         self._closing = threading.Event()  # ends the decoder's retries
         self._local = threading.local()
         self._warm = False
-        self._urgent = False  # see prefer_gpu
         # The runner's own graphs serve only images the pipeline does not take (PNG, WebP,
         # rotated or CMYK JPEGs): a graph for the smallest batch size only; larger batches of
         # such images run eagerly. Graphs for every size cost ~1 s of a cached start on the
@@ -77,7 +76,7 @@ class OpenNsfwGpuModel(OpenNsfwModel):
         if self.pipeline.h2d is not None:  # a performance preference: never worth a stop
             log.warning("gpu_priority_ignored", reason="the pipeline's streams exist already")
             return
-        self.pipeline.urgent = self._urgent = True
+        self.pipeline.urgent = True
 
     def warm_up(self, profiles: tuple[Profile, ...] | None = None) -> None:
         # Each step's seconds go to the log: the warm start's budget is spent here.
@@ -192,7 +191,7 @@ class OpenNsfwGpuModel(OpenNsfwModel):
 
         stream = getattr(self._local, "stream", None)
         if stream is None:
-            if self._urgent:
+            if self.pipeline.urgent:  # its prep stream with it (prefer_gpu)
                 from engines.cudart import greatest_stream_priority
 
                 stream = torch.cuda.Stream(priority=greatest_stream_priority())
