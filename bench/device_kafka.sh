@@ -174,8 +174,9 @@ parts)  # carry some .partK: their pieces gather in /tmp/parts; whole wheels go 
         ls "$name".piece.* > /dev/null 2>&1 || continue
         cat "$name".piece.* > "$name"
         if echo "$sum  $name" | sha256sum -c --quiet > /dev/null 2>&1; then
-            python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
-                --target /tmp/site "$name" && echo "installed $name"
+            # Unpacked, not pip-installed: pip --target --upgrade replaces a whole top-level
+            # folder, and DALI's nvidia/ took hdstage's nvImageCodec and nvJPEG with it.
+            python3 -m zipfile -e "$name" /tmp/site && echo "installed $name"
         else
             echo "waiting for more pieces of $name ($(ls "$name".piece.* | wc -l) here)"
         fi
@@ -338,7 +339,8 @@ bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|ker
     fi
     export PYTHONUNBUFFERED=1 GIT_DIR=/nonexistent
     # nvImageCodec finds nvJPEG by its soname; the records' dirty flag (no git there).
-    export LD_LIBRARY_PATH=/tmp/site/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # nvimgcodec/: DALI opens libnvimgcodec.so.0 by name, not from nvImageCodec's package.
+    export LD_LIBRARY_PATH=/tmp/site/nvidia/cu13/lib:/tmp/site/nvidia/nvimgcodec${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     BENCH_DIRTY=$(staged_dirty)
     export BENCH_DIRTY
     # The checkout's commit in every record (kafka_e2e reads BENCH_CODE_COMMIT, the rest

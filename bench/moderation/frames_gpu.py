@@ -19,6 +19,9 @@ from 1 and 4 threads (each thread its own CUDA stream and, for nvImageCodec, its
                      load 0.65, then CUDA, hybrid and CPU backends): DALI's own decoder core,
                      standing in for DALI (DALI itself: bench/moderation/dali_stage.py)
     dali_prep        that decode + the same resize and crop
+    wdali_decode     DALI itself as the worker calls it (model.gpu_jpeg_decoder = dali:
+                     jpeg_ops.decode_jpegs_dali, a pipeline per batch in flight)
+    wdali_prep       the worker's prepare_batch with it
     cpu_checks       the GPU path's CPU work per frame (plain check, size, decode budget);
                      ``--cpu-checks-only``: that alone, with and without a second search for
                      scan markers, on any machine
@@ -117,7 +120,11 @@ def stage_rates(frames: list[bytes], batch: int, reps: int, threads: tuple[int, 
                 ) -> dict[str, Any]:
     import torch
 
-    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs, decode_jpegs_nvimgcodec
+    from worker.tasks.moderation.images.jpeg_ops import (
+        decode_jpegs,
+        decode_jpegs_dali,
+        decode_jpegs_nvimgcodec,
+    )
     from worker.tasks.moderation.models.open_nsfw.gpu_preprocess import prepare_batch
 
     dev = torch.device("cuda", 0)
@@ -174,6 +181,9 @@ def stage_rates(frames: list[bytes], batch: int, reps: int, threads: tuple[int, 
             r is not None for r in prepare_batch(b, out_rows(), None, "nvimgcodec"))),
         "dali_decode": (batches, lambda b: len(nvc_decode("dali", b))),
         "dali_prep": (batches, lambda b: _resize_crop(nvc_decode("dali", b), out_rows())),
+        "wdali_decode": (batches, lambda b: len(decode_jpegs_dali(b, dev))),
+        "wdali_prep": (batches, lambda b: len(b) - sum(
+            r is not None for r in prepare_batch(b, out_rows(), None, "dali"))),
     }
     out: dict[str, Any] = {}
     for name, (work, fn) in stages.items():
@@ -233,7 +243,7 @@ def parity(frames: list[bytes]) -> dict[str, Any]:
 
     ref = np.stack([crop_pixels(decode_image(f), jpeg_roundtrip=False) for f in frames])
     out: dict[str, Any] = {"frames": len(frames)}
-    for decoder in ("torchvision", "nvimgcodec"):
+    for decoder in ("torchvision", "nvimgcodec", "dali"):
         try:
             rows = torch.zeros((len(frames), 224, 224, 3), dtype=torch.uint8, device="cuda")
             rejects = prepare_batch(frames, rows, None, decoder)
@@ -259,7 +269,7 @@ def task_rates(frames: list[bytes], batch: int, reps: int) -> dict[str, Any]:
     )
 
     out: dict[str, Any] = {}
-    for decoder in ("torchvision", "nvimgcodec"):
+    for decoder in ("torchvision", "nvimgcodec", "dali"):
         os.environ["BENCH_WORKER_OVERRIDES"] = json.dumps(
             {"model": {"gpu_jpeg_decoder": decoder}})
         try:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from worker.tasks.moderation.images.jpeg_ops import nvimgcodec_available
+from worker.tasks.moderation.images.jpeg_ops import dali_available, nvimgcodec_available
 
 
 def _cases() -> dict[str, bytes]:
@@ -53,7 +53,10 @@ def _cases() -> dict[str, bytes]:
 
 NVIMGCODEC = pytest.mark.skipif(not nvimgcodec_available(),
                                 reason="nvImageCodec (nvidia-nvimgcodec-cu13) is not installed")
-DECODERS = ["torchvision", pytest.param("nvimgcodec", marks=NVIMGCODEC)]
+DALI = pytest.mark.skipif(not dali_available(),
+                          reason="DALI (nvidia-dali-cuda130) is not installed")
+DECODERS = ["torchvision", pytest.param("nvimgcodec", marks=NVIMGCODEC),
+            pytest.param("dali", marks=DALI)]
 
 
 def _gpu_outcomes(cases: dict[str, bytes], preprocess: str, decoder: str = "torchvision"
@@ -91,7 +94,7 @@ def _gpu_outcomes(cases: dict[str, bytes], preprocess: str, decoder: str = "torc
 
 @pytest.mark.parametrize(("preprocess", "decoder"), [
     ("cpu", "torchvision"), ("gpu", "torchvision"),
-    pytest.param("gpu", "nvimgcodec", marks=NVIMGCODEC)])
+    pytest.param("gpu", "nvimgcodec", marks=NVIMGCODEC), pytest.param("gpu", "dali", marks=DALI)])
 def test_gpu_task_scores_what_a_person_sees_like_the_cpu_path(preprocess: str, decoder: str
                                                               ) -> None:
     from engines.backends.onnxruntime import OrtRunner

@@ -82,8 +82,10 @@ class ModelSettings(Section):
     preprocess: Literal["cpu", "gpu"] = "cpu"
     # preprocess = gpu: who decodes JPEGs. "torchvision": nvJPEG's batched decoder (one call
     # per batch, one lock per process); "nvimgcodec": nvImageCodec (the nvidia-nvimgcodec-cu13
-    # and nvidia-nvjpeg wheels) with the hardware JPEG engines first, one decoder per thread.
-    gpu_jpeg_decoder: Literal["torchvision", "nvimgcodec"] = "torchvision"
+    # and nvidia-nvjpeg wheels) with the hardware JPEG engines first, one decoder per thread;
+    # "dali": DALI's image decoder (the nvidia-dali-cuda130 wheel with nvImageCodec), batches
+    # split between the hardware engines and CUDA, one pipeline per batch in flight.
+    gpu_jpeg_decoder: Literal["torchvision", "nvimgcodec", "dali"] = "torchvision"
     # GPU backends: overlap H2D / compute / D2H on three streams (false: one stream, serial).
     pipeline_overlap: bool = True
     policies: dict[str, Thresholds] = Field(default_factory=_default_policies)
@@ -110,8 +112,9 @@ class ModelSettings(Section):
 
             native = [name for name, b in BACKENDS.items() if not b.from_onnx]
             raise ValueError(f"preprocess = gpu needs backend = {' or '.join(native)}")
-        if self.gpu_jpeg_decoder == "nvimgcodec" and self.preprocess != "gpu":
-            raise ValueError("gpu_jpeg_decoder = nvimgcodec needs preprocess = gpu")
+        if self.gpu_jpeg_decoder != "torchvision" and self.preprocess != "gpu":
+            raise ValueError(f"gpu_jpeg_decoder = {self.gpu_jpeg_decoder} needs "
+                             "preprocess = gpu")
         if self.preprocess == "gpu" and self.jpeg_roundtrip:
             raise ValueError("preprocess = gpu cannot re-encode JPEG like the reference does; "
                              "set jpeg_roundtrip = false with it")

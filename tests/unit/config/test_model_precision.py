@@ -32,10 +32,11 @@ def test_every_listed_combination_is_accepted() -> None:
                                ).model.effective_precision == precision
 
 
-def test_the_nvimgcodec_decoder_needs_gpu_preprocessing() -> None:
-    with pytest.raises(ConfigError, match="gpu_jpeg_decoder = nvimgcodec needs preprocess = gpu"):
-        load_config(model={"gpu_jpeg_decoder": "nvimgcodec"})
+@pytest.mark.parametrize("decoder", ["nvimgcodec", "dali"])
+def test_the_other_gpu_decoders_need_gpu_preprocessing(decoder: str) -> None:
+    with pytest.raises(ConfigError, match=f"gpu_jpeg_decoder = {decoder} needs preprocess = gpu"):
+        load_config(model={"gpu_jpeg_decoder": decoder})
     cfg = load_config(model={"backend": "torch", "preprocess": "gpu", "jpeg_roundtrip": False,
-                             "gpu_jpeg_decoder": "nvimgcodec"})
-    assert cfg.model.gpu_jpeg_decoder == "nvimgcodec"
+                             "gpu_jpeg_decoder": decoder})
+    assert cfg.model.gpu_jpeg_decoder == decoder
     assert load_config().model.gpu_jpeg_decoder == "torchvision"

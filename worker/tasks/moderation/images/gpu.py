@@ -34,13 +34,22 @@ def _gpu_decode(datas: list[bytes], jpeg_idx: list[int], device: Any, decoder: s
     """The JPEGs at ``jpeg_idx`` decoded on ``device``; None for each the decoder refuses."""
     import torch
 
-    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs, decode_jpegs_nvimgcodec
+    from worker.tasks.moderation.images.jpeg_ops import (
+        decode_jpegs,
+        decode_jpegs_dali,
+        decode_jpegs_nvimgcodec,
+    )
 
     if decoder == "nvimgcodec":
         try:
             return decode_jpegs_nvimgcodec([datas[i] for i in jpeg_idx], device)
         except RuntimeError:  # the whole call failed: the CPU decides for each file
             return [None] * len(jpeg_idx)
+    if decoder == "dali":
+        try:
+            return decode_jpegs_dali([datas[i] for i in jpeg_idx], device)
+        except RuntimeError:
+            pass  # one file failed DALI's batch: nvJPEG below finds it, the rest decode there
     raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg_idx]
     try:
         return decode_jpegs(raw, device)
@@ -57,7 +66,7 @@ def _gpu_decode(datas: list[bytes], jpeg_idx: list[int], device: Any, decoder: s
 def decode_all(datas: list[bytes], device: Any, limits: ImageLimits, decoder: str, *,
                plain: bool = False) -> list[Any | JobRejected]:
     """Each of ``datas`` decoded as uint8 RGB [3, H, W] on ``device``, or its rejection.
-    ``decoder`` decodes the JPEGs: "torchvision" or "nvimgcodec" (:mod:`.jpeg_ops`).
+    ``decoder`` decodes the JPEGs: "torchvision", "nvimgcodec" or "dali" (:mod:`.jpeg_ops`).
     ``plain``: every JPEG among ``datas`` passed :func:`~.cpu.jpeg_plain`, whose walk over
     the markers already refused more scans than the limit, so they are not searched for
     again (a search through every byte with the GIL held, as long as the rest of the header
@@ -112,10 +121,16 @@ def warm_jpeg_decoder(data: bytes, device: Any, decoder: str = "torchvision") ->
     :func:`decode_all` would quietly decode on the CPU instead."""
     import torch
 
-    from worker.tasks.moderation.images.jpeg_ops import decode_jpegs, decode_jpegs_nvimgcodec
+    from worker.tasks.moderation.images.jpeg_ops import (
+        decode_jpegs,
+        decode_jpegs_dali,
+        decode_jpegs_nvimgcodec,
+    )
 
     if decoder == "nvimgcodec":
         if decode_jpegs_nvimgcodec([data], device)[0] is None:
             raise RuntimeError("nvImageCodec decoded no image from the warm-up JPEG")
+    elif decoder == "dali":
+        decode_jpegs_dali([data], device)
     else:
         decode_jpegs([torch.frombuffer(bytearray(data), dtype=torch.uint8)], device)

@@ -1,6 +1,8 @@
 """The GPU path's JPEG decoders: torchvision's (nvJPEG batched on CUDA, libjpeg-turbo on the CPU),
-loaded without importing torchvision, and nvImageCodec's (``model.gpu_jpeg_decoder =
-"nvimgcodec"``: the hardware JPEG engines first, nvJPEG's CUDA decoder for what they refuse).
+loaded without importing torchvision, nvImageCodec's (``model.gpu_jpeg_decoder =
+"nvimgcodec"``: the hardware JPEG engines first, nvJPEG's CUDA decoder for what they refuse)
+and DALI's image decoder (``"dali"``: one pipeline per thread, DALI's own split of each batch
+between the hardware engines and CUDA).
 
 ``import torchvision`` imports its models, datasets, ops and, through them, torch._dynamo: it
 took 5-11 s of a GPU worker's 12 s warm start on the H200 (py-spy), for two
@@ -118,4 +120,81 @@ def decode_jpegs_nvimgcodec(datas: list[bytes], device: Any) -> list[Any | None]
         if t is not None and t.shape[0] != RGB and t.shape[-1] == RGB:  # interleaved after all
             t = t.permute(2, 0, 1)
         out.append(t)
+    return out
+
+
+# DALI: ``fn.decoders.image`` on the "mixed" device as DALI configures it by default (part of
+# each batch on the hardware JPEG engines, the rest on nvJPEG's CUDA decoder, Huffman decoding
+# on DALI's own CPU threads). A pipeline runs one batch at a time and the worker prepares its
+# batches in flight on several threads, so built pipelines wait in a pool: a call takes one (or
+# builds one) and gives it back. DALI_THREADS is each pipeline's CPU threads, as in the stage
+# bench that picked this decoder (bench/moderation/dali_stage.py: 4 threads, batches of 128).
+DALI_THREADS = 4
+DALI_MIN_BATCH = 128  # a pipeline's batch capacity, so that one serves every batch size below
+_dali_pool: list[tuple[int, int, Any]] = []  # (device index, capacity, pipeline)
+_dali_lock = threading.Lock()
+
+
+def dali_available() -> bool:
+    """Whether DALI's Python package (nvidia-dali-cuda130) is installed."""
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _dali_take(device: int, batch: int) -> tuple[int, int, Any]:
+    """A built pipeline for ``device`` taking ``batch`` files: one from the pool, or a new one
+    (of capacity ``max(batch, DALI_MIN_BATCH)``)."""
+    with _dali_lock:
+        for k, (dev, capacity, _) in enumerate(_dali_pool):
+            if dev == device and capacity >= batch:
+                return _dali_pool.pop(k)
+    capacity = max(batch, DALI_MIN_BATCH)
+    return device, capacity, _dali_build(device, capacity)
+
+
+def _dali_give(entry: tuple[int, int, Any]) -> None:
+    with _dali_lock:
+        _dali_pool.append(entry)
+
+
+def _dali_build(device: int, capacity: int) -> Any:
+    from nvidia.dali import fn, pipeline_def, types
+
+    def graph() -> Any:
+        jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=False)
+        # The caller checked each file's EXIF orientation is 1 or absent (jpeg_plain), as
+        # for the other decoders: nothing to turn.
+        return fn.decoders.image(jpegs, device="mixed", output_type=types.RGB,
+                                 adjust_orientation=False)
+
+    # exec_dynamic: outputs bound to the caller's CUDA stream (run(cuda_stream)), no host
+    # wait; prefetch depth 1: inputs given to run() itself, one batch in, the same batch out.
+    pipe = pipeline_def(batch_size=capacity, num_threads=DALI_THREADS, device_id=device,
+                        prefetch_queue_depth=1, exec_dynamic=True)(graph)()
+    pipe.build()
+    return pipe
+
+
+def decode_jpegs_dali(datas: list[bytes], device: Any) -> list[Any]:
+    """RGB uint8 [3, H, W] CUDA tensors for JPEG bytes, decoded by DALI with its output
+    ordered on the current torch stream (nothing waits for the GPU here). Raises RuntimeError
+    when the batch does not decode (DALI fails a batch for one bad file); that pipeline is
+    dropped, since DALI leaves a failed one unusable."""
+    import numpy as np
+    import torch
+
+    entry = _dali_take(device.index or 0, len(datas))
+    stream = torch.cuda.current_stream(device)
+    try:
+        (images,) = entry[2].run(stream,
+                                 jpegs=[np.frombuffer(d, dtype=np.uint8) for d in datas])
+        # A contiguous copy of each image, made on this stream: the tensors the caller keeps
+        # are torch's own memory, not buffers DALI reuses for its next batch.
+        out = [torch.utils.dlpack.from_dlpack(images[k]).permute(2, 0, 1).contiguous()
+               for k in range(len(datas))]
+    except Exception as exc:  # DALI raises RuntimeError and, for some inputs, others
+        raise RuntimeError(f"DALI did not decode the batch: {exc}") from exc
+    _dali_give(entry)
     return out

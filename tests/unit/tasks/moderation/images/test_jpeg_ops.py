@@ -62,3 +62,28 @@ def test_a_file_that_does_not_decode_raises_runtime_error() -> None:
     with pytest.raises(RuntimeError):
         decode_jpegs([torch.frombuffer(bytearray(b"\xff\xd8\xff\xe0 nope"), dtype=torch.uint8)],
                      torch.device("cpu"))
+
+
+def test_dali_pipelines_are_taken_from_the_pool_and_given_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pipeline runs one batch at a time; the worker prepares batches on several threads.
+    from worker.tasks.moderation.images import jpeg_ops
+
+    built: list[tuple[int, int]] = []
+
+    def build(device: int, capacity: int) -> object:
+        built.append((device, capacity))
+        return object()
+
+    monkeypatch.setattr(jpeg_ops, "_dali_build", build)
+    monkeypatch.setattr(jpeg_ops, "_dali_pool", [])
+    a = jpeg_ops._dali_take(0, 8)
+    b = jpeg_ops._dali_take(0, 8)  # a is out: a second pipeline
+    assert a[2] is not b[2] and built == [(0, jpeg_ops.DALI_MIN_BATCH)] * 2
+    jpeg_ops._dali_give(a)
+    assert jpeg_ops._dali_take(0, jpeg_ops.DALI_MIN_BATCH) is a
+    jpeg_ops._dali_give(a)
+    big = jpeg_ops._dali_take(0, 4 * jpeg_ops.DALI_MIN_BATCH)  # a is too small for it
+    other = jpeg_ops._dali_take(1, 8)  # a is another device's
+    assert big[1] == 4 * jpeg_ops.DALI_MIN_BATCH and other[0] == 1
+    assert len(built) == 4 and jpeg_ops._dali_pool == [a]
