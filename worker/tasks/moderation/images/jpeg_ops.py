@@ -1,8 +1,8 @@
 """The GPU path's JPEG decoders: torchvision's (nvJPEG batched on CUDA, libjpeg-turbo on the CPU),
 loaded without importing torchvision, nvImageCodec's (``model.gpu_jpeg_decoder =
 "nvimgcodec"``: the hardware JPEG engines first, nvJPEG's CUDA decoder for what they refuse)
-and DALI's image decoder (``"dali"``: one pipeline per thread, DALI's own split of each batch
-between the hardware engines and CUDA).
+and DALI's image decoder (``"dali"``: built pipelines pooled, one per batch in flight, DALI's
+own split of each batch between the hardware engines and CUDA).
 
 ``import torchvision`` imports its models, datasets, ops and, through them, torch._dynamo: it
 took 5-11 s of a GPU worker's 12 s warm start on the H200 (py-spy), for two
@@ -185,9 +185,11 @@ def decode_jpegs_dali(datas: list[bytes], device: Any) -> list[Any]:
     import numpy as np
     import torch
 
-    entry = _dali_take(device.index or 0, len(datas))
-    stream = torch.cuda.current_stream(device)
     try:
+        # Inside: a pipeline that cannot be built (out of memory, no DALI) fails this batch
+        # like a file DALI refuses; the caller decodes it another way.
+        entry = _dali_take(device.index or 0, len(datas))
+        stream = torch.cuda.current_stream(device)
         (images,) = entry[2].run(stream,
                                  jpegs=[np.frombuffer(d, dtype=np.uint8) for d in datas])
         # A contiguous copy of each image, made on this stream: the tensors the caller keeps

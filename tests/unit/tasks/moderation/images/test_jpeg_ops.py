@@ -87,3 +87,21 @@ def test_dali_pipelines_are_taken_from_the_pool_and_given_back(
     other = jpeg_ops._dali_take(1, 8)  # a is another device's
     assert big[1] == 4 * jpeg_ops.DALI_MIN_BATCH and other[0] == 1
     assert len(built) == 4 and jpeg_ops._dali_pool == [a]
+
+
+def test_a_dali_pipeline_that_cannot_be_built_fails_the_batch_as_runtime_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # images/gpu.py decodes such a batch with nvJPEG instead; any other exception type would
+    # reach the batch thread and stop the worker.
+    import torch
+
+    from worker.tasks.moderation.images import jpeg_ops
+
+    def build(device: int, capacity: int) -> object:
+        raise MemoryError("cudaMalloc failed while building the pipeline")
+
+    monkeypatch.setattr(jpeg_ops, "_dali_build", build)
+    monkeypatch.setattr(jpeg_ops, "_dali_pool", [])
+    with pytest.raises(RuntimeError, match="DALI did not decode the batch"):
+        jpeg_ops.decode_jpegs_dali([b"\xff\xd8"], torch.device("cpu"))
+    assert jpeg_ops._dali_pool == []
