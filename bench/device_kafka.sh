@@ -196,8 +196,8 @@ hde2e)  # hde2e CLASS DECODER REPEATS [ARGS]: after hdstage, jars and jdk. The G
     SKIP_INSTALL=1 bash "$0" framese2e --cache /tmp/frames --frames "$cls" --repeats "$reps" \
         --burst-jobs "$burst" --auto-rates 0.5,0.8,1.0 --warmup-s 3 --partitions 8 \
         --producers 4 --retention-s 30 --label "gpu-$dec" \
-        --machine-note "GPU machine of the device tool: 1 H200, 16 cores; broker, producers, \
-reader and worker on the same host" \
+        --machine-note "GPU machine of the device tool: one GPU (its model: env.gpu), 16 cores; \
+broker, producers, reader and worker on the same host" \
         --set model.backend=torch --set model.preprocess=gpu --set model.jpeg_roundtrip=false \
         --set model.gpu_jpeg_decoder="$dec" --set batch.max_batch_size=128 \
         --set batch.max_delay_ms=4 --set batch.max_in_flight_batches=4 \
