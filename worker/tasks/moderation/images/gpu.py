@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import structlog
 
-from worker.exceptions import JobRejected
+from worker.exceptions import JobRejected, one_line
 from worker.tasks.moderation.images.budgets import admit, default_guard
 from worker.tasks.moderation.images.cpu import (
     MAX_FRAMES,
@@ -27,6 +28,8 @@ from worker.tasks.moderation.images.cpu import (
     jpeg_dimensions,
     open_checked,
 )
+
+log = structlog.get_logger("worker")
 
 
 def _gpu_decode(datas: list[bytes], jpeg_idx: list[int], device: Any, decoder: str
@@ -48,8 +51,12 @@ def _gpu_decode(datas: list[bytes], jpeg_idx: list[int], device: Any, decoder: s
     if decoder == "dali":
         try:
             return decode_jpegs_dali([datas[i] for i in jpeg_idx], device)
-        except RuntimeError:
-            pass  # one file failed DALI's batch: nvJPEG below finds it, the rest decode there
+        except RuntimeError as exc:
+            # One file failed DALI's batch (nvJPEG below finds it, the rest decode there), or
+            # DALI itself is failing: said per batch, or a decoder that never works would
+            # pass for a slow one.
+            log.warning("gpu_decoder_batch_failed", decoder="dali", files=len(jpeg_idx),
+                        error=one_line(exc, 300), fallback="nvjpeg")
     raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg_idx]
     try:
         return decode_jpegs(raw, device)

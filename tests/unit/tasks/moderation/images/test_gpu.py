@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from structlog.testing import capture_logs
 
 from worker.bundled import samples_dir
 from worker.exceptions import JobRejected
@@ -68,9 +69,14 @@ def test_a_batch_dali_fails_is_decoded_file_by_file_elsewhere(
 
     monkeypatch.setattr(jpeg_ops, "decode_jpegs_dali", failing)
     datas = _batch()
-    got = decode_all(datas, torch.device("cpu"), ImageLimits(), "dali")
+    with capture_logs() as logs:
+        got = decode_all(datas, torch.device("cpu"), ImageLimits(), "dali")
     ref = _by_torchvision(datas)
     assert calls == [2]
+    # Said, so that a DALI that fails every batch does not pass for a slow decoder.
+    (warning,) = [e for e in logs if e["event"] == "gpu_decoder_batch_failed"]
+    assert warning["decoder"] == "dali" and warning["files"] == 2
+    assert "nvImageCodec failure" in warning["error"]
     for k in (0, 1, 2):
         assert torch.equal(got[k], ref[k])
     assert isinstance(got[3], JobRejected)
