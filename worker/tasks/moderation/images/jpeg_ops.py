@@ -77,12 +77,17 @@ def decode_jpegs(datas: list[Any], device: Any) -> list[Any]:
 _local = threading.local()
 
 
-def nvimgcodec_available() -> bool:
-    """Whether nvImageCodec's Python package is installed (not whether a GPU can run it)."""
+def _installed(module: str) -> bool:
+    """Whether ``module`` (under the "nvidia" namespace) is installed, without importing it."""
     try:
-        return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+        return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:  # no "nvidia" namespace package at all
         return False
+
+
+def nvimgcodec_available() -> bool:
+    """Whether nvImageCodec's Python package is installed (not whether a GPU can run it)."""
+    return _installed("nvidia.nvimgcodec")
 
 
 def _nvimgcodec_decoder(device: Any) -> Any:
@@ -137,10 +142,7 @@ _dali_lock = threading.Lock()
 
 def dali_available() -> bool:
     """Whether DALI's Python package (nvidia-dali-cuda130) is installed."""
-    try:
-        return importlib.util.find_spec("nvidia.dali") is not None
-    except ModuleNotFoundError:
-        return False
+    return _installed("nvidia.dali")
 
 
 def _dali_take(device: int, batch: int) -> tuple[int, int, Any]:
