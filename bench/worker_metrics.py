@@ -62,8 +62,9 @@ def parse(text: str) -> Snapshot:
 
 
 def delta(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any]:
-    """Per histogram and series, what was observed between the two snapshots: ``n``, ``sum``
-    and ``max_le``, the upper bound of the bucket the largest new observation fell in."""
+    """Per histogram and series, what was observed between the two snapshots: ``n``, ``sum``,
+    and the upper bounds of the buckets the median (``p50_le``), the 99th percentile
+    (``p99_le``) and the largest new observation (``max_le``) fell in."""
     if before is None or after is None:
         return {"error": "the worker's /metrics did not answer"}
     out: dict[str, Any] = {}
@@ -75,10 +76,15 @@ def delta(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any]:
             n = gains[-1][1] if gains else 0.0  # the +Inf bucket: every observation
             if n <= 0:
                 continue
-            # Cumulative buckets: the largest new observation lies in the first bucket whose
-            # gain is the whole gain.
-            top = next(le for le, g in gains if g >= n)
             out.setdefault(name.removeprefix("trt_worker_"), {})[key] = {
                 "n": int(n), "sum": round(now_sum - was_sum, 6),
-                "max_le": top if math.isfinite(top) else "+Inf"}
+                "p50_le": _bound(gains, 0.5 * n), "p99_le": _bound(gains, 0.99 * n),
+                "max_le": _bound(gains, n)}
     return out
+
+
+def _bound(gains: list[tuple[float, float]], rank: float) -> float | str:
+    """The upper bound of the first cumulative bucket holding ``rank`` observations (the one the
+    observation of that rank fell in); "+Inf" past the last finite bound."""
+    le = next(le for le, g in gains if g >= rank)
+    return le if math.isfinite(le) else "+Inf"

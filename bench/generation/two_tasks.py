@@ -3,8 +3,9 @@ load: what moderation latency does while generation runs at full load, and what 
 throughput gives up for it, per ``processing.gpu_yield_ms`` (worker/tasks/gpu_share.py) and
 ``processing.gpu_priority`` (moderation's CUDA streams at the device's highest priority).
 
-Per variant (``--variants YIELD_MS:on|off,...``, or each ``--yield-ms`` value with the priority
-on, the default): fresh topics and groups, one worker process serving both tasks, a warm-up
+Per variant (``--variants YIELD_MS:on|off[+SECTION.KEY=VALUE...],...``, or each ``--yield-ms``
+value with the priority on, the default; a variant's ``+`` settings go to its worker only):
+fresh topics and groups, one worker process serving both tasks, a warm-up
 (moderation jobs and one generation job answered), then three phases:
 
 1. generation alone: a closed-loop feeder keeps ``--gen-outstanding`` generation jobs
@@ -13,7 +14,14 @@ on, the default): fresh topics and groups, one worker process serving both tasks
    (bench/frames_e2e.py's ``one_rate``: latency from the scheduled send time to the result's
    arrival, p50/p99 over the steady window, HdrHistogram);
 3. both: the feeder and the producer together; moderation p50/p99 and generation images/s
-   over the same window (the feeder's window starts when the producer's schedule does).
+   over the same window (the feeder's window starts when the producer's schedule does);
+   ``timeline``: each moderation job of that window slower than ``--slow-ms`` (its due time
+   and latency) and each generation result's arrival, in seconds from the window's start, so
+   a tail can be set against generation's batches.
+
+In both moderation phases the worker's histograms (bench/worker_metrics.py: per task its hops,
+engine seconds per batch, batch sizes; the collector's pauses) are read at the window's start
+and end (``worker_metrics``): a tail beside generation shows in the hop that grew.
 
 Moderation jobs are the bundled sample photos at 320x240 (bench/cpu_e2e.py's ``make_jpeg``).
 ``--tiny``: the tiny random SD engines on the CPU at 64x64 and 4 steps, a smoke run for any
@@ -25,6 +33,7 @@ generation section.
 python bench/generation/two_tasks.py --tiny --mod-rate 10 --warmup-s 2 --steady-s 8
 python bench/generation/two_tasks.py --mod-rate 200 --yield-ms 0,5 --set model.backend=torch
 python bench/generation/two_tasks.py --mod-rate 2000 --variants 0:off,0:on,5:on ...
+python bench/generation/two_tasks.py --variants 0:on,0:on+processing.switch_interval_ms=0.5 ...
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ from bench.cpu_e2e import (
     worker_env,
 )
 from bench.frames_e2e import one_rate
+from worker.devkit.local_kafka.config import free_port
 
 WARMUP_MOD_JOBS = 8
 TINY_SIDE, TINY_STEPS = 64, 4
@@ -152,22 +162,55 @@ def _wait(what: str, done: Any, proc: subprocess.Popen[bytes], log_path: Path,
         time.sleep(0.1)
 
 
-def parse_variants(spec: str | None, yield_ms: str) -> list[tuple[float, bool]]:
-    """``--variants`` ("0:off,5:on"), else each ``--yield-ms`` value with the priority on:
-    (gpu_yield_ms, gpu_priority) per worker process."""
+Variant = tuple[float, bool, dict[str, str]]  # gpu_yield_ms, gpu_priority, its own settings
+
+
+def parse_variants(spec: str | None, yield_ms: str) -> list[Variant]:
+    """``--variants`` ("0:off,5:on+processing.switch_interval_ms=0.5"), else each
+    ``--yield-ms`` value with the priority on: (gpu_yield_ms, gpu_priority, settings) per
+    worker process."""
     if not spec:
-        return [(float(y), True) for y in yield_ms.split(",") if y]
+        return [(float(y), True, {}) for y in yield_ms.split(",") if y]
     out = []
     for item in spec.split(","):
-        y, _, prio = item.partition(":")
+        head, *settings = item.split("+")
+        y, _, prio = head.partition(":")
         if prio not in ("on", "off"):
             raise ValueError(f"variant {item!r}: YIELD_MS:on or YIELD_MS:off")
-        out.append((float(y), prio == "on"))
+        extra = {}
+        for kv in settings:
+            key, eq, value = kv.partition("=")
+            if not eq or "." not in key:
+                raise ValueError(f"variant {item!r}: +SECTION.KEY=VALUE, not {kv!r}")
+            extra[key] = value
+        out.append((float(y), prio == "on", extra))
     return out
 
 
-def one_variant(bootstrap: str, pics: list[bytes], yield_ms: float, args: argparse.Namespace,
-              logs: Path, priority: bool = True) -> dict[str, Any]:
+def timeline(reader: Reader, mod_prefix: str, gen_prefix: str, start_at: float, rate: float,
+             window: tuple[float, float], slow_ms: float, keep: int = 5000) -> dict[str, Any]:
+    """The moderation jobs due in ``window`` (wall times) slower than ``slow_ms``, as [due,
+    latency ms], and the generation results that arrived in it, as seconds from its start:
+    the slowest ``keep`` jobs if there are more."""
+    t0, t1 = window
+    with reader.lock:
+        items = list(reader.results.items())
+    slow, gen = [], []
+    for key, (arrival, _) in items:
+        if key.startswith(mod_prefix):
+            due = start_at + int(key[len(mod_prefix):]) / rate
+            ms = (arrival - due) * 1e3
+            if t0 <= due < t1 and ms > slow_ms:
+                slow.append([round(due - t0, 4), round(ms, 2)])
+        elif key.startswith(gen_prefix) and t0 <= arrival < t1:
+            gen.append(round(arrival - t0, 4))
+    slow = sorted(sorted(slow, key=lambda x: -x[1])[:keep])
+    return {"slow_ms": slow_ms, "slow_mod_jobs": slow, "gen_results_s": sorted(gen)}
+
+
+def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argparse.Namespace,
+                logs: Path) -> dict[str, Any]:
+    yield_ms, priority, extra = variant
     tag = uuid.uuid4().hex[:8]
     mod = {k: f"two-tasks-mod-{k}-{tag}" for k in ("jobs", "results", "dlq")}
     gen = {k: f"two-tasks-gen-{k}-{tag}" for k in ("jobs", "results", "dlq")}
@@ -186,14 +229,16 @@ def one_variant(bootstrap: str, pics: list[bytes], yield_ms: float, args: argpar
         "processing.task": "moderation,generation", "processing.gpu_yield_ms": str(yield_ms),
         "processing.gpu_priority": str(priority).lower(),
         "processing.max_batch_ms": "120000", "kafka.transaction_timeout_ms": "300000",
-        "generation": json.dumps(generation_settings(args, gen, logs))}
+        "generation": json.dumps(generation_settings(args, gen, logs))} | extra
     env, _dropped = worker_env(bootstrap, mod, f"two-tasks-{tag}", overrides)
-    env["KTW_METRICS__PORT"] = "0"
-    name = f"yield {yield_ms:g} ms, priority {'on' if priority else 'off'}"
+    port = free_port()
+    env |= {"KTW_METRICS__PORT": str(port), "KTW_METRICS__HOST": "127.0.0.1"}
+    name = f"yield {yield_ms:g} ms, priority {'on' if priority else 'off'}" + "".join(
+        f", {k.rsplit('.', 1)[-1]} {v}" for k, v in extra.items())
     log_path = logs / f"worker-{name.replace(' ', '-').replace(',', '')}.log"
     proc: subprocess.Popen[bytes] | None = None
     out: dict[str, Any] = {"gpu_yield_ms": yield_ms, "gpu_priority": priority,
-                           "worker_log": str(log_path)}
+                           "settings": extra, "worker_log": str(log_path)}
     try:
         with log_path.open("wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], cwd=REPO, env=env,
@@ -218,7 +263,7 @@ def one_variant(bootstrap: str, pics: list[bytes], yield_ms: float, args: argpar
         print(f"  {name}: generation alone {out['generation_alone']}", flush=True)
 
         out["moderation_alone"] = one_rate(bootstrap, mod["jobs"], readers["mod"], pics,
-                                           args.mod_rate, args, "ma-")
+                                           args.mod_rate, args, "ma-", [port])
         print(f"  {name}: moderation alone "
               f"{out['moderation_alone']['latency']}", flush=True)
 
@@ -227,10 +272,12 @@ def one_variant(bootstrap: str, pics: list[bytes], yield_ms: float, args: argpar
         both.start()
         t0 = time.time() + 1.0  # one_rate's schedule starts a second after it is called
         step = one_rate(bootstrap, mod["jobs"], readers["mod"], pics, args.mod_rate, args,
-                        "mb-")
+                        "mb-", [port])
+        steady = (t0 + args.warmup_s, t0 + window)
         out["both"] = {"moderation": step, "generation": {
-            "images_per_s": both.images_per_s(t0 + args.warmup_s, t0 + window),
-            **both.finish(args.drain_s)}}
+            "images_per_s": both.images_per_s(*steady), **both.finish(args.drain_s)},
+            "timeline": timeline(readers["mod"], "mb-", "gb-", t0, args.mod_rate, steady,
+                                 args.slow_ms)}
         print(f"  {name}: both: moderation {step['latency']}, generation "
               f"{out['both']['generation']}", flush=True)
         out["worker_exit_code"] = stop_worker(proc, WORKER_STOP_TIMEOUT_S)
@@ -254,8 +301,12 @@ def main() -> int:
     ap.add_argument("--yield-ms", default="5", help="processing.gpu_yield_ms values, comma "
                                                     "separated: one worker process each")
     ap.add_argument("--variants", default=None,
-                    help="YIELD_MS:on|off,... (processing.gpu_yield_ms, processing.gpu_priority):"
-                         " one worker process each; overrides --yield-ms")
+                    help="YIELD_MS:on|off[+SECTION.KEY=VALUE...],... (processing.gpu_yield_ms,"
+                         " processing.gpu_priority, settings of that variant's worker only): "
+                         "one worker process each; overrides --yield-ms")
+    ap.add_argument("--slow-ms", type=float, default=25.0,
+                    help="moderation jobs slower than this beside generation go to the "
+                         "record's timeline")
     ap.add_argument("--warmup-s", type=float, default=5.0)
     ap.add_argument("--steady-s", type=float, default=30.0)
     ap.add_argument("--drain-s", type=float, default=60.0)
@@ -275,7 +326,7 @@ def main() -> int:
         args.steps = TINY_STEPS
     args.overrides = dict(kv.split("=", 1) for kv in args.overrides)
     variants = parse_variants(args.variants, args.yield_ms)
-    yields = [y for y, _ in variants]
+    yields = [y for y, _, _ in variants]
 
     def on_term(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)  # unwinds the finally blocks: worker and broker stop
@@ -290,8 +341,8 @@ def main() -> int:
     try:
         bootstrap = kafka.start(timeout=180)
         try:
-            for y, prio in variants:
-                runs.append(one_variant(bootstrap, pics, y, args, logs, prio))
+            for variant in variants:
+                runs.append(one_variant(bootstrap, pics, variant, args, logs))
         finally:
             kafka.stop()
     except BenchFailed as exc:
@@ -304,7 +355,9 @@ def main() -> int:
                        "machine": args.machine_note},
         "params": {"tiny": args.tiny, "mod_rate": args.mod_rate, "steps": args.steps,
                    "gen_outstanding": args.gen_outstanding, "yield_ms": yields,
-                   "variants": [{"gpu_yield_ms": y, "gpu_priority": p} for y, p in variants],
+                   "variants": [{"gpu_yield_ms": y, "gpu_priority": p, "settings": e}
+                                for y, p, e in variants],
+                   "slow_ms": args.slow_ms,
                    "warmup_s": args.warmup_s, "steady_s": args.steady_s,
                    "partitions": args.partitions, "worker_config_overrides": args.overrides,
                    "gen_json": args.gen_json,

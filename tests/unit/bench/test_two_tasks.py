@@ -4,17 +4,49 @@ from __future__ import annotations
 
 import pytest
 
-from bench.generation.two_tasks import parse_variants
+from bench.generation.two_tasks import parse_variants, timeline
 
 
 def test_variants_name_a_yield_and_a_priority_each() -> None:
-    assert parse_variants("0:off,0:on,5:on", "5") == [(0.0, False), (0.0, True), (5.0, True)]
+    assert parse_variants("0:off,0:on,5:on", "5") == [(0.0, False, {}), (0.0, True, {}),
+                                                      (5.0, True, {})]
 
 
 def test_without_variants_each_yield_runs_with_the_default_priority() -> None:
-    assert parse_variants(None, "0,5") == [(0.0, True), (5.0, True)]
+    assert parse_variants(None, "0,5") == [(0.0, True, {}), (5.0, True, {})]
 
 
 def test_a_variant_without_on_or_off_is_refused() -> None:
     with pytest.raises(ValueError, match="YIELD_MS:on"):
         parse_variants("5", "5")
+
+
+def test_a_variant_may_carry_settings_of_its_own_worker() -> None:
+    assert parse_variants("0:on,0:on+processing.switch_interval_ms=0.5+batch.max_delay_ms=2",
+                          "5") == [(0.0, True, {}), (0.0, True, {
+                              "processing.switch_interval_ms": "0.5",
+                              "batch.max_delay_ms": "2"})]
+
+
+@pytest.mark.parametrize("item", ["0:on+switch=0.5", "0:on+processing.switch_interval_ms"])
+def test_a_setting_without_its_section_or_value_is_refused(item: str) -> None:
+    with pytest.raises(ValueError, match=r"SECTION\.KEY=VALUE"):
+        parse_variants(item, "5")
+
+
+def test_the_timeline_keeps_slow_moderation_jobs_and_generation_arrivals() -> None:
+    import threading
+    from types import SimpleNamespace
+
+    # rate 100/s from 1000.0: job i is due at 1000 + i / 100
+    reader = SimpleNamespace(lock=threading.Lock(), results={
+        "mb-0": (1000.010, None),    # due 1000.00, 10 ms: before the window
+        "mb-100": (1001.030, None),  # due 1001.00, 30 ms: slow
+        "mb-101": (1001.015, None),  # due 1001.01, 5 ms: fast
+        "mb-250": (1002.600, None),  # due 1002.50, 100 ms: slow
+        "mb-400": (1004.500, None),  # due 1004.00: past the window
+        "gb-1": (1001.5, None), "gb-2": (1005.0, None), "other": (1001.2, None)})
+    t = timeline(reader, "mb-", "gb-", 1000.0, 100.0, (1001.0, 1003.0),  # type: ignore[arg-type]
+                 25.0)
+    assert t["slow_mod_jobs"] == [[0.0, 30.0], [1.5, 100.0]]
+    assert t["gen_results_s"] == [0.5]

@@ -29,7 +29,17 @@ def test_the_window_counts_new_observations_and_bounds_the_largest() -> None:
     after = parse(_exposition([3, 5, 6, 6], 0.095, [0, 10, 10, 10]))
     d = delta(before, after)
     # One pause <= 10 ms and one in (10, 100] ms came; nothing new for the engine.
-    assert d == {"gc_pause_seconds": {"generation=2": {"n": 2, "sum": 0.093, "max_le": 0.1}}}
+    assert d == {"gc_pause_seconds": {"generation=2": {
+        "n": 2, "sum": 0.093, "p50_le": 0.01, "p99_le": 0.1, "max_le": 0.1}}}
+
+
+def test_the_quantile_bounds_follow_the_new_observations_only() -> None:
+    # 100 new observations: 98 at <= 1 ms, one in (1, 10] ms, one in (10, 100] ms; the 400
+    # before the window, all slow, do not count.
+    before = parse(_exposition([0, 0, 400, 400], 20.0, [0, 0, 0, 0]))
+    after = parse(_exposition([98, 99, 500, 500], 20.2, [0, 0, 0, 0]))
+    d = delta(before, after)["gc_pause_seconds"]["generation=2"]
+    assert (d["n"], d["p50_le"], d["p99_le"], d["max_le"]) == (100, 0.001, 0.01, 0.1)
 
 
 def test_an_observation_past_the_last_bound_reads_inf() -> None:
