@@ -187,25 +187,28 @@ def parse_variants(spec: str | None, yield_ms: str) -> list[Variant]:
     return out
 
 
-def timeline(reader: Reader, mod_prefix: str, gen_prefix: str, start_at: float, rate: float,
-             window: tuple[float, float], slow_ms: float, keep: int = 5000) -> dict[str, Any]:
+def timeline(mod: Reader, gen: Reader, mod_prefix: str, gen_prefix: str, start_at: float,
+             rate: float, window: tuple[float, float], slow_ms: float, keep: int = 5000
+             ) -> dict[str, Any]:
     """The moderation jobs due in ``window`` (wall times) slower than ``slow_ms``, as [due,
     latency ms], and the generation results that arrived in it, as seconds from its start:
     the slowest ``keep`` jobs if there are more."""
     t0, t1 = window
-    with reader.lock:
-        items = list(reader.results.items())
-    slow, gen = [], []
-    for key, (arrival, _) in items:
-        if key.startswith(mod_prefix):
-            due = start_at + int(key[len(mod_prefix):]) / rate
-            ms = (arrival - due) * 1e3
-            if t0 <= due < t1 and ms > slow_ms:
-                slow.append([round(due - t0, 4), round(ms, 2)])
-        elif key.startswith(gen_prefix) and t0 <= arrival < t1:
-            gen.append(round(arrival - t0, 4))
+    with mod.lock:
+        jobs = [(k, arrival) for k, (arrival, _) in mod.results.items()
+                if k.startswith(mod_prefix)]
+    with gen.lock:
+        arrivals = [arrival for k, (arrival, _) in gen.results.items()
+                    if k.startswith(gen_prefix) and t0 <= arrival < t1]
+    slow = []
+    for key, arrival in jobs:
+        due = start_at + int(key[len(mod_prefix):]) / rate
+        ms = (arrival - due) * 1e3
+        if t0 <= due < t1 and ms > slow_ms:
+            slow.append([round(due - t0, 4), round(ms, 2)])
     slow = sorted(sorted(slow, key=lambda x: -x[1])[:keep])
-    return {"slow_ms": slow_ms, "slow_mod_jobs": slow, "gen_results_s": sorted(gen)}
+    return {"slow_ms": slow_ms, "slow_mod_jobs": slow,
+            "gen_results_s": sorted(round(a - t0, 4) for a in arrivals)}
 
 
 def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argparse.Namespace,
@@ -276,8 +279,8 @@ def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argpa
         steady = (t0 + args.warmup_s, t0 + window)
         out["both"] = {"moderation": step, "generation": {
             "images_per_s": both.images_per_s(*steady), **both.finish(args.drain_s)},
-            "timeline": timeline(readers["mod"], "mb-", "gb-", t0, args.mod_rate, steady,
-                                 args.slow_ms)}
+            "timeline": timeline(readers["mod"], readers["gen"], "mb-", "gb-", t0,
+                                 args.mod_rate, steady, args.slow_ms)}
         print(f"  {name}: both: moderation {step['latency']}, generation "
               f"{out['both']['generation']}", flush=True)
         out["worker_exit_code"] = stop_worker(proc, WORKER_STOP_TIMEOUT_S)

@@ -39,14 +39,16 @@ def test_the_timeline_keeps_slow_moderation_jobs_and_generation_arrivals() -> No
     from types import SimpleNamespace
 
     # rate 100/s from 1000.0: job i is due at 1000 + i / 100
-    reader = SimpleNamespace(lock=threading.Lock(), results={
+    mod = SimpleNamespace(lock=threading.Lock(), results={
         "mb-0": (1000.010, None),    # due 1000.00, 10 ms: before the window
         "mb-100": (1001.030, None),  # due 1001.00, 30 ms: slow
         "mb-101": (1001.015, None),  # due 1001.01, 5 ms: fast
         "mb-250": (1002.600, None),  # due 1002.50, 100 ms: slow
         "mb-400": (1004.500, None),  # due 1004.00: past the window
-        "gb-1": (1001.5, None), "gb-2": (1005.0, None), "other": (1001.2, None)})
-    t = timeline(reader, "mb-", "gb-", 1000.0, 100.0, (1001.0, 1003.0),  # type: ignore[arg-type]
-                 25.0)
+        "ma-7": (1001.9, None)})     # another phase's job
+    gen = SimpleNamespace(lock=threading.Lock(), results={
+        "gb-1": (1001.5, None), "gb-2": (1005.0, None), "ga-1": (1001.2, None)})
+    t = timeline(mod, gen, "mb-", "gb-", 1000.0, 100.0,  # type: ignore[arg-type]
+                 (1001.0, 1003.0), 25.0)
     assert t["slow_mod_jobs"] == [[0.0, 30.0], [1.5, 100.0]]
     assert t["gen_results_s"] == [0.5]
