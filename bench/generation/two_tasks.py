@@ -33,7 +33,7 @@ generation section.
 python bench/generation/two_tasks.py --tiny --mod-rate 10 --warmup-s 2 --steady-s 8
 python bench/generation/two_tasks.py --mod-rate 200 --yield-ms 0,5 --set model.backend=torch
 python bench/generation/two_tasks.py --mod-rate 2000 --variants 0:off,0:on,5:on ...
-python bench/generation/two_tasks.py --variants 0:on,0:on+processing.switch_interval_ms=0.5 ...
+python bench/generation/two_tasks.py --variants 0:on,0:on+batch.max_delay_ms=2 ...
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ Variant = tuple[float, bool, dict[str, str]]  # gpu_yield_ms, gpu_priority, its 
 
 
 def parse_variants(spec: str | None, yield_ms: str) -> list[Variant]:
-    """``--variants`` ("0:off,5:on+processing.switch_interval_ms=0.5"), else each
+    """``--variants`` ("0:off,5:on+batch.max_delay_ms=2"), else each
     ``--yield-ms`` value with the priority on: (gpu_yield_ms, gpu_priority, settings) per
     worker process."""
     if not spec:
@@ -185,6 +185,30 @@ def parse_variants(spec: str | None, yield_ms: str) -> list[Variant]:
             extra[key] = value
         out.append((float(y), prio == "on", extra))
     return out
+
+
+def worker_overrides(common: dict[str, str], variant: Variant, generation: dict[str, Any]
+                     ) -> dict[str, str]:
+    """A variant's worker settings: ``common`` (``--set``), the two-task ones, the generation
+    section as JSON, then the variant's own: its ``generation.*`` settings go into that JSON
+    (values parsed as JSON where they parse: ``generation.vae_batch_sizes=[1]``), the rest
+    as they are."""
+    yield_ms, priority, extra = variant
+    own_gen = {k.removeprefix("generation."): _value(v) for k, v in extra.items()
+               if k.startswith("generation.")}
+    return dict(common) | {
+        "processing.task": "moderation,generation", "processing.gpu_yield_ms": str(yield_ms),
+        "processing.gpu_priority": str(priority).lower(),
+        "processing.max_batch_ms": "120000", "kafka.transaction_timeout_ms": "300000",
+        "generation": json.dumps(generation | own_gen)} | {
+        k: v for k, v in extra.items() if not k.startswith("generation.")}
+
+
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def timeline(mod: Reader, gen: Reader, mod_prefix: str, gen_prefix: str, start_at: float,
@@ -228,11 +252,7 @@ def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argpa
     side = TINY_SIDE if args.tiny else FULL_SIDE
     job = {"prompt": "a red car on a mountain road", "width": side, "height": side,
            "steps": args.steps, "num_images": 1}
-    overrides = dict(args.overrides) | {
-        "processing.task": "moderation,generation", "processing.gpu_yield_ms": str(yield_ms),
-        "processing.gpu_priority": str(priority).lower(),
-        "processing.max_batch_ms": "120000", "kafka.transaction_timeout_ms": "300000",
-        "generation": json.dumps(generation_settings(args, gen, logs))} | extra
+    overrides = worker_overrides(args.overrides, variant, generation_settings(args, gen, logs))
     env, _dropped = worker_env(bootstrap, mod, f"two-tasks-{tag}", overrides)
     port = free_port()
     env |= {"KTW_METRICS__PORT": str(port), "KTW_METRICS__HOST": "127.0.0.1"}

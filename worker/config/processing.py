@@ -58,11 +58,6 @@ class ProcessingSettings(Section):
     # at the device's highest priority, so their kernels are dispatched before the queued
     # steps of the ones that do. Moot with one task.
     gpu_priority: bool = True
-    # How long a thread that runs Python code keeps the GIL while another waits for it
-    # (``sys.setswitchinterval``), in ms; None leaves Python's 5 ms. Shorter hands the GIL
-    # sooner to a thread that waits for it (a moderation batch beside generation's loop), at
-    # the cost of more switches. Set by ``trt-worker run`` for its process.
-    switch_interval_ms: float | None = Field(None, gt=0, le=100)
     # The longest one batch (decode + inference + results) may take. A transaction stays open
     # for about one commit interval plus one batch, so exactly-once requires
     # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches

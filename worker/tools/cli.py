@@ -133,8 +133,6 @@ def run(
             code = supervise(cfg, daemon.client_devices() if daemon else devices,
                              child_argv(sys.argv), per_gpu=procs_per_gpu, env=env)
         raise typer.Exit(code)
-    if cfg.processing.switch_interval_ms is not None:
-        sys.setswitchinterval(cfg.processing.switch_interval_ms / 1e3)
     if len(cfg.processing.tasks) > 1:
         _run_tasks(cfg)
         return

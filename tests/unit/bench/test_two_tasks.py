@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from bench.generation.two_tasks import parse_variants, timeline
+from bench.generation.two_tasks import parse_variants, timeline, worker_overrides
 
 
 def test_variants_name_a_yield_and_a_priority_each() -> None:
@@ -22,13 +24,13 @@ def test_a_variant_without_on_or_off_is_refused() -> None:
 
 
 def test_a_variant_may_carry_settings_of_its_own_worker() -> None:
-    assert parse_variants("0:on,0:on+processing.switch_interval_ms=0.5+batch.max_delay_ms=2",
+    assert parse_variants("0:on,0:on+generation.png_threads=1+batch.max_delay_ms=2",
                           "5") == [(0.0, True, {}), (0.0, True, {
-                              "processing.switch_interval_ms": "0.5",
+                              "generation.png_threads": "1",
                               "batch.max_delay_ms": "2"})]
 
 
-@pytest.mark.parametrize("item", ["0:on+switch=0.5", "0:on+processing.switch_interval_ms"])
+@pytest.mark.parametrize("item", ["0:on+delay=2", "0:on+batch.max_delay_ms"])
 def test_a_setting_without_its_section_or_value_is_refused(item: str) -> None:
     with pytest.raises(ValueError, match=r"SECTION\.KEY=VALUE"):
         parse_variants(item, "5")
@@ -52,3 +54,15 @@ def test_the_timeline_keeps_slow_moderation_jobs_and_generation_arrivals() -> No
                  (1001.0, 1003.0), 25.0)
     assert t["slow_mod_jobs"] == [[0.0, 30.0], [1.5, 100.0]]
     assert t["gen_results_s"] == [0.5]
+
+
+def test_a_variants_generation_settings_go_into_the_generation_section() -> None:
+    (variant,) = parse_variants("5:off+generation.vae_batch_sizes=[1]+generation.backend=torch"
+                                "+batch.max_delay_ms=2", "5")
+    out = worker_overrides({"model.backend": "torch"}, variant,
+                           {"random_weights": "sd15", "vae_batch_sizes": [1, 2, 4]})
+    assert json.loads(out.pop("generation")) == {"random_weights": "sd15",
+                                                 "vae_batch_sizes": [1], "backend": "torch"}
+    assert out["processing.gpu_yield_ms"] == "5.0" and out["processing.gpu_priority"] == "false"
+    assert out["batch.max_delay_ms"] == "2" and out["model.backend"] == "torch"
+    assert not any(k.startswith("generation.") for k in out)
