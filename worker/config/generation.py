@@ -96,12 +96,6 @@ class GenerationSettings(Section):
     text_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4, 8, 16])
     unet_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4, 8, 16])
     vae_batch_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
-    # With another task in the process (processing.task = "moderation,generation"): the most
-    # images the VAE decodes per launch; None: as alone (its largest batch size). A stream
-    # priority reorders only the blocks that wait: a running kernel keeps its SMs, so each
-    # kernel of a moderation batch can wait for the generation kernel in flight, and the VAE
-    # decoder's kernels at 512x512 grow with its batch (bench/NOTES.md, issue 40).
-    vae_batch_when_sharing: int | None = Field(1, ge=1, le=1024)
     min_steps: int = Field(1, ge=1, le=150)
     max_steps: int = Field(50, ge=1, le=150)
     max_images_per_job: int = Field(8, ge=1, le=64)

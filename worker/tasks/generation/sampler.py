@@ -103,14 +103,12 @@ class DenoiseChunk:
         self.k += 1
 
 
-def decode_latents(vae: Runner, profile: StaticProfile, x: np.ndarray,
-                   rows: int | None = None) -> list[tuple[InferHandle, int]]:
-    """Enqueue the VAE decode of ``x`` in pieces of at most ``rows`` (None: the profile's
-    largest batch) rows, each padded to a batch size of the profile: (handle, real rows)."""
-    step = min(rows or profile.max_batch, profile.max_batch)
+def decode_latents(vae: Runner, profile: StaticProfile, x: np.ndarray
+                   ) -> list[tuple[InferHandle, int]]:
+    """Enqueue the VAE decode of ``x`` in profile-sized pieces: (handle, real rows) each."""
     handles = []
-    for i in range(0, len(x), step):
-        part = x[i:i + step]
+    for i in range(0, len(x), profile.max_batch):
+        part = x[i:i + profile.max_batch]
         feeds = {"latents": pad_rows(part, profile.padded(len(part)))}
         handles.append((vae.infer(feeds), len(part)))
     return handles
@@ -118,12 +116,10 @@ def decode_latents(vae: Runner, profile: StaticProfile, x: np.ndarray,
 
 def denoise(unet: Runner, vae: Runner, chunks: list[DenoiseChunk],
             vae_profiles: dict[tuple[int, ...], StaticProfile],
-            before_step: Callable[[], None] | None = None,
-            vae_rows: int | None = None) -> None:
-    """Run every chunk to its last step; enqueue each chunk's VAE decode as it finishes, at
-    most ``vae_rows`` images per launch (None: the profile's largest batch). ``before_step``
-    is called before each step's UNet launches (another task's batches go first:
-    worker.tasks.gpu_share)."""
+            before_step: Callable[[], None] | None = None) -> None:
+    """Run every chunk to its last step; enqueue each chunk's VAE decode as it finishes.
+    ``before_step`` is called before each step's UNet launches (another task's batches go
+    first: worker.tasks.gpu_share)."""
     active = [c for c in chunks if not c.done]
     while active:
         if before_step is not None:
@@ -132,7 +128,7 @@ def denoise(unet: Runner, vae: Runner, chunks: list[DenoiseChunk],
         for c, handle in launched:
             c.apply(handle.result()["noise_pred"])
             if c.done:
-                c.decoded = decode_latents(vae, vae_profiles[c.latent_shape], c.x, vae_rows)
+                c.decoded = decode_latents(vae, vae_profiles[c.latent_shape], c.x)
         active = [c for c in active if not c.done]
 
 

@@ -226,11 +226,6 @@ class GenerationTask(BatchedTask[GenerationPending]):
             outcomes.append(GenerationOutcome(p, fitted))
         return outcomes
 
-    def _vae_rows(self) -> int | None:
-        """Images per VAE launch: fewer beside another task (generation.vae_batch_when_sharing,
-        worker.tasks.gpu_share), as many as a profile holds alone."""
-        return self.settings.vae_batch_when_sharing if self.gpu_share is not None else None
-
     def _check_prompts(self, items: list[GenerationPending]) -> list[Check | None]:
         safety = self.safety
         if safety is None or safety.prompt_policy is None:
@@ -251,7 +246,7 @@ class GenerationTask(BatchedTask[GenerationPending]):
             chunks = self._chunks(items, row_of)
             vae_profiles = {v.item_shape: v for v in e.profiles.vae.values()}
             sampler.denoise(e.runners["unet"], e.runners["vae"], chunks, vae_profiles,
-                            before_step=self.yield_gpu, vae_rows=self._vae_rows())
+                            before_step=self.yield_gpu)
             denoised = time.monotonic()
             pixels = {row.tag: px for c in chunks
                       for row, px in zip(c.rows, sampler.images_of(c), strict=True)}

@@ -181,21 +181,3 @@ def test_before_step_is_called_before_each_steps_unet_launch() -> None:
                     before_step=lambda: log.append(("turn", 0)))
     steps = [what for what, _ in log if what in ("turn", "unet.infer")]
     assert steps == ["turn", "unet.infer"] * 3
-
-
-@pytest.mark.parametrize(("vae_rows", "launches"), [(None, [4]), (1, [2, 2, 2, 2]),
-                                                      (3, [4, 2]), (64, [4])])
-def test_vae_rows_cap_the_images_per_launch(vae_rows: int | None, launches: list[int]) -> None:
-    vae = StaticProfile("vae", SHAPE, (2, 4))
-    log: list[tuple[str, int]] = []
-    chunk = sampler.DenoiseChunk([row(i, steps=1) for i in range(4)], SHAPE, UNET)
-    chunk.x = np.stack([np.full(SHAPE, v, np.float32) for v in range(4)])
-    chunk.decoded = sampler.decode_latents(vae_runner(log), vae, chunk.x, vae_rows)
-    # Rows stay in order and padding rows are dropped, whatever the pieces.
-    assert [int(im[0, 0, 0]) for im in sampler.images_of(chunk)] == [0, 1, 2, 3]
-    assert [n for what, n in log if what == "vae.infer"] == launches
-    # Through the loop: the cap reaches each chunk's decode.
-    log.clear()
-    sampler.denoise(unet_runner(log), vae_runner(log), [sampler.DenoiseChunk(
-        [row(i, steps=1) for i in range(4)], SHAPE, UNET)], {SHAPE: vae}, vae_rows=vae_rows)
-    assert [n for what, n in log if what == "vae.infer"] == launches

@@ -253,30 +253,3 @@ def test_beside_moderation_each_denoising_step_yields_to_its_batches(task: Gener
     r = only(task, payload(steps=3))
     assert r.status is Status.OK
     assert share.yields == 3, "one wait before each UNet step"
-
-
-@pytest.mark.parametrize(("shared", "when_sharing", "launches"),
-                         [(False, 1, [4]), (True, 1, [1, 1, 1]), (True, 2, [2, 1]),
-                          (True, None, [4])])
-def test_beside_another_task_the_vae_decodes_fewer_images_per_launch(
-        torch_engines: SdEngines, blob_dir: Path, monkeypatch: pytest.MonkeyPatch,
-        shared: bool, when_sharing: int | None, launches: list[int]) -> None:
-    from worker.tasks.gpu_share import GpuShare
-
-    task = make_task(torch_engines, blob_dir, vae_batch_when_sharing=when_sharing)
-    vae = task.engines.runners["vae"]
-    seen: list[int] = []
-
-    def spy(feeds: Any, stream: Any = None) -> InferHandle:
-        seen.append(len(feeds["latents"]))
-        return type(vae).infer(vae, feeds, stream)
-
-    monkeypatch.setattr(vae, "infer", spy)
-    if shared:
-        task.share_gpu(GpuShare(max_wait_s=0.0), yields=True)
-    try:
-        r = only(task, payload(steps=2, num_images=3))
-    finally:
-        task.close()
-    assert r.status is Status.OK and len(r.images) == 3
-    assert seen == launches  # three images: one profile batch of 4 alone, else pieces
