@@ -177,6 +177,12 @@ def _slope(points: list[tuple[float, float]]) -> float:
     return statistics.linear_regression([t for t, _ in points], [b for _, b in points]).slope
 
 
+def due_time(key: str, prefix: str, start_at: float, rate: float) -> float:
+    """When the job keyed ``<prefix><i>`` of a schedule from ``start_at`` at ``rate`` was due
+    (wall clock): job i is due at start_at + i / rate."""
+    return start_at + int(key[len(prefix):]) / rate
+
+
 def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], rate: float,
              args: argparse.Namespace, prefix: str, metrics_ports: Sequence[int] = ()
              ) -> dict[str, Any]:
@@ -228,14 +234,14 @@ def one_rate(bootstrap: str, topic: str, reader: Reader, frames: list[bytes], ra
         results = {k: v for k, v in reader.results.items() if k.startswith(prefix)}
         dlq = {k: v for k, v in reader.dlq.items() if k.startswith(prefix)}
     for key, (arrival, _create) in results.items():
-        due_s = start_at + int(key[len(prefix):]) / rate
+        due_s = due_time(key, prefix, start_at, rate)
         if steady_from <= due_s < steady_to:
             us = max(1, min(HIST_MAX_US, round((arrival - due_s) * 1e6)))
             hist.record_value(us)
             slices[min(len(slices) - 1, int((due_s - steady_from) / SLICE_S))].record_value(us)
         if steady_from <= arrival < steady_to:
             answered_steady += 1
-    return {"offered_rate": rate, "producer": report,
+    return {"offered_rate": rate, "schedule_start": start_at, "producer": report,
             "answered": len(results), "dead_lettered": len(dlq), "drained": len(results) >= n,
             "throughput_steady": round(answered_steady / args.steady_s, 2),
             "backlog_growth_per_s": round(_slope(backlog), 3),

@@ -67,7 +67,7 @@ from bench.cpu_e2e import (
     stop_worker,
     worker_env,
 )
-from bench.frames_e2e import one_rate
+from bench.frames_e2e import due_time, one_rate
 from worker.devkit.local_kafka.config import free_port
 
 WARMUP_MOD_JOBS = 8
@@ -226,7 +226,7 @@ def timeline(mod: Reader, gen: Reader, mod_prefix: str, gen_prefix: str, start_a
                     if k.startswith(gen_prefix) and t0 <= arrival < t1]
     slow = []
     for key, arrival in jobs:
-        due = start_at + int(key[len(mod_prefix):]) / rate
+        due = due_time(key, mod_prefix, start_at, rate)
         ms = (arrival - due) * 1e3
         if t0 <= due < t1 and ms > slow_ms:
             slow.append([round(due - t0, 4), round(ms, 2)])
@@ -293,9 +293,9 @@ def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argpa
         both = GenFeeder(bootstrap, gen["jobs"], readers["gen"], "gb-", args.gen_outstanding,
                          job)
         both.start()
-        t0 = time.time() + 1.0  # one_rate's schedule starts a second after it is called
         step = one_rate(bootstrap, mod["jobs"], readers["mod"], pics, args.mod_rate, args,
                         "mb-", [port])
+        t0 = step["schedule_start"]
         steady = (t0 + args.warmup_s, t0 + window)
         out["both"] = {"moderation": step, "generation": {
             "images_per_s": both.images_per_s(*steady), **both.finish(args.drain_s)},
