@@ -354,10 +354,11 @@ bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|ker
         PYTHONPATH=/tmp/site:$ROOT timeout 300 python3 -m pytest -v -p no:cacheprovider \
             --durations=15 tests/gpu "$@" > "$OUT/gpu_tests.txt" 2>&1
         tail -25 "$OUT/gpu_tests.txt" ;;
-    probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks|dalistage)
+    probe|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks|greenprobe|dalistage)
         script=$(case $what in
                  dalistage) echo moderation/dali_stage ;;
                  safetycost) echo generation/safety_cost ;; twotasks) echo generation/two_tasks ;;
+                 greenprobe) echo generation/green_probe ;;
                  framesgpu) echo moderation/frames_gpu ;; framese2e) echo frames_e2e ;;
                  probe) echo moderation/task_probe ;; warm) echo start/warm_start ;;
                  cudastart) echo start/cuda_start_probe ;; aotitext) echo aoti/aoti_text_build ;;

@@ -1,0 +1,122 @@
+"""A stream whose kernels run on part of the GPU's SMs (a CUDA green context).
+
+Two tasks in one process share the GPU: moderation's short, latency-bound batches and
+generation's long UNet steps. A stream priority only orders blocks that wait for an SM; a
+kernel already running keeps its SMs until it ends, so a moderation kernel queued behind a
+generation kernel that fills the device waits for it. A green context holds a fixed subset of
+the SMs: generation's streams made here leave the rest free, and moderation's kernels (on the
+primary context, every SM) always find those free.
+
+Built on cuda-python's driver bindings (the card's CUDA binding; torch's own wrapper is beta
+and its API changed between releases). Imported lazily by the GPU backends only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engines.exceptions import BackendUnavailable, EngineError
+
+
+def _driver() -> Any:
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError as exc:
+        raise BackendUnavailable("cuda-python's driver bindings do not import") from exc
+    return cu
+
+
+def _check(result: Any, what: str) -> Any:
+    if not isinstance(result, tuple):
+        result = (result,)
+    err, *rest = result
+    if int(err) != 0:
+        raise EngineError(f"{what}: CUDA driver error {getattr(err, 'name', err)}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+@dataclass
+class SmPartition:
+    """A green context of ``sms`` of the device's ``total`` SMs, and one stream in it."""
+
+    device: int
+    sms: int
+    total: int
+    ctx: Any
+    stream: Any
+
+    @property
+    def ptr(self) -> int:
+        """The stream's raw handle (for ``torch.cuda.ExternalStream``)."""
+        return int(self.stream)
+
+    @property
+    def left(self) -> int:
+        """SMs this partition's kernels never use."""
+        return self.total - self.sms
+
+    def close(self) -> None:
+        cu = _driver()
+        if self.stream is not None:
+            _check(cu.cuStreamDestroy(self.stream), "cuStreamDestroy")
+            self.stream = None
+        if self.ctx is not None:
+            _check(cu.cuGreenCtxDestroy(self.ctx), "cuGreenCtxDestroy")
+            self.ctx = None
+
+
+def device_sms(device: int = 0) -> tuple[int, int]:
+    """The device's SM count and the granularity a partition of it is rounded to."""
+    cu = _driver()
+    _check(cu.cuInit(0), "cuInit")
+    dev = _check(cu.cuDeviceGet(device), "cuDeviceGet")
+    res = _check(cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM),
+                 "cuDeviceGetDevResource")
+    align = int(getattr(res.sm, "smCoscheduledAlignment", 0) or 0)
+    align = align or int(getattr(res.sm, "minSmPartitionSize", 0) or 0) or 8
+    return int(res.sm.smCount), align
+
+
+def partition_size(total: int, align: int, leave: int) -> int:
+    """The SMs of a partition that leaves at least ``leave`` of ``total`` free: the largest
+    multiple of ``align`` that does (a green context's size is rounded to whole groups)."""
+    if leave <= 0:
+        return total
+    sms = ((total - leave) // align) * align
+    if sms < align:
+        raise EngineError(f"leaving {leave} of {total} SMs free leaves no group of {align} "
+                          "for the partition")
+    return sms
+
+
+def sm_partition(leave: int, *, device: int = 0, priority: int = 0) -> SmPartition:
+    """A green context on the device's SMs less at least ``leave`` of them, and a
+    non-blocking stream in it (``priority``: CUDA's, lower is more urgent)."""
+    cu = _driver()
+    total, align = device_sms(device)
+    want = partition_size(total, align, leave)
+    dev = _check(cu.cuDeviceGet(device), "cuDeviceGet")
+    res = _check(cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM),
+                 "cuDeviceGetDevResource")
+    groups, n, _rest = _check(cu.cuDevSmResourceSplitByCount(1, res, 0, want),
+                              "cuDevSmResourceSplitByCount")
+    if int(n) < 1:
+        raise EngineError(f"the device's {total} SMs do not split into a group of {want}")
+    group = groups[0]
+    sms = int(group.sm.smCount)
+    if total - sms < leave:
+        raise EngineError(f"a partition of {want} SMs came out as {sms} of {total}, which "
+                          f"leaves fewer than {leave} free")
+    desc = _check(cu.cuDevResourceGenerateDesc([group], 1), "cuDevResourceGenerateDesc")
+    flags = cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
+    ctx = _check(cu.cuGreenCtxCreate(desc, dev, flags), "cuGreenCtxCreate")
+    try:
+        stream = _check(cu.cuGreenCtxStreamCreate(
+            ctx, cu.CUstream_flags.CU_STREAM_NON_BLOCKING, priority), "cuGreenCtxStreamCreate")
+    except EngineError:
+        _check(cu.cuGreenCtxDestroy(ctx), "cuGreenCtxDestroy")
+        raise
+    return SmPartition(device=device, sms=sms, total=total, ctx=ctx, stream=stream)
