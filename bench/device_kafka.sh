@@ -23,6 +23,7 @@
 #            bench/moderation/task_probe.py (probe-before: the .before checkout's own probe)
 #   device:  bash bench/device_kafka.sh safetycost [ARGS]    # carry .whl:
 #            bench/generation/safety_cost.py (twotasks: bench/generation/two_tasks.py, broker)
+#            (greenprobe: bench/generation/green_probe.py, no broker)
 #   device:  bash bench/device_kafka.sh warm [ARGS]          # carry .whl: bench/start/warm_start.py
 #   device:  bash bench/device_kafka.sh cudastart [ARGS]     # carry .whl:
 #            bench/start/cuda_start_probe.py
@@ -316,7 +317,7 @@ stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
 (out / f"warm-ab-{stamp}.json").write_text(json.dumps(merged, indent=1))
 EOF
     ;;
-bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks|dalistage)
+bench|bench-before|tests|profile|profile-before|aoti|probe|probe-before|warm|kernels|build|sdsteps|variants|cudastart|aotitext|framesgpu|framese2e|safetycost|twotasks|greenprobe|dalistage)
     what=$1
     shift
     mkdir -p "$OUT"
