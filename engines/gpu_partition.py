@@ -13,7 +13,8 @@ and its API changed between releases). Imported lazily by the GPU backends only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from engines.exceptions import BackendUnavailable, EngineError
@@ -40,29 +41,45 @@ def _check(result: Any, what: str) -> Any:
 
 @dataclass
 class SmPartition:
-    """A green context of ``sms`` of the device's ``total`` SMs, and one stream in it."""
+    """A green context of ``sms`` of the device's ``total`` SMs and the streams made in it.
+
+    Work launched on those streams, and every CUDA graph captured on one of them (a graph
+    keeps the partition of the stream it was captured on, wherever it is replayed), runs on
+    the partition's SMs only."""
 
     device: int
     sms: int
     total: int
     ctx: Any
-    stream: Any
-
-    @property
-    def ptr(self) -> int:
-        """The stream's raw handle (for ``torch.cuda.ExternalStream``)."""
-        return int(self.stream)
+    streams: list[Any] = field(default_factory=list)
 
     @property
     def left(self) -> int:
         """SMs this partition's kernels never use."""
         return self.total - self.sms
 
+    def stream(self, priority: int = 0) -> int:
+        """A new non-blocking stream in the partition (``priority``: CUDA's, lower is more
+        urgent); its raw handle, for ``torch.cuda.ExternalStream``."""
+        cu = _driver()
+        made = _check(cu.cuGreenCtxStreamCreate(
+            self.ctx, cu.CUstream_flags.CU_STREAM_NON_BLOCKING, priority),
+            "cuGreenCtxStreamCreate")
+        self.streams.append(made)
+        return int(made)
+
+    def release(self, ptr: int) -> None:
+        """Destroy a stream :meth:`stream` made (after its work is done)."""
+        for made in self.streams:
+            if int(made) == ptr:
+                self.streams.remove(made)
+                _check(_driver().cuStreamDestroy(made), "cuStreamDestroy")
+                return
+
     def close(self) -> None:
         cu = _driver()
-        if self.stream is not None:
-            _check(cu.cuStreamDestroy(self.stream), "cuStreamDestroy")
-            self.stream = None
+        while self.streams:
+            _check(cu.cuStreamDestroy(self.streams.pop()), "cuStreamDestroy")
         if self.ctx is not None:
             _check(cu.cuGreenCtxDestroy(self.ctx), "cuGreenCtxDestroy")
             self.ctx = None
@@ -71,7 +88,10 @@ class SmPartition:
 def device_sms(device: int = 0) -> tuple[int, int]:
     """The device's SM count and the granularity a partition of it is rounded to."""
     cu = _driver()
-    _check(cu.cuInit(0), "cuInit")
+    try:
+        _check(cu.cuInit(0), "cuInit")
+    except RuntimeError as exc:  # cuda-python finds no driver library at all
+        raise BackendUnavailable(f"no CUDA driver: {exc}") from exc
     dev = _check(cu.cuDeviceGet(device), "cuDeviceGet")
     res = _check(cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM),
                  "cuDeviceGetDevResource")
@@ -92,9 +112,8 @@ def partition_size(total: int, align: int, leave: int) -> int:
     return sms
 
 
-def sm_partition(leave: int, *, device: int = 0, priority: int = 0) -> SmPartition:
-    """A green context on the device's SMs less at least ``leave`` of them, and a
-    non-blocking stream in it (``priority``: CUDA's, lower is more urgent)."""
+def sm_partition(leave: int, *, device: int = 0) -> SmPartition:
+    """A new green context on the device's SMs less at least ``leave`` of them."""
     cu = _driver()
     total, align = device_sms(device)
     want = partition_size(total, align, leave)
@@ -113,10 +132,20 @@ def sm_partition(leave: int, *, device: int = 0, priority: int = 0) -> SmPartiti
     desc = _check(cu.cuDevResourceGenerateDesc([group], 1), "cuDevResourceGenerateDesc")
     flags = cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
     ctx = _check(cu.cuGreenCtxCreate(desc, dev, flags), "cuGreenCtxCreate")
-    try:
-        stream = _check(cu.cuGreenCtxStreamCreate(
-            ctx, cu.CUstream_flags.CU_STREAM_NON_BLOCKING, priority), "cuGreenCtxStreamCreate")
-    except EngineError:
-        _check(cu.cuGreenCtxDestroy(ctx), "cuGreenCtxDestroy")
-        raise
-    return SmPartition(device=device, sms=sms, total=total, ctx=ctx, stream=stream)
+    return SmPartition(device=device, sms=sms, total=total, ctx=ctx)
+
+
+# One partition per (device, SMs left free) in a process: a task's engines (text encoder,
+# UNet, VAE) each get a stream of their own in the same green context. Kept for the process's
+# life, as the primary context is.
+_SHARED: dict[tuple[int, int], SmPartition] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_partition(leave: int, *, device: int = 0) -> SmPartition:
+    """The process's partition leaving ``leave`` SMs of ``device`` free (made at first use)."""
+    with _SHARED_LOCK:
+        key = (device, leave)
+        if key not in _SHARED:
+            _SHARED[key] = sm_partition(leave, device=device)
+        return _SHARED[key]

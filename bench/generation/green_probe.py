@@ -78,7 +78,7 @@ def main() -> int:
     print(f"SMs {total}, partition granularity {align}", flush=True)
     leaves = [int(x) for x in args.leave.split(",") if x]
     parts = {leave: sm_partition(leave) for leave in leaves}
-    pstreams = {leave: torch.cuda.ExternalStream(p.ptr) for leave, p in parts.items()}
+    pstreams = {leave: torch.cuda.ExternalStream(p.stream()) for leave, p in parts.items()}
     record["partitions"] = {str(k): {"sms": p.sms, "left": p.left} for k, p in parts.items()}
     print("partitions", record["partitions"], flush=True)
     plain = torch.cuda.Stream()

@@ -121,6 +121,12 @@ class Runner(abc.ABC):
             finally:
                 self._active = False
 
+    def leave_sms_free(self, sms: int) -> bool:
+        """Before activation: keep this runner's kernels off at least ``sms`` of the device's
+        SMs, for another task's kernels in the same process. False where the backend cannot
+        (the default; the torch and aoti runners on CUDA can)."""
+        return False
+
     def infer(self, feeds: Mapping[str, np.ndarray], stream: Any = None) -> InferHandle:
         if not self._active:
             raise RunnerStateError(f"{type(self).__name__}.infer() called before activate()")

@@ -112,3 +112,29 @@ def test_cached_torch_artifact_loads_and_refuses_another_device(tmp_path: Path) 
     built = []
     engine_loader(cfg, engine_plan(cfg), on_build=built.append)()
     assert built == []
+
+
+def test_a_runner_leaving_sms_free_runs_and_captures_in_its_partition(
+    data: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """Its stream is in a green context of the SMs asked for; its graphs, captured there, give
+    the right outputs for a full and a short batch."""
+    from cuda.bindings import driver as cu
+
+    from engines.backends.torch.runner import TorchRunner
+    from engines.gpu_partition import device_sms
+
+    x, ref = data
+    total, _ = device_sms(0)
+    profiles = (StaticProfile("gpu", ITEM, (8,)),)
+    r = TorchRunner(open_nsfw_spec(), profiles=profiles, slots=2)
+    assert r.leave_sms_free(total - 16)
+    with r:
+        assert r.sm_partition == (16, total)
+        err, green = cu.cuStreamGetGreenCtx(r.default_stream.cuda_stream)
+        assert int(err) == 0 and int(green) != 0, "the runner's stream is in a green context"
+        assert r.graph_count() == 2
+        full = r.infer({"input:0": x[:8]}).result()["outputs"]
+        short = r.infer({"input:0": x[8:13]}).result()["outputs"]
+        np.testing.assert_allclose(full, ref[:8], atol=1e-2, rtol=0)
+        np.testing.assert_allclose(short, ref[8:13], atol=1e-2, rtol=0)

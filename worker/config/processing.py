@@ -58,6 +58,13 @@ class ProcessingSettings(Section):
     # at the device's highest priority, so their kernels are dispatched before the queued
     # steps of the ones that do. Moot with one task.
     gpu_priority: bool = True
+    # With several tasks: SMs the kernels of the tasks that yield (generation) never run on,
+    # kept free for the others' (moderation's): a priority only orders kernels that wait, and
+    # a running UNet kernel keeps its SMs until it ends, so without free SMs a moderation
+    # kernel waits for it. Generation's engines run in a CUDA green context of the rest,
+    # rounded down to the device's granularity (8 SMs on Hopper); torch and aoti backends on
+    # CUDA. 0: generation may use every SM. Moot with one task.
+    gpu_free_sms: int = Field(0, ge=0, le=1024)
     # The longest one batch (decode + inference + results) may take. A transaction stays open
     # for about one commit interval plus one batch, so exactly-once requires
     # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches

@@ -88,7 +88,8 @@ def build_workers(cfg: WorkerConfig) -> dict[str, Any]:
     from worker.tasks.registry import task_entry
 
     configs = per_task(cfg)
-    share = GpuShare(cfg.processing.gpu_yield_ms / 1e3) if len(configs) > 1 else None
+    share = (GpuShare(cfg.processing.gpu_yield_ms / 1e3, cfg.processing.gpu_free_sms)
+             if len(configs) > 1 else None)
     workers: dict[str, Any] = {}
     try:
         for name, task_cfg in configs.items():

@@ -21,8 +21,10 @@ from collections.abc import Callable
 
 
 class GpuShare:
-    def __init__(self, max_wait_s: float) -> None:
+    def __init__(self, max_wait_s: float, free_sms: int = 0) -> None:
         self.max_wait_s = max_wait_s
+        # SMs the yielding task's engines leave free for the others (processing.gpu_free_sms)
+        self.free_sms = free_sms
         self._claims = 0
         self._cond = threading.Condition()
         self.yields = 0  # steps that waited

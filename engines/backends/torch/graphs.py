@@ -94,16 +94,18 @@ def sample_input(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     return x
 
 
-def capture(fn: Any, dev_in: list[Any], *, pool: Any = None, warmup: int = 3
-            ) -> tuple[Any, Any]:
+def capture(fn: Any, dev_in: list[Any], *, pool: Any = None, warmup: int = 3,
+            stream: Any = None) -> tuple[Any, Any]:
     """(graph, its output tensor): ``fn`` warmed up on a side stream (cuDNN/cuBLAS choose
     kernels, torch.compile compiles), then captured reading ``dev_in`` (into ``pool``, when
-    graphs share one)."""
+    graphs share one). ``stream``: warm up and capture on it instead (a stream of an SM
+    partition, engines.gpu_partition: the kernels are chosen for the partition's SMs, and the
+    graph keeps its partition)."""
     import torch
 
     device = dev_in[0].device
     index = device.index if device.index is not None else torch.cuda.current_device()
-    side = _warmup_stream(index)
+    side = stream if stream is not None else _warmup_stream(index)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.no_grad(), torch.cuda.stream(side):
         for _ in range(warmup):
@@ -112,8 +114,8 @@ def capture(fn: Any, dev_in: list[Any], *, pool: Any = None, warmup: int = 3
     graph = torch.cuda.CUDAGraph()
     # thread_local: another batch thread may run other engines while this one captures.
     with _CAPTURE_LOCK:
-        stream = _capture_stream(index)
-        with torch.no_grad(), torch.cuda.graph(graph, pool=pool, stream=stream,
+        on = stream if stream is not None else _capture_stream(index)
+        with torch.no_grad(), torch.cuda.graph(graph, pool=pool, stream=on,
                                                capture_error_mode="thread_local"):
             dev_out = fn(*dev_in)
     return graph, dev_out
@@ -153,12 +155,12 @@ def _stream_of(streams: dict[int, Any], index: int) -> Any:
     return streams[index]
 
 
-def capture_graph(fn: Any, dev_in: list[Any], name: str, *, pool: Any = None, warmup: int = 3
-                  ) -> GraphSlot:
+def capture_graph(fn: Any, dev_in: list[Any], name: str, *, pool: Any = None, warmup: int = 3,
+                  stream: Any = None) -> GraphSlot:
     """A slot: :func:`capture` plus pinned host mirrors of the inputs and the output."""
     import torch
 
-    graph, dev_out = capture(fn, dev_in, pool=pool, warmup=warmup)
+    graph, dev_out = capture(fn, dev_in, pool=pool, warmup=warmup, stream=stream)
     host_in = [torch.full(tuple(t.shape), 0 if t.dtype.is_floating_point else 1,
                           dtype=t.dtype, pin_memory=True) for t in dev_in]
     host_out = torch.empty(tuple(dev_out.shape), dtype=dev_out.dtype, pin_memory=True)

@@ -40,7 +40,7 @@ from engines.backends.torch.graphs import (
     sample_input,
 )
 from engines.cache import CacheEntry
-from engines.exceptions import BackendUnavailable, InferenceFailed
+from engines.exceptions import BackendUnavailable, InferenceFailed, RunnerStateError
 from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 
@@ -130,6 +130,12 @@ class TorchRunner(Runner):
         self._net: Any = None
         self._fn: Any = None  # the network, or its torch.compile
         self._stream: Any = None
+        # SMs this runner's kernels leave free (leave_sms_free); its partition's stream, on
+        # which its graphs are captured too, and what it got (sms, total) for the log.
+        self._free_sms = 0
+        self._capture_on: Any = None
+        self._partition: Any = None
+        self.sm_partition: tuple[int, int] | None = None
         self._pool: Any = None  # the graphs' shared memory pool, where the network wants one
         self._cpu: ThreadPoolExecutor | None = None
 
@@ -152,6 +158,18 @@ class TorchRunner(Runner):
 
     def graph_count(self) -> int:
         return sum(len(v) for v in self._slots.values())
+
+    def leave_sms_free(self, sms: int) -> bool:
+        """Run this runner's kernels, eager and captured, in a partition of the device that
+        leaves at least ``sms`` SMs free (engines.gpu_partition); before activation only.
+        False on the CPU, where there is nothing to partition."""
+        if self.active:
+            raise RunnerStateError(f"{self.spec.model_id}: SMs are partitioned before "
+                                   "activation, not after (its streams and graphs exist)")
+        if not self.cuda:
+            return False
+        self._free_sms = max(0, sms)
+        return True
 
     def _activate(self) -> None:
         t0 = time.monotonic()
@@ -197,7 +215,18 @@ class TorchRunner(Runner):
         if not self.cuda:
             self._cpu = ThreadPoolExecutor(1, thread_name_prefix=f"torch-{self.spec.model_id}")
             return
-        self._stream = cuda_module().Stream(self.device)
+        if self._free_sms:
+            from engines.gpu_partition import shared_partition
+
+            part = shared_partition(self._free_sms, device=torch.device(self.device).index or 0)
+            self._stream = self._capture_on = cuda_module().ExternalStream(
+                part.stream(), device=torch.device(self.device))
+            self._partition = part
+            self.sm_partition = (part.sms, part.total)
+            compile_log.info("engine_partitioned: %s runs on %d of %d SMs", self.spec.model_id,
+                             part.sms, part.total)
+        else:
+            self._stream = cuda_module().Stream(self.device)
         if native_net(self.spec).shared_graph_pool:
             self._pool = torch.cuda.graph_pool_handle()  # graphs come at first use
         elif self._graphs:
@@ -288,7 +317,8 @@ class TorchRunner(Runner):
                 # One eager run initialises what a capture cannot; torch.compile gets three
                 # (its first calls compile and may recompile).
                 ring.append(capture_graph(self._fn, dev_in, name, pool=self._pool,
-                                          warmup=(3 if self._compile else 1) if i == 0 else 0))
+                                          warmup=(3 if self._compile else 1) if i == 0 else 0,
+                                          stream=self._capture_on))
             # Inputs and capture done before any replay: the device's current stream (the
             # copies; the capture's side stream joined it). Never the whole device: a
             # device-wide sync while another thread captures (the other task of a two-task
@@ -329,4 +359,7 @@ class TorchRunner(Runner):
         if self._cpu is not None:
             self._cpu.shutdown(wait=True)
         self._slots.clear()
+        if self._partition is not None and self._capture_on is not None:
+            self._partition.release(int(self._capture_on.cuda_stream))
         self._net = self._fn = self._stream = self._pool = self._cpu = None
+        self._partition = self._capture_on = None

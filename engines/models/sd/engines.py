@@ -79,6 +79,11 @@ class SdEngines:
         for r in self.runners.values():
             r.deactivate()
 
+    def leave_sms_free(self, sms: int) -> list[str]:
+        """Before activation: every runner's kernels off ``sms`` of the device's SMs (for
+        another task's kernels); the components whose backend cannot."""
+        return [c for c, r in self.runners.items() if not r.leave_sms_free(sms)]
+
 
 def sd_plans(weights: SdWeights, resolutions: tuple[Resolution, ...],
              options: SdEngineOptions, cache: EngineCache | None = None

@@ -16,8 +16,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+import structlog
 
-from engines.exceptions import BackendUnavailable
+from engines.exceptions import BackendUnavailable, RunnerStateError
 from engines.models.sd.engines import SdEngines
 from engines.profiles import RangeProfile
 from worker.config.generation import GenerationSettings
@@ -31,6 +32,7 @@ from worker.tasks.generation.png import encode_png
 from worker.tasks.generation.results import fit_result, images_for, in_version, store
 from worker.tasks.generation.safety import Safety, generated_pixels
 from worker.tasks.generation.schedulers import make_schedule
+from worker.tasks.gpu_share import GpuShare
 from worker.tasks.protocol import source_ref
 from worker.wire.generation_codec import decode_generation_job, encode_generation_result
 from worker.wire.generation_jobs import (
@@ -43,6 +45,8 @@ from worker.wire.generation_jobs import (
 )
 from worker.wire.moderation_jobs import Status, Verdict
 from worker.wire.records import Headers, SourceRecord, SourceRef
+
+log = structlog.get_logger("worker.tasks.generation")
 
 
 @dataclass(slots=True)
@@ -168,6 +172,21 @@ class GenerationTask(BatchedTask[GenerationPending]):
                 f"generation.backend = {g.backend!r} on generation.device = {g.device!r} "
                 f"cannot run here: {one_line(exc)}: change generation.backend, "
                 "generation.device or generation.precision") from exc
+
+    def share_gpu(self, share: GpuShare, *, yields: bool) -> None:
+        super().share_gpu(share, yields=yields)
+        if not yields or not share.free_sms:
+            return
+        try:
+            cannot = self.engines.leave_sms_free(share.free_sms)
+        except RunnerStateError as exc:  # engines loaded already (shared with another task)
+            log.warning("gpu_free_sms_ignored", reason=one_line(exc))
+            return
+        if cannot:  # (the CPU: nothing to partition)
+            log.warning("gpu_free_sms_ignored", engines=cannot, device=self.settings.device,
+                        reason="these engines' backend or device has no SM partitions")
+        else:
+            log.info("gpu_free_sms", free_sms=share.free_sms)
 
     def submit(self, batch: Batch[GenerationPending]) -> Future[list[GenerationOutcome]]:
         self.engines.activate()  # no-op once active; here on the loop's thread, never racing

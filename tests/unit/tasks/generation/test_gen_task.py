@@ -253,3 +253,64 @@ def test_beside_moderation_each_denoising_step_yields_to_its_batches(task: Gener
     r = only(task, payload(steps=3))
     assert r.status is Status.OK
     assert share.yields == 3, "one wait before each UNet step"
+
+
+class _Partitionable(Runner):
+    """A runner that records the SMs it was asked to leave free (or cannot, or is active)."""
+
+    def __init__(self, can: bool = True, active: bool = False) -> None:
+        super().__init__()
+        self.can, self._active = can, active
+        self.asked: list[int] = []
+
+    def leave_sms_free(self, sms: int) -> bool:
+        from engines.exceptions import RunnerStateError
+
+        if self._active:
+            raise RunnerStateError("unet: SMs are partitioned before activation")
+        self.asked.append(sms)
+        return self.can
+
+    def _activate(self) -> None: ...
+
+    def _deactivate(self) -> None: ...
+
+    def _infer(self, feeds: Any, stream: Any) -> InferHandle:
+        raise AssertionError("not run here")
+
+
+@pytest.mark.parametrize(("free", "yields", "asked"), [(16, True, [16]), (0, True, []),
+                                                       (16, False, [])])
+def test_beside_moderation_generation_leaves_the_configured_sms_free(
+        torch_engines: SdEngines, blob_dir: Path, free: int, yields: bool, asked: list[int]
+) -> None:
+    from structlog.testing import capture_logs
+
+    from worker.tasks.gpu_share import GpuShare
+
+    runners = {c: _Partitionable() for c in ("text_encoder", "unet", "vae")}
+    t = make_task(replace(torch_engines, runners=runners), blob_dir)
+    with capture_logs() as logs:
+        t.share_gpu(GpuShare(max_wait_s=0.001, free_sms=free), yields=yields)
+    assert all(r.asked == asked for r in runners.values())
+    assert [e["free_sms"] for e in logs if e["event"] == "gpu_free_sms"] == ([free] if asked
+                                                                            else [])
+    t._batch_pool.shutdown()
+    t._png_pool.shutdown()
+
+
+@pytest.mark.parametrize(("runner", "said"), [(_Partitionable(can=False), "engines"),
+                                              (_Partitionable(active=True), "reason")])
+def test_sms_that_cannot_be_left_free_are_a_warning_not_a_failed_start(
+        torch_engines: SdEngines, blob_dir: Path, runner: _Partitionable, said: str) -> None:
+    from structlog.testing import capture_logs
+
+    from worker.tasks.gpu_share import GpuShare
+
+    t = make_task(replace(torch_engines, runners={"unet": runner}), blob_dir)
+    with capture_logs() as logs:
+        t.share_gpu(GpuShare(max_wait_s=0.001, free_sms=16), yields=True)
+    (warned,) = [e for e in logs if e["event"] == "gpu_free_sms_ignored"]
+    assert said in warned
+    t._batch_pool.shutdown()
+    t._png_pool.shutdown()

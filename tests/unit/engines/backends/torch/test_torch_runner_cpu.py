@@ -145,3 +145,15 @@ def test_graph_batches_limit_which_static_shapes_get_graphs(
     captured.clear()
     runner._slot_for(batch(20))
     assert captured == [(32, item)]
+
+
+def test_sms_are_left_free_on_cuda_only_and_before_activation() -> None:
+    from engines.exceptions import RunnerStateError
+
+    cpu = TorchRunner(_spec(), precision="fp32", device="cpu")
+    assert cpu.leave_sms_free(16) is False  # nothing to partition on the CPU
+    cuda = TorchRunner(_spec(), device="cuda:0")
+    assert cuda.leave_sms_free(16) is True and cuda._free_sms == 16  # (applied in _start)
+    with (TorchRunner(_spec(), precision="fp32", device="cpu") as active,
+          pytest.raises(RunnerStateError, match="before activation")):
+        active.leave_sms_free(16)
