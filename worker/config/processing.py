@@ -62,9 +62,12 @@ class ProcessingSettings(Section):
     # kept free for the others' (moderation's): a priority only orders kernels that wait, and
     # a running UNet kernel keeps its SMs until it ends, so without free SMs a moderation
     # kernel waits for it. Generation's engines run in a CUDA green context of the rest,
-    # rounded down to the device's granularity (8 SMs on Hopper); torch and aoti backends on
-    # CUDA. 0: generation may use every SM. Moot with one task.
-    gpu_free_sms: int = Field(0, ge=0, le=1024)
+    # rounded down to the device's granularity (8 SMs on Hopper: 16 of an H100's 132 leave
+    # it 112); torch and aoti backends on CUDA. On an H100 at 2,000 moderation jobs/s, 16
+    # took moderation's p99 beside generation from 35-194 ms to 17-28 ms, at about a tenth of
+    # generation's images/s (docs/operations.md). 0: generation may use every SM. Moot with
+    # one task, and with generation on the CPU.
+    gpu_free_sms: int = Field(16, ge=0, le=1024)
     # The longest one batch (decode + inference + results) may take. A transaction stays open
     # for about one commit interval plus one batch, so exactly-once requires
     # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches

@@ -175,14 +175,14 @@ class GenerationTask(BatchedTask[GenerationPending]):
 
     def share_gpu(self, share: GpuShare, *, yields: bool) -> None:
         super().share_gpu(share, yields=yields)
-        if not yields or not share.free_sms:
-            return
+        if not yields or not share.free_sms or not self.settings.on_cuda:
+            return  # (generation on the CPU: no SMs of its own to keep off)
         try:
             cannot = self.engines.leave_sms_free(share.free_sms)
         except RunnerStateError as exc:  # engines loaded already (shared with another task)
             log.warning("gpu_free_sms_ignored", reason=one_line(exc))
             return
-        if cannot:  # (the CPU: nothing to partition)
+        if cannot:
             log.warning("gpu_free_sms_ignored", engines=cannot, device=self.settings.device,
                         reason="these engines' backend or device has no SM partitions")
         else:

@@ -289,7 +289,7 @@ def test_beside_moderation_generation_leaves_the_configured_sms_free(
     from worker.tasks.gpu_share import GpuShare
 
     runners = {c: _Partitionable() for c in ("text_encoder", "unet", "vae")}
-    t = make_task(replace(torch_engines, runners=runners), blob_dir)
+    t = make_task(replace(torch_engines, runners=runners), blob_dir, device="cuda:0")
     with capture_logs() as logs:
         t.share_gpu(GpuShare(max_wait_s=0.001, free_sms=free), yields=yields)
     assert all(r.asked == asked for r in runners.values())
@@ -307,10 +307,25 @@ def test_sms_that_cannot_be_left_free_are_a_warning_not_a_failed_start(
 
     from worker.tasks.gpu_share import GpuShare
 
-    t = make_task(replace(torch_engines, runners={"unet": runner}), blob_dir)
+    t = make_task(replace(torch_engines, runners={"unet": runner}), blob_dir, device="cuda:0")
     with capture_logs() as logs:
         t.share_gpu(GpuShare(max_wait_s=0.001, free_sms=16), yields=True)
     (warned,) = [e for e in logs if e["event"] == "gpu_free_sms_ignored"]
     assert said in warned
+    t._batch_pool.shutdown()
+    t._png_pool.shutdown()
+
+
+def test_generation_on_the_cpu_leaves_no_sms_and_says_nothing(torch_engines: SdEngines,
+                                                               blob_dir: Path) -> None:
+    from structlog.testing import capture_logs
+
+    from worker.tasks.gpu_share import GpuShare
+
+    runner = _Partitionable()
+    t = make_task(replace(torch_engines, runners={"unet": runner}), blob_dir)  # device cpu
+    with capture_logs() as logs:
+        t.share_gpu(GpuShare(max_wait_s=0.001, free_sms=16), yields=True)
+    assert runner.asked == [] and not [e for e in logs if "gpu_free_sms" in e["event"]]
     t._batch_pool.shutdown()
     t._png_pool.shutdown()
