@@ -321,7 +321,7 @@ def main() -> int:
     ap.add_argument("--gen-outstanding", type=int, default=4,
                     help="generation jobs kept unanswered (full load)")
     ap.add_argument("--steps", type=int, default=20, help="denoising steps per generation job")
-    ap.add_argument("--yield-ms", default="5", help="processing.gpu_yield_ms values, comma "
+    ap.add_argument("--yield-ms", default="0", help="processing.gpu_yield_ms values, comma "
                                                     "separated: one worker process each")
     ap.add_argument("--variants", default=None,
                     help="YIELD_MS:on|off[+SECTION.KEY=VALUE...],... (processing.gpu_yield_ms,"
