@@ -52,9 +52,9 @@ class ProcessingSettings(Section):
     task: TaskNames = "moderation"
     # With several tasks: the longest a task whose registry entry yields the GPU (generation)
     # waits before each step of its own while another task's batches are in flight
-    # (worker.tasks.gpu_share). 0: it never waits; with SMs kept free (gpu_free_sms) the wait
-    # bought no latency and cost generation about 40% of its rate (docs/operations.md).
-    # Moot with one task.
+    # (worker.tasks.gpu_share). 0: it never waits (moderation's latency is kept by
+    # gpu_free_sms and gpu_priority instead; the 5 ms wait, measured without free SMs, cost
+    # generation 10-26 points of its share: docs/operations.md). Moot with one task.
     gpu_yield_ms: float = Field(0.0, ge=0, le=1_000)
     # With several tasks: the tasks that do not yield (moderation) put their own CUDA streams
     # at the device's highest priority, so their kernels are dispatched before the queued

@@ -40,7 +40,7 @@ from engines.backends.torch.graphs import (
     sample_input,
 )
 from engines.cache import CacheEntry
-from engines.exceptions import BackendUnavailable, InferenceFailed, RunnerStateError
+from engines.exceptions import BackendUnavailable, EngineError, InferenceFailed, RunnerStateError
 from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 
@@ -136,6 +136,7 @@ class TorchRunner(Runner):
         self._capture_on: Any = None
         self._partition: Any = None
         self.sm_partition: tuple[int, int] | None = None
+        self.partition_error: str | None = None
         self._pool: Any = None  # the graphs' shared memory pool, where the network wants one
         self._cpu: ThreadPoolExecutor | None = None
 
@@ -215,24 +216,37 @@ class TorchRunner(Runner):
         if not self.cuda:
             self._cpu = ThreadPoolExecutor(1, thread_name_prefix=f"torch-{self.spec.model_id}")
             return
-        if self._free_sms:
-            from engines.gpu_partition import shared_partition
-
-            part = shared_partition(self._free_sms, device=torch.device(self.device).index or 0)
-            self._stream = self._capture_on = cuda_module().ExternalStream(
-                part.stream(), device=torch.device(self.device))
-            self._partition = part
-            self.sm_partition = (part.sms, part.total)
-            compile_log.info("engine_partitioned: %s runs on %d of %d SMs", self.spec.model_id,
-                             part.sms, part.total)
-        else:
-            self._stream = cuda_module().Stream(self.device)
+        self._stream = self._partition_stream(torch) or cuda_module().Stream(self.device)
         if native_net(self.spec).shared_graph_pool:
             self._pool = torch.cuda.graph_pool_handle()  # graphs come at first use
         elif self._graphs:
             for key in sorted(self._static):
                 if self._graphed(key):
                     self._capture(key)
+
+    def _partition_stream(self, torch: Any) -> Any:
+        """With SMs to leave free: a stream in the process's partition (graphs are captured
+        on it too). None without, or where the driver refuses a partition (a driver older
+        than CUDA 12.4, say): the engine then runs on every SM, which costs latency beside
+        another task, never the start."""
+        if not self._free_sms:
+            return None
+        from engines import gpu_partition
+
+        device = torch.device(self.device)
+        try:
+            part = gpu_partition.shared_partition(self._free_sms, device=device.index or 0)
+            stream = cuda_module().ExternalStream(part.stream(), device=device)
+        except EngineError as exc:
+            self.partition_error = str(exc)
+            compile_log.warning("engine_partition_refused: %s runs on every SM: %s",
+                                self.spec.model_id, exc)
+            return None
+        self._partition, self._capture_on = part, stream
+        self.sm_partition = (part.sms, part.total)
+        compile_log.info("engine_partitioned: %s runs on %d of %d SMs", self.spec.model_id,
+                         part.sms, part.total)
+        return stream
 
     def _graphed(self, key: GraphKey) -> bool:
         return self.graph_batches is None or key[0] in self.graph_batches

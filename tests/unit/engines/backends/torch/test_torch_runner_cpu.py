@@ -157,3 +157,66 @@ def test_sms_are_left_free_on_cuda_only_and_before_activation() -> None:
     with (TorchRunner(_spec(), precision="fp32", device="cpu") as active,
           pytest.raises(RunnerStateError, match="before activation")):
         active.leave_sms_free(16)
+
+
+class _FakeCuda:
+    """torch.cuda's stream constructors, recorded (no CUDA device here)."""
+
+    class Stream:
+        def __init__(self, device: Any = None) -> None:
+            self.device, self.cuda_stream = device, 1
+
+        def synchronize(self) -> None: ...
+
+    class ExternalStream(Stream):
+        def __init__(self, ptr: int, device: Any = None) -> None:
+            super().__init__(device)
+            self.cuda_stream = ptr
+
+
+class _FakePartition:
+    sms, total = 112, 132
+
+    def __init__(self) -> None:
+        self.released: list[int] = []
+
+    def stream(self) -> int:
+        return 4242
+
+    def release(self, ptr: int) -> None:
+        self.released.append(ptr)
+
+
+def test_a_partitioned_runner_runs_and_captures_on_its_partitions_stream(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from engines import gpu_partition
+    from engines.backends.torch import runner as runner_module
+
+    part = _FakePartition()
+    monkeypatch.setattr(runner_module, "cuda_module", lambda: _FakeCuda)
+    monkeypatch.setattr(gpu_partition, "shared_partition", lambda leave, device: part)
+    r = TorchRunner(_spec(), device="cuda:0", cuda_graphs=False)
+    r.leave_sms_free(16)
+    r._start()
+    assert isinstance(r._stream, _FakeCuda.ExternalStream) and r._stream.cuda_stream == 4242
+    assert r._capture_on is r._stream and r.sm_partition == (112, 132)
+    r._deactivate()
+    assert part.released == [4242]  # its stream goes back with the engine
+
+
+def test_a_partition_the_driver_refuses_leaves_the_engine_on_every_sm(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from engines import gpu_partition
+    from engines.backends.torch import runner as runner_module
+    from engines.exceptions import EngineError
+
+    def refuse(leave: int, device: int) -> Any:
+        raise EngineError("cuGreenCtxCreate: CUDA driver error CUDA_ERROR_NOT_SUPPORTED")
+
+    monkeypatch.setattr(runner_module, "cuda_module", lambda: _FakeCuda)
+    monkeypatch.setattr(gpu_partition, "shared_partition", refuse)
+    r = TorchRunner(_spec(), device="cuda:0", cuda_graphs=False)
+    r.leave_sms_free(16)
+    r._start()  # no exception: the engine starts
+    assert type(r._stream) is _FakeCuda.Stream and r._capture_on is None
+    assert r.sm_partition is None and "NOT_SUPPORTED" in (r.partition_error or "")
