@@ -1,7 +1,9 @@
 """Both tasks in one worker process (``trt-worker run --task moderation,generation``) under live
 load: what moderation latency does while generation runs at full load, and what generation
-throughput gives up for it, per ``processing.gpu_yield_ms`` (worker/tasks/gpu_share.py) and
-``processing.gpu_priority`` (moderation's CUDA streams at the device's highest priority).
+throughput gives up for it, per ``processing.gpu_yield_ms`` (worker/tasks/gpu_share.py),
+``processing.gpu_priority`` (moderation's CUDA streams at the device's highest priority) and
+``processing.gpu_free_sms`` (SMs generation leaves free; the worker's default applies unless a
+variant sets it: ``0:on+processing.gpu_free_sms=0`` is generation on every SM).
 
 Per variant (``--variants YIELD_MS:on|off[+SECTION.KEY=VALUE...],...``, or each ``--yield-ms``
 value with the priority on, the default; a variant's ``+`` settings go to its worker only):
