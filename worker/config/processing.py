@@ -54,7 +54,7 @@ class ProcessingSettings(Section):
     # waits before each step of its own while another task's batches are in flight
     # (worker.tasks.gpu_share). 0: it never waits (moderation's latency is kept by
     # gpu_free_sms and gpu_priority instead; the 5 ms wait, measured without free SMs, cost
-    # generation 10-26 points of its share: docs/operations.md). Moot with one task.
+    # generation 8-26 points of its share: docs/operations.md). Moot with one task.
     gpu_yield_ms: float = Field(0.0, ge=0, le=1_000)
     # With several tasks: the tasks that do not yield (moderation) put their own CUDA streams
     # at the device's highest priority, so their kernels are dispatched before the queued
