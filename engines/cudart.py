@@ -25,14 +25,16 @@ def runtime() -> Any:
     return rt
 
 
-def check(result: Any) -> Any:
-    """Unpack a cuda-python ``(err, *values)`` tuple, raising on any error."""
+def check(result: Any, what: str | None = None) -> Any:
+    """Unpack a cuda-python ``(err, *values)`` tuple, raising on any error; ``what`` names the
+    call in the error (a driver call: "cuGreenCtxCreate")."""
     if not isinstance(result, tuple):
         result = (result,)
     err, *rest = result
     if int(err) != 0:
         name = getattr(err, "name", str(err))
-        raise EngineError(f"CUDA runtime error {name}")
+        raise EngineError(f"{what}: CUDA driver error {name}" if what
+                          else f"CUDA runtime error {name}")
     if not rest:
         return None
     return rest[0] if len(rest) == 1 else tuple(rest)

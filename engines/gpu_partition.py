@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from engines.cudart import check
 from engines.exceptions import BackendUnavailable, EngineError
 
 
@@ -26,17 +27,6 @@ def _driver() -> Any:
     except ImportError as exc:
         raise BackendUnavailable("cuda-python's driver bindings do not import") from exc
     return cu
-
-
-def _check(result: Any, what: str) -> Any:
-    if not isinstance(result, tuple):
-        result = (result,)
-    err, *rest = result
-    if int(err) != 0:
-        raise EngineError(f"{what}: CUDA driver error {getattr(err, 'name', err)}")
-    if not rest:
-        return None
-    return rest[0] if len(rest) == 1 else tuple(rest)
 
 
 @dataclass
@@ -62,7 +52,7 @@ class SmPartition:
         """A new non-blocking stream in the partition (``priority``: CUDA's, lower is more
         urgent); its raw handle, for ``torch.cuda.ExternalStream``."""
         cu = _driver()
-        made = _check(cu.cuGreenCtxStreamCreate(
+        made = check(cu.cuGreenCtxStreamCreate(
             self.ctx, cu.CUstream_flags.CU_STREAM_NON_BLOCKING, priority),
             "cuGreenCtxStreamCreate")
         self.streams.append(made)
@@ -73,31 +63,41 @@ class SmPartition:
         for made in self.streams:
             if int(made) == ptr:
                 self.streams.remove(made)
-                _check(_driver().cuStreamDestroy(made), "cuStreamDestroy")
+                check(_driver().cuStreamDestroy(made), "cuStreamDestroy")
                 return
 
     def close(self) -> None:
         cu = _driver()
         while self.streams:
-            _check(cu.cuStreamDestroy(self.streams.pop()), "cuStreamDestroy")
+            check(cu.cuStreamDestroy(self.streams.pop()), "cuStreamDestroy")
         if self.ctx is not None:
-            _check(cu.cuGreenCtxDestroy(self.ctx), "cuGreenCtxDestroy")
+            check(cu.cuGreenCtxDestroy(self.ctx), "cuGreenCtxDestroy")
             self.ctx = None
+
+
+def _sm_resource(device: int) -> tuple[Any, Any]:
+    """The device's handle and its whole SM resource (the driver initialised)."""
+    cu = _driver()
+    try:
+        check(cu.cuInit(0), "cuInit")
+    except RuntimeError as exc:  # cuda-python finds no driver library at all
+        raise BackendUnavailable(f"no CUDA driver: {exc}") from exc
+    dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+    res = check(cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM),
+                 "cuDeviceGetDevResource")
+    return dev, res
+
+
+def _sizes(res: Any) -> tuple[int, int]:
+    """An SM resource's count and the granularity a partition of it is rounded to."""
+    align = int(getattr(res.sm, "smCoscheduledAlignment", 0) or 0)
+    align = align or int(getattr(res.sm, "minSmPartitionSize", 0) or 0) or 8
+    return int(res.sm.smCount), align
 
 
 def device_sms(device: int = 0) -> tuple[int, int]:
     """The device's SM count and the granularity a partition of it is rounded to."""
-    cu = _driver()
-    try:
-        _check(cu.cuInit(0), "cuInit")
-    except RuntimeError as exc:  # cuda-python finds no driver library at all
-        raise BackendUnavailable(f"no CUDA driver: {exc}") from exc
-    dev = _check(cu.cuDeviceGet(device), "cuDeviceGet")
-    res = _check(cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM),
-                 "cuDeviceGetDevResource")
-    align = int(getattr(res.sm, "smCoscheduledAlignment", 0) or 0)
-    align = align or int(getattr(res.sm, "minSmPartitionSize", 0) or 0) or 8
-    return int(res.sm.smCount), align
+    return _sizes(_sm_resource(device)[1])
 
 
 def partition_size(total: int, align: int, leave: int) -> int:
@@ -115,12 +115,10 @@ def partition_size(total: int, align: int, leave: int) -> int:
 def sm_partition(leave: int, *, device: int = 0) -> SmPartition:
     """A new green context on the device's SMs less at least ``leave`` of them."""
     cu = _driver()
-    total, align = device_sms(device)
+    dev, res = _sm_resource(device)
+    total, align = _sizes(res)
     want = partition_size(total, align, leave)
-    dev = _check(cu.cuDeviceGet(device), "cuDeviceGet")
-    res = _check(cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM),
-                 "cuDeviceGetDevResource")
-    groups, n, _rest = _check(cu.cuDevSmResourceSplitByCount(1, res, 0, want),
+    groups, n, _rest = check(cu.cuDevSmResourceSplitByCount(1, res, 0, want),
                               "cuDevSmResourceSplitByCount")
     if int(n) < 1:
         raise EngineError(f"the device's {total} SMs do not split into a group of {want}")
@@ -129,9 +127,9 @@ def sm_partition(leave: int, *, device: int = 0) -> SmPartition:
     if total - sms < leave:
         raise EngineError(f"a partition of {want} SMs came out as {sms} of {total}, which "
                           f"leaves fewer than {leave} free")
-    desc = _check(cu.cuDevResourceGenerateDesc([group], 1), "cuDevResourceGenerateDesc")
+    desc = check(cu.cuDevResourceGenerateDesc([group], 1), "cuDevResourceGenerateDesc")
     flags = cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
-    ctx = _check(cu.cuGreenCtxCreate(desc, dev, flags), "cuGreenCtxCreate")
+    ctx = check(cu.cuGreenCtxCreate(desc, dev, flags), "cuGreenCtxCreate")
     return SmPartition(device=device, sms=sms, total=total, ctx=ctx)
 
 

@@ -130,12 +130,10 @@ class TorchRunner(Runner):
         self._net: Any = None
         self._fn: Any = None  # the network, or its torch.compile
         self._stream: Any = None
-        # SMs this runner's kernels leave free (leave_sms_free); its partition's stream, on
-        # which its graphs are captured too, and what it got (sms, total) for the log.
+        # SMs this runner's kernels leave free (leave_sms_free), the partition it runs in once
+        # active (its stream is then self._stream), or why the driver refused one.
         self._free_sms = 0
-        self._capture_on: Any = None
         self._partition: Any = None
-        self.sm_partition: tuple[int, int] | None = None
         self.partition_error: str | None = None
         self._pool: Any = None  # the graphs' shared memory pool, where the network wants one
         self._cpu: ThreadPoolExecutor | None = None
@@ -152,6 +150,18 @@ class TorchRunner(Runner):
     @property
     def default_stream(self) -> Any:
         return self._stream
+
+    @property
+    def sm_partition(self) -> tuple[int, int] | None:
+        """(SMs it runs on, the device's SMs) while it runs in a partition."""
+        part = self._partition
+        return None if part is None else (part.sms, part.total)
+
+    @property
+    def _capture_on(self) -> Any:
+        """Where its graphs are captured: its partition's stream (a graph keeps the partition
+        it was captured in), else None (graphs.capture's own streams)."""
+        return self._stream if self._partition is not None else None
 
     @property
     def graph_keys(self) -> list[GraphKey]:
@@ -242,8 +252,7 @@ class TorchRunner(Runner):
             compile_log.warning("engine_partition_refused: %s runs on every SM: %s",
                                 self.spec.model_id, exc)
             return None
-        self._partition, self._capture_on = part, stream
-        self.sm_partition = (part.sms, part.total)
+        self._partition = part
         compile_log.info("engine_partitioned: %s runs on %d of %d SMs", self.spec.model_id,
                          part.sms, part.total)
         return stream
@@ -373,7 +382,6 @@ class TorchRunner(Runner):
         if self._cpu is not None:
             self._cpu.shutdown(wait=True)
         self._slots.clear()
-        if self._partition is not None and self._capture_on is not None:
-            self._partition.release(int(self._capture_on.cuda_stream))
-        self._net = self._fn = self._stream = self._pool = self._cpu = None
-        self._partition = self._capture_on = None
+        if self._partition is not None and self._stream is not None:
+            self._partition.release(int(self._stream.cuda_stream))
+        self._net = self._fn = self._stream = self._pool = self._cpu = self._partition = None
