@@ -14,6 +14,7 @@ from typing import Any
 from tests.harness.faults.content import content_audit, job_keys, note_job
 from tests.harness.faults.corpus import FLOOD_LIMITS, good_job, malformed_corpus
 from tests.harness.faults.fleet import Fleet, exit_reason, log_events, stopped_totals
+from tests.harness.faults.timeline import around_resume, formatted, group_reloaded_s
 from tests.harness.faults.watch import (
     Audit,
     Feeder,
@@ -221,6 +222,7 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
         outputs.start()
         t_feed = time.monotonic()
         t_pause, t_resume = stall_after(broker, watcher, results=30, stall_s=stall_s)
+        resume_wall = time.time() - (time.monotonic() - t_resume)
         recovery_s: float | None = None
         while time.monotonic() < t_resume + 60:
             fresh = [watcher.first_seen[k] for k in list(watcher.first_seen)
@@ -246,6 +248,8 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
         t_stop = time.monotonic()
         code = fleet.terminate("s0")
         events = log_events(proc.log_text())
+        timeline = around_resume(proc.log_text(), getattr(broker, "log_path", None),
+                                 cfg.kafka.group_id, resume_wall)
         phases = {"steady": t_pause - t_feed, "stall": t_resume - t_pause,
                   "feed_after": t_drain - t_resume, "drain_wait": t_stop - t_drain,
                   "terminate": time.monotonic() - t_stop}
@@ -264,6 +268,9 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
                                                  "producer_reset", "commit_failed",
                                                  "consumer_error", "worker_failed",
                                                  "kafka_unavailable")},
+        # Seconds from the resume: the worker's way back and the broker's own recovery.
+        "timeline": formatted(timeline),
+        "group_reloaded_s": group_reloaded_s(timeline),
     }
     if tail is not None or code != 0:
         figures["worker_log_tail"] = tail or proc.log_tail()
