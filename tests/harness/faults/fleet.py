@@ -98,18 +98,21 @@ class Fleet:
 
 
 
-def log_events(text: str) -> collections.Counter[str]:
-    """How often each structured event occurs in a worker's JSON log."""
+def log_records(text: str) -> Iterator[dict[str, Any]]:
+    """The structured lines of a worker's JSON log, parsed (other lines skipped)."""
     import json
 
-    out: collections.Counter[str] = collections.Counter()
     for line in text.splitlines():
         if line.startswith("{"):
             try:
-                out[json.loads(line).get("event", "?")] += 1
+                yield json.loads(line)
             except ValueError:
                 continue
-    return out
+
+
+def log_events(text: str) -> collections.Counter[str]:
+    """How often each structured event occurs in a worker's JSON log."""
+    return collections.Counter(record.get("event", "?") for record in log_records(text))
 
 
 # What a worker's log says when it stopped badly: its own failure events, a Python traceback's

@@ -32,7 +32,9 @@ from tests.harness.workers import (
     produce_records,
     worker_config,
 )
+from worker.devkit.local_kafka import LocalKafka
 from worker.devkit.local_kafka.config import free_port
+from worker.devkit.local_kafka.process import file_size
 from worker.kafka.headers import read_headers
 
 
@@ -195,7 +197,7 @@ def stall_after(broker: Any, watcher: TopicWatcher, *, results: int, stall_s: fl
     return t_pause, time.monotonic()
 
 
-def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 30.0,
+def run_broker_stall(broker: LocalKafka, log_dir: Path, *, mode: str, stall_s: float = 30.0,
                      rate_per_s: float = 10.0, partitions: int = 3, after_s: float = 10.0,
                      env: dict[str, str] | None = None) -> dict[str, Any]:
     """Freeze the broker (SIGSTOP) for ``stall_s`` under a steady feed, then resume it.
@@ -212,6 +214,7 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
     watcher = outputs.results
     port = free_port()
     health = HealthWatch(port)
+    broker_log_from = file_size(broker.log_path)
     with Fleet(cfg, log_dir, **{"KTW_BATCH__MAX_BATCH_SIZE": "8", "KTW_METRICS__PORT": str(port),
                                 "KTW_METRICS__HOST": "127.0.0.1", **(env or {})}) as fleet:
         fleet.own(feeder, outputs, health)
@@ -247,9 +250,10 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
             tail = proc.log_tail()
         t_stop = time.monotonic()
         code = fleet.terminate("s0")
-        events = log_events(proc.log_text())
-        timeline = around_resume(proc.log_text(), getattr(broker, "log_path", None),
-                                 cfg.kafka.group_id, resume_wall)
+        log_text = proc.log_text()
+        events = log_events(log_text)
+        timeline = around_resume(log_text, broker.log_path, cfg.kafka.group_id, resume_wall,
+                                 broker_log_from=broker_log_from)
         phases = {"steady": t_pause - t_feed, "stall": t_resume - t_pause,
                   "feed_after": t_drain - t_resume, "drain_wait": t_stop - t_drain,
                   "terminate": time.monotonic() - t_stop}
@@ -274,7 +278,7 @@ def run_broker_stall(broker: Any, log_dir: Path, *, mode: str, stall_s: float = 
     }
     if tail is not None or code != 0:
         figures["worker_log_tail"] = tail or proc.log_tail()
-        figures["exit_reason"] = exit_reason(proc.log_text())
+        figures["exit_reason"] = exit_reason(log_text)
     figures.update(_audit_outputs(bootstrap, topics, good, bad, partitions))
     return figures
 

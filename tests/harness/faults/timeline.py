@@ -5,9 +5,11 @@ the group coordinator or the broker's own recovery took the time."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 from pathlib import Path
+
+from tests.harness.faults.fleet import log_records
+from worker.devkit.local_kafka.process import appended_since
 
 # The worker's events that mark its way back into the group.
 WORKER_EVENTS = frozenset({"partitions_lost", "consumer_reopened", "partitions_assigned",
@@ -27,29 +29,18 @@ _BROKER_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 
 
 def _worker_events(text: str, resume_wall: float) -> list[tuple[float, str]]:
-    out: list[tuple[float, str]] = []
-    for line in text.splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") in WORKER_EVENTS and "timestamp" in record:
-            at = dt.datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00"))
-            out.append((at.timestamp() - resume_wall, f"worker {record['event']}"))
-    return out
+    return [(dt.datetime.fromisoformat(record["timestamp"]).timestamp() - resume_wall,
+             f"worker {record['event']}")
+            for record in log_records(text)
+            if record.get("event") in WORKER_EVENTS and "timestamp" in record]
 
 
-def _broker_events(log: Path, group: str, resume_wall: float) -> list[tuple[float, str]]:
+def _broker_events(log: Path, from_byte: int, group: str,
+                   resume_wall: float) -> list[tuple[float, str]]:
     marks = [(name, re.compile(pattern.format(group=re.escape(group))))
              for name, pattern in _BROKER_MARKS]
     out: list[tuple[float, str]] = []
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return out
-    for line in lines:
+    for line in appended_since(log, from_byte).decode(errors="replace").splitlines():
         stamp = _BROKER_TIME.match(line)
         if stamp is None:
             continue
@@ -62,13 +53,15 @@ def _broker_events(log: Path, group: str, resume_wall: float) -> list[tuple[floa
     return out
 
 
-def around_resume(worker_log: str, broker_log: Path | None, group: str, resume_wall: float,
-                  before_s: float = 40.0, after_s: float = 60.0) -> list[tuple[float, str]]:
+def around_resume(worker_log: str, broker_log: Path, group: str, resume_wall: float, *,
+                  broker_log_from: int = 0, before_s: float = 40.0,
+                  after_s: float = 60.0) -> list[tuple[float, str]]:
     """Events from ``before_s`` before the resume to ``after_s`` after it, in order, each as
-    (seconds from the resume, "worker partitions_assigned" or "broker member_expired")."""
-    events = _worker_events(worker_log, resume_wall)
-    if broker_log is not None:
-        events += _broker_events(broker_log, group, resume_wall)
+    (seconds from the resume, "worker partitions_assigned" or "broker member_expired").
+    Only the broker log written from byte ``broker_log_from`` is read: a session's broker log
+    holds every earlier test's lines."""
+    events = _worker_events(worker_log, resume_wall) + _broker_events(
+        broker_log, broker_log_from, group, resume_wall)
     return [(offset, what) for offset, what in sorted(events) if -before_s <= offset <= after_s]
 
 
