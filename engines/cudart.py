@@ -7,6 +7,7 @@ cuda-python 12.x (``cuda.cudart``) and 13.x (``cuda.bindings.runtime``).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -82,11 +83,17 @@ def greatest_stream_priority() -> int:
 
 
 class Stream:
-    def __init__(self, *, urgent: bool = False) -> None:
+    def __init__(self, *, urgent: bool = False, adopt: int | None = None,
+                 destroy: Callable[[int], None] | None = None) -> None:
         """``urgent``: the device's highest priority, so that the block scheduler dispatches this
-        stream's kernels before those of default-priority streams queued beside them."""
+        stream's kernels before those of default-priority streams queued beside them.
+        ``adopt``: a stream made elsewhere (a green context's, engines.gpu_partition), by its
+        raw handle; ``destroy`` gives it back to its maker."""
         rt = runtime()
-        if urgent:
+        self._destroy = destroy
+        if adopt is not None:
+            self.handle = rt.cudaStream_t(adopt)
+        elif urgent:
             self.handle = check(rt.cudaStreamCreateWithPriority(rt.cudaStreamNonBlocking,
                                                                 greatest_stream_priority()))
         else:
@@ -103,7 +110,10 @@ class Stream:
         check(runtime().cudaStreamSynchronize(self.handle))
 
     def destroy(self) -> None:
-        check(runtime().cudaStreamDestroy(self.handle))
+        if self._destroy is not None:
+            self._destroy(self.ptr)
+        else:
+            check(runtime().cudaStreamDestroy(self.handle))
 
 
 class Event:

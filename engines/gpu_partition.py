@@ -5,7 +5,9 @@ generation's long UNet steps. A stream priority only orders blocks that wait for
 kernel already running keeps its SMs until it ends, so a moderation kernel queued behind a
 generation kernel that fills the device waits for it. A green context holds a fixed subset of
 the SMs: generation's streams made here leave the rest free, and moderation's kernels (on the
-primary context, every SM) always find those free.
+primary context, every SM) always find those free. Moderation may also be kept to that rest
+(:func:`shared_rest`, a green context of the SMs the partition leaves), so that the two never
+share an SM: generation's kernels then never wait for moderation's either.
 
 Built on cuda-python's driver bindings (the card's CUDA binding; torch's own wrapper is beta
 and its API changed between releases). Imported lazily by the GPU backends only.
@@ -42,6 +44,9 @@ class SmPartition:
     total: int
     ctx: Any
     streams: list[Any] = field(default_factory=list)
+    # The SMs this partition leaves, as the driver's resource (from the same split, so a
+    # green context made of it never shares an SM with this one); None for such a rest.
+    rest: Any = None
 
     @property
     def left(self) -> int:
@@ -127,23 +132,51 @@ def sm_partition(leave: int, *, device: int = 0) -> SmPartition:
     if total - sms < leave:
         raise EngineError(f"a partition of {want} SMs came out as {sms} of {total}, which "
                           f"leaves fewer than {leave} free")
-    desc = check(cu.cuDevResourceGenerateDesc([group], 1), "cuDevResourceGenerateDesc")
+    return SmPartition(device=device, sms=sms, total=total, ctx=_green_ctx(dev, group),
+                       rest=_rest)
+
+
+def _green_ctx(dev: Any, resource: Any) -> Any:
+    cu = _driver()
+    desc = check(cu.cuDevResourceGenerateDesc([resource], 1), "cuDevResourceGenerateDesc")
     flags = cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
-    ctx = check(cu.cuGreenCtxCreate(desc, dev, flags), "cuGreenCtxCreate")
-    return SmPartition(device=device, sms=sms, total=total, ctx=ctx)
+    return check(cu.cuGreenCtxCreate(desc, dev, flags), "cuGreenCtxCreate")
+
+
+def rest_of(part: SmPartition) -> SmPartition:
+    """A new green context of the SMs ``part`` leaves (none of them in ``part``)."""
+    if part.rest is None or int(part.rest.sm.smCount) < 1:
+        raise EngineError(f"a partition of {part.sms} of {part.total} SMs leaves none to run on")
+    dev = check(_driver().cuDeviceGet(part.device), "cuDeviceGet")
+    return SmPartition(device=part.device, sms=int(part.rest.sm.smCount), total=part.total,
+                       ctx=_green_ctx(dev, part.rest))
 
 
 # One partition per (device, SMs left free) in a process: a task's engines (text encoder,
 # UNet, VAE) each get a stream of their own in the same green context. Kept for the process's
 # life, as the primary context is.
 _SHARED: dict[tuple[int, int], SmPartition] = {}
+_SHARED_REST: dict[tuple[int, int], SmPartition] = {}
 _SHARED_LOCK = threading.Lock()
+
+
+def _shared(key: tuple[int, int]) -> SmPartition:
+    if key not in _SHARED:
+        _SHARED[key] = sm_partition(key[1], device=key[0])
+    return _SHARED[key]
 
 
 def shared_partition(leave: int, *, device: int = 0) -> SmPartition:
     """The process's partition leaving ``leave`` SMs of ``device`` free (made at first use)."""
     with _SHARED_LOCK:
+        return _shared((device, leave))
+
+
+def shared_rest(leave: int, *, device: int = 0) -> SmPartition:
+    """The process's green context of the SMs :func:`shared_partition` (same arguments)
+    leaves free: its own streams never run on the partition's SMs (made at first use)."""
+    with _SHARED_LOCK:
         key = (device, leave)
-        if key not in _SHARED:
-            _SHARED[key] = sm_partition(leave, device=device)
-        return _SHARED[key]
+        if key not in _SHARED_REST:
+            _SHARED_REST[key] = rest_of(_shared(key))
+        return _SHARED_REST[key]

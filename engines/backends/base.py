@@ -127,6 +127,12 @@ class Runner(abc.ABC):
         (the default; the torch and aoti runners on CUDA can)."""
         return False
 
+    def use_free_sms(self, sms: int) -> bool:
+        """Before activation: run this runner's kernels only on the SMs that runners which
+        left ``sms`` free leave, so the two never share one. False where the backend cannot
+        (the default; the torch and aoti runners on CUDA can)."""
+        return False
+
     def infer(self, feeds: Mapping[str, np.ndarray], stream: Any = None) -> InferHandle:
         if not self._active:
             raise RunnerStateError(f"{type(self).__name__}.infer() called before activate()")

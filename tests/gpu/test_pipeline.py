@@ -210,3 +210,44 @@ def test_an_urgent_pipeline_runs_on_the_devices_highest_priority_streams() -> No
         urgent.deactivate()
         plain.deactivate()
         runner.deactivate()
+
+
+def test_a_pipeline_on_the_free_sms_runs_there_and_equals_one_on_every_sm() -> None:
+    """on_free_sms: its streams are in the green context of the SMs a partition leaving them
+    makes (disjoint from it), and its graphs, captured there, give the same outputs."""
+    from cuda.bindings import driver as cu
+
+    from engines import gpu_partition
+    from engines.backends.torch.pipeline import TorchPipeline
+    from engines.backends.torch.runner import TorchRunner
+
+    rng = np.random.default_rng(11)
+    batches = [rng.integers(0, 256, size=(n, *ITEM), dtype=np.uint8) for n in [8, 5, 8, 3] * 3]
+    runner, whole = _pipeline(overlap=True, sizes=(8,))
+    expected = _run(whole, batches, depth=3)
+    whole.deactivate()
+    runner.deactivate()
+    total, _ = gpu_partition.device_sms(0)
+    runner = TorchRunner(open_nsfw_spec(), profiles=(StaticProfile("gpu", ITEM, (8,)),))
+    assert runner.use_free_sms(16)
+    pipe = TorchPipeline(runner, (8,), slots=3, pixels=True, urgent=True)
+    pipe.on_free_sms = 16
+    pipe.activate()
+    try:
+        left = gpu_partition.shared_partition(16, device=0)
+        assert pipe.partition is not None and pipe.partition_error is None
+        assert pipe.partition.sms + left.sms == total and pipe.partition.sms >= 16
+        greens = set()
+        for stream in (pipe.h2d, pipe.compute, pipe.d2h):
+            assert stream is not None
+            err, green = cu.cuStreamGetGreenCtx(stream.ptr)
+            assert int(err) == 0 and int(green) != 0, "a pipeline stream is in a green context"
+            greens.add(int(green))
+        assert greens == {int(pipe.partition.ctx)}
+        got = _run(pipe, batches, depth=3)
+    finally:
+        pipe.deactivate()
+        runner.deactivate()
+    for g, e in zip(got, expected, strict=True):
+        # Other SMs may pick other kernels: close, not identical.
+        np.testing.assert_allclose(g, e, atol=1e-2, rtol=0)

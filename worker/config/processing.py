@@ -70,6 +70,12 @@ class ProcessingSettings(Section):
     # generation's images/s (docs/operations.md). 0: generation may use every SM. Moot with
     # one task, and with generation on the CPU.
     gpu_free_sms: int = Field(16, ge=0, le=1024)
+    # With several tasks and gpu_free_sms: the tasks that do not yield (moderation) run their
+    # GPU pipelines on those free SMs only, so the two tasks never share an SM: generation's
+    # kernels no longer wait for moderation's either, and moderation's batches run on the
+    # fewer SMs (20 of an H100's 132 with the default 16). Models without a pipeline of their
+    # own (text, CLIP) run on every SM as before. Moot where generation runs on the CPU.
+    gpu_disjoint_sms: bool = False
     # The longest one batch (decode + inference + results) may take. A transaction stays open
     # for about one commit interval plus one batch, so exactly-once requires
     # kafka.transaction_timeout_ms >= 2 * (commit.interval_ms + max_batch_ms); slower batches

@@ -88,14 +88,19 @@ def build_workers(cfg: WorkerConfig) -> dict[str, Any]:
     from worker.tasks.registry import task_entry
 
     configs = per_task(cfg)
-    share = (GpuShare(cfg.processing.gpu_yield_ms / 1e3, cfg.processing.gpu_free_sms)
+    share = (GpuShare(cfg.processing.gpu_yield_ms / 1e3, cfg.processing.gpu_free_sms,
+                      disjoint=cfg.processing.gpu_disjoint_sms)
              if len(configs) > 1 else None)
     workers: dict[str, Any] = {}
     try:
         for name, task_cfg in configs.items():
-            workers[name] = worker = build_worker(task_cfg)
-            if share is not None and isinstance(worker.task, BatchedTask):
-                worker.task.share_gpu(share, yields=task_entry(name).yields_gpu)
+            workers[name] = build_worker(task_cfg)
+        # The yielding tasks first: the others keep to the SMs those leave free
+        # (processing.gpu_disjoint_sms) only once those do.
+        for name in sorted(workers, key=lambda n: not task_entry(n).yields_gpu):
+            task = workers[name].task
+            if share is not None and isinstance(task, BatchedTask):
+                task.share_gpu(share, yields=task_entry(name).yields_gpu)
     except BaseException:
         for built in workers.values():  # (their engines and consumers: not left open)
             try:

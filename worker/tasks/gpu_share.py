@@ -21,10 +21,15 @@ from collections.abc import Callable
 
 
 class GpuShare:
-    def __init__(self, max_wait_s: float, free_sms: int = 0) -> None:
+    def __init__(self, max_wait_s: float, free_sms: int = 0, *, disjoint: bool = False) -> None:
         self.max_wait_s = max_wait_s
-        # SMs the yielding task's engines leave free for the others (processing.gpu_free_sms)
+        # SMs the yielding task's engines leave free for the others (processing.gpu_free_sms),
+        # and whether the others keep to them (processing.gpu_disjoint_sms)
         self.free_sms = free_sms
+        self.disjoint = disjoint
+        # Set by the yielding task once its engines do leave free_sms free (on the GPU, with
+        # a backend that can): the SMs the others may keep to. 0 until then.
+        self.left_free = 0
         self._claims = 0
         self._cond = threading.Condition()
         self.yields = 0  # steps that waited

@@ -29,8 +29,8 @@ import numpy as np
 from engines.backends.torch.artifact import native_net
 from engines.backends.torch.graphs import capture
 from engines.backends.torch.runner import TorchRunner
-from engines.cudart import Event, PinnedBuffer, Stream, check, runtime
-from engines.exceptions import BackendUnavailable, InferenceFailed
+from engines.cudart import Event, PinnedBuffer, Stream, check, greatest_stream_priority, runtime
+from engines.exceptions import BackendUnavailable, EngineError, InferenceFailed
 
 log = logging.getLogger("engines")
 
@@ -84,6 +84,13 @@ class TorchPipeline:
         # The three streams at the device's highest priority (engines.cudart.Stream): set
         # before activate(). A graph launched into a stream runs at that stream's priority.
         self.urgent = urgent
+        # Set before activate(), with SMs left free by another task's engines: the three
+        # streams are made in the green context of those free SMs (engines.gpu_partition
+        # .shared_rest) and the graphs captured there, so this pipeline never runs on an SM
+        # of the engines that left them. 0: every SM.
+        self.on_free_sms = 0
+        self.partition: Any = None
+        self.partition_error: str | None = None
         self._slots: dict[int, list[PipelineSlot]] = {}
         self._next: dict[int, int] = {}
         self.h2d: Stream | None = None
@@ -109,7 +116,7 @@ class TorchPipeline:
             # Made before capture: a host-to-device copy cannot happen inside graph capture.
             self._pixels_to_input = make(torch.device(self.runner.device))
         started = time.monotonic()
-        self.h2d, self.compute, self.d2h = (Stream(urgent=self.urgent) for _ in range(3))
+        self.h2d, self.compute, self.d2h = self._streams()
         self._torch_compute = torch.cuda.ExternalStream(self.compute.ptr)
         for size in self.sizes:
             # One eager pass initialises what a capture cannot (cuDNN and cuBLAS handles, the
@@ -123,6 +130,31 @@ class TorchPipeline:
         log.info("pipeline_activated: %s, %d graphs for batch sizes %s in %.3f s",
                  self.runner.spec.model_id, self.slots_per_size * len(self.sizes),
                  list(self.sizes), time.monotonic() - started)
+
+    def _streams(self) -> tuple[Stream, Stream, Stream]:
+        if not self.on_free_sms:
+            return Stream(urgent=self.urgent), Stream(urgent=self.urgent), Stream(
+                urgent=self.urgent)
+        import torch
+
+        from engines import gpu_partition
+
+        index = torch.device(self.runner.device).index or 0
+        try:
+            part = gpu_partition.shared_rest(self.on_free_sms, device=index)
+        except EngineError as exc:  # a driver without green contexts: latency, never the start
+            self.partition_error = str(exc)
+            log.warning("pipeline_partition_refused: %s runs on every SM: %s",
+                        self.runner.spec.model_id, exc)
+            self.on_free_sms = 0
+            return self._streams()
+        self.partition = part
+        priority = greatest_stream_priority() if self.urgent else 0
+        h2d, comp, d2h = (Stream(adopt=part.stream(priority), destroy=part.release)
+                          for _ in range(3))
+        log.info("pipeline_partitioned: %s runs on %d of %d SMs", self.runner.spec.model_id,
+                 part.sms, part.total)
+        return h2d, comp, d2h
 
     def _forward(self, x: Any) -> Any:
         if self._pixels_to_input is not None:  # uint8 RGB NHWC -> the network's input
@@ -140,7 +172,10 @@ class TorchPipeline:
             dev_in = torch.randint(0, 256, shape, device=device, dtype=torch.uint8, generator=gen)
         else:
             dev_in = torch.randn(shape, device=device, generator=gen) * 50
-        graph, dev_out = capture(self._forward, [dev_in], warmup=warmup)
+        # In a partition, warmed up and captured on its compute stream (a graph keeps the
+        # partition it was captured in; the kernels are chosen for its SMs).
+        on = self._torch_compute if self.partition is not None else None
+        graph, dev_out = capture(self._forward, [dev_in], warmup=warmup, stream=on)
         host_in = PinnedBuffer(shape, dtype)
         host_out = PinnedBuffer(tuple(dev_out.shape), np.float32)
         return PipelineSlot(size, host_in, dev_in, dev_out, host_out, graph,
@@ -230,3 +265,4 @@ class TorchPipeline:
                 s.synchronize()
                 s.destroy()
         self.h2d = self.compute = self.d2h = None
+        self.partition = None

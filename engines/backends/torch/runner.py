@@ -130,9 +130,11 @@ class TorchRunner(Runner):
         self._net: Any = None
         self._fn: Any = None  # the network, or its torch.compile
         self._stream: Any = None
-        # SMs this runner's kernels leave free (leave_sms_free), the partition it runs in once
-        # active (its stream is then self._stream), or why the driver refused one.
+        # SMs this runner's kernels leave free (leave_sms_free), or, with _on_free_sms, the
+        # SMs such a partition leaves that it runs on (use_free_sms); the partition it runs in
+        # once active (its stream is then self._stream), or why the driver refused one.
         self._free_sms = 0
+        self._on_free_sms = False
         self._partition: Any = None
         self.partition_error: str | None = None
         self._pool: Any = None  # the graphs' shared memory pool, where the network wants one
@@ -174,12 +176,21 @@ class TorchRunner(Runner):
         """Run this runner's kernels, eager and captured, in a partition of the device that
         leaves at least ``sms`` SMs free (engines.gpu_partition); before activation only.
         False on the CPU, where there is nothing to partition."""
+        return self._partition_request(sms, on_free=False)
+
+    def use_free_sms(self, sms: int) -> bool:
+        """Run this runner's kernels, eager and captured, only on the SMs a partition leaving
+        ``sms`` free leaves (engines.gpu_partition.shared_rest): never on an SM of the engines
+        that left them; before activation only. False on the CPU."""
+        return self._partition_request(sms, on_free=True)
+
+    def _partition_request(self, sms: int, *, on_free: bool) -> bool:
         if self.active:
             raise RunnerStateError(f"{self.spec.model_id}: SMs are partitioned before "
                                    "activation, not after (its streams and graphs exist)")
         if not self.cuda:
             return False
-        self._free_sms = max(0, sms)
+        self._free_sms, self._on_free_sms = max(0, sms), on_free
         return True
 
     def _activate(self) -> None:
@@ -244,8 +255,9 @@ class TorchRunner(Runner):
         from engines import gpu_partition
 
         device = torch.device(self.device)
+        make = gpu_partition.shared_rest if self._on_free_sms else gpu_partition.shared_partition
         try:
-            part = gpu_partition.shared_partition(self._free_sms, device=device.index or 0)
+            part = make(self._free_sms, device=device.index or 0)
             stream = cuda_module().ExternalStream(part.stream(), device=device)
         except EngineError as exc:
             self.partition_error = str(exc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engines.exceptions import EngineError
-from engines.gpu_partition import device_sms, partition_size
+from engines.gpu_partition import SmPartition, device_sms, partition_size, rest_of
 
 
 def test_a_partition_leaves_at_least_the_asked_sms_in_whole_groups() -> None:
@@ -29,3 +29,10 @@ def test_without_a_cuda_driver_the_partition_fails_as_an_engine_error() -> None:
                                            "do not import"))
         return
     pytest.skip(f"a CUDA device with {total} SMs is present (tests/gpu covers partitions)")
+
+
+def test_a_partition_without_a_rest_has_no_free_sms_to_run_on() -> None:
+    """The whole device (nothing left free), or a rest itself: an engine error, which the
+    runners and the pipeline turn into a warning and every SM."""
+    with pytest.raises(EngineError, match="leaves none"):
+        rest_of(SmPartition(device=0, sms=132, total=132, ctx=None))

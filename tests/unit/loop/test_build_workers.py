@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -34,6 +35,34 @@ def test_both_tasks_get_one_share_with_the_processing_settings(
     assert share_m is share_g, "one share for the process"
     assert (share_g.max_wait_s, share_g.free_sms) == (wait_s, free)
     assert kw_m == {"yields": False} and kw_g == {"yields": True}
+
+
+def test_the_yielding_task_shares_first_so_the_others_know_what_it_left_free(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Moderation keeps to the SMs generation left free (processing.gpu_disjoint_sms) only
+    once generation did leave them: its share_gpu must come first, whatever the task order."""
+    order: list[str] = []
+    seen: dict[str, tuple[int, bool]] = {}
+
+    def fake_worker(cfg: WorkerConfig) -> SimpleNamespace:
+        name = cfg.processing.task
+        task = mock.create_autospec(BatchedTask, instance=True)
+
+        def share_gpu(share: Any, *, yields: bool) -> None:
+            order.append(name)
+            seen[name] = (share.left_free, share.disjoint)
+            if yields:
+                share.left_free = share.free_sms
+
+        task.share_gpu.side_effect = share_gpu
+        return SimpleNamespace(task=task)
+
+    monkeypatch.setattr(build, "build_worker", fake_worker)
+    cfg = load_config(kafka={"bootstrap_servers": "localhost:9092"},
+                      processing={"task": "moderation,generation", "gpu_disjoint_sms": True})
+    build.build_workers(cfg)
+    assert order == ["generation", "moderation"]
+    assert seen["moderation"] == (16, True)
 
 
 def test_one_task_gets_no_share(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -186,6 +186,7 @@ class GenerationTask(BatchedTask[GenerationPending]):
             log.warning("gpu_free_sms_ignored", engines=cannot, device=self.settings.device,
                         reason="these engines' backend or device has no SM partitions")
         else:
+            share.left_free = share.free_sms
             log.info("gpu_free_sms", free_sms=share.free_sms)
 
     def submit(self, batch: Batch[GenerationPending]) -> Future[list[GenerationOutcome]]:

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeAlias
 
+import structlog
+
 from worker.config import WorkerConfig
 from worker.config.policies import PolicySettings
 from worker.exceptions import JobRejected, UnknownPolicy
@@ -33,6 +35,8 @@ from worker.tasks.protocol import Answer, source_ref
 from worker.wire.moderation_codec import DecodeLimits, decode_moderation_job, encode_result
 from worker.wire.moderation_jobs import ModerationJob, ModerationResult
 from worker.wire.records import Headers, SourceRecord, TopicPartitionKey
+
+log = structlog.get_logger("worker.tasks.moderation")
 
 # What a batch's thread hands back: each part with its value, and the results it assembled.
 Ran: TypeAlias = tuple[list[Finished], dict[int, ModerationResult]]
@@ -80,9 +84,16 @@ class ModerationTask(BatchedTask[Part]):
     # -- lifecycle ------------------------------------------------------------------------
     def share_gpu(self, share: GpuShare, *, yields: bool) -> None:
         super().share_gpu(share, yields=yields)
-        if not yields and self.cfg.processing.gpu_priority:
+        if yields:
+            return
+        if self.cfg.processing.gpu_priority:
             for model in self.models.values():
                 model.prefer_gpu()
+        if share.disjoint and share.left_free:
+            kept = [name for name, model in self.models.items()
+                    if model.use_free_sms(share.left_free)]
+            log.info("gpu_disjoint_sms", models=kept, free_sms=share.left_free,
+                     on_every_sm=sorted(set(self.models) - set(kept)))
 
     def warm_up(self) -> None:
         for model in self.models.values():

@@ -290,11 +290,14 @@ def test_beside_moderation_generation_leaves_the_configured_sms_free(
 
     runners = {c: _Partitionable() for c in ("text_encoder", "unet", "vae")}
     t = make_task(replace(torch_engines, runners=runners), blob_dir, device="cuda:0")
+    share = GpuShare(max_wait_s=0.001, free_sms=free)
     with capture_logs() as logs:
-        t.share_gpu(GpuShare(max_wait_s=0.001, free_sms=free), yields=yields)
+        t.share_gpu(share, yields=yields)
     assert all(r.asked == asked for r in runners.values())
     assert [e["free_sms"] for e in logs if e["event"] == "gpu_free_sms"] == ([free] if asked
                                                                             else [])
+    # What the other tasks may keep to (processing.gpu_disjoint_sms): only SMs left free.
+    assert share.left_free == (free if asked else 0)
     t._batch_pool.shutdown()
     t._png_pool.shutdown()
 
@@ -308,10 +311,12 @@ def test_sms_that_cannot_be_left_free_are_a_warning_not_a_failed_start(
     from worker.tasks.gpu_share import GpuShare
 
     t = make_task(replace(torch_engines, runners={"unet": runner}), blob_dir, device="cuda:0")
+    share = GpuShare(max_wait_s=0.001, free_sms=16)
     with capture_logs() as logs:
-        t.share_gpu(GpuShare(max_wait_s=0.001, free_sms=16), yields=True)
+        t.share_gpu(share, yields=True)
     (warned,) = [e for e in logs if e["event"] == "gpu_free_sms_ignored"]
     assert said in warned
+    assert share.left_free == 0, "no SMs were left free for the other tasks to keep to"
     t._batch_pool.shutdown()
     t._png_pool.shutdown()
 

@@ -123,6 +123,12 @@ class ModerationModel(abc.ABC):
         its own (the text and CLIP towers run on their runners' streams)."""
         return None
 
+    def use_free_sms(self, sms: int) -> bool:
+        """Before :meth:`warm_up`: run this model's GPU work only on the ``sms`` SMs another
+        task's engines leave free (processing.gpu_disjoint_sms). False for a model that
+        cannot (the default; open_nsfw's GPU pipeline can): it runs on every SM."""
+        return False
+
     def warm_up(self) -> None:
         """Called before the first poll (``create`` may already have activated engines)."""
         return None

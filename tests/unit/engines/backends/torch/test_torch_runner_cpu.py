@@ -204,6 +204,31 @@ def test_a_partitioned_runner_runs_and_captures_on_its_partitions_stream(
     assert part.released == [4242]  # its stream goes back with the engine
 
 
+def test_a_runner_on_the_free_sms_runs_on_the_rest_of_the_partition(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """use_free_sms: its stream comes from the green context of the SMs that the partition
+    leaving them makes (shared_rest), never from that partition itself."""
+    from engines import gpu_partition
+    from engines.backends.torch import runner as runner_module
+
+    rest = _FakePartition()
+    monkeypatch.setattr(runner_module, "cuda_module", lambda: _FakeCuda)
+    monkeypatch.setattr(gpu_partition, "shared_rest", lambda leave, device: rest)
+    monkeypatch.setattr(gpu_partition, "shared_partition",
+                        lambda leave, device: pytest.fail("the partition itself was asked for"))
+    r = TorchRunner(_spec(), device="cuda:0", cuda_graphs=False)
+    assert r.use_free_sms(16)
+    r._start()
+    assert r._stream.cuda_stream == 4242 and r._capture_on is r._stream
+    r._deactivate()
+    assert rest.released == [4242]
+
+
+def test_a_runner_on_the_cpu_has_no_sms_to_keep_to() -> None:
+    r = TorchRunner(_spec(), device="cpu", cuda_graphs=False)
+    assert not r.use_free_sms(16) and not r.leave_sms_free(16)
+
+
 def test_a_partition_the_driver_refuses_leaves_the_engine_on_every_sm(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from engines import gpu_partition

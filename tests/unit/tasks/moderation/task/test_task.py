@@ -292,3 +292,44 @@ def test_beside_a_yielding_task_its_models_ask_for_the_gpu_first(
         assert t.gpu_share is not None
     finally:
         t.close()
+
+
+@pytest.mark.parametrize(("disjoint", "left_free", "kept"),
+                         [(True, 16, True), (True, 0, False), (False, 16, False)])
+def test_with_disjoint_sms_its_models_keep_to_the_sms_generation_left_free(
+        mm_cfg: WorkerConfig, models: dict[str, ModerationModel],
+        monkeypatch: pytest.MonkeyPatch, disjoint: bool, left_free: int, kept: bool) -> None:
+    """Only SMs the yielding task did leave free (its engines could): with none, a model kept
+    to them would run on SMs generation also uses, or on a partition nobody else needs."""
+    from worker.tasks.gpu_share import GpuShare
+
+    asked: list[tuple[str, int]] = []
+    for name, model in models.items():
+        monkeypatch.setattr(model, "use_free_sms",
+                            lambda sms, name=name: asked.append((name, sms)) or True)
+    share = GpuShare(max_wait_s=0.0, free_sms=16, disjoint=disjoint)
+    share.left_free = left_free
+    t = _task(mm_cfg, models)
+    try:
+        t.share_gpu(share, yields=False)
+        assert sorted(asked) == ([(n, 16) for n in sorted(models)] if kept else [])
+    finally:
+        t.close()
+
+
+def test_a_yielding_task_never_keeps_to_the_free_sms(
+        mm_cfg: WorkerConfig, models: dict[str, ModerationModel],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.tasks.gpu_share import GpuShare
+
+    asked: list[str] = []
+    for name, model in models.items():
+        monkeypatch.setattr(model, "use_free_sms", lambda sms, name=name: asked.append(name))
+    share = GpuShare(max_wait_s=0.0, free_sms=16, disjoint=True)
+    share.left_free = 16
+    t = _task(mm_cfg, models)
+    try:
+        t.share_gpu(share, yields=True)
+        assert asked == []
+    finally:
+        t.close()

@@ -78,6 +78,15 @@ class OpenNsfwGpuModel(OpenNsfwModel):
             return
         self.pipeline.urgent = True
 
+    def use_free_sms(self, sms: int) -> bool:
+        if self.pipeline.h2d is not None:  # a performance preference: never worth a stop
+            log.warning("gpu_free_sms_ignored", reason="the pipeline's streams exist already")
+            return False
+        if not self.runner.use_free_sms(sms):
+            return False
+        self.pipeline.on_free_sms = sms
+        return True
+
     def warm_up(self, profiles: tuple[Profile, ...] | None = None) -> None:
         # Each step's seconds go to the log: the warm start's budget is spent here.
         steps: dict[str, float] = {}
@@ -191,12 +200,16 @@ class OpenNsfwGpuModel(OpenNsfwModel):
 
         stream = getattr(self._local, "stream", None)
         if stream is None:
-            if self.pipeline.urgent:  # its prep stream with it (prefer_gpu)
-                from engines.cudart import greatest_stream_priority
+            from engines.cudart import greatest_stream_priority
 
-                stream = torch.cuda.Stream(priority=greatest_stream_priority())
+            # Its prep stream goes with the pipeline's: urgent (prefer_gpu), and on its SMs
+            # (use_free_sms; kept for the thread's life, as torch's own streams are).
+            priority = greatest_stream_priority() if self.pipeline.urgent else 0
+            part = self.pipeline.partition
+            if part is not None:
+                stream = torch.cuda.ExternalStream(part.stream(priority))
             else:
-                stream = torch.cuda.Stream()
+                stream = torch.cuda.Stream(priority=priority)
             self._local.stream = stream
             self._local.ready = Event()
         return stream
