@@ -21,6 +21,7 @@ from engines.backends.base import Runner
 from engines.backends.torch.pipeline import TorchPipeline
 from engines.backends.torch.runner import TorchRunner
 from engines.cudart import Event
+from engines.exceptions import RunnerStateError
 from engines.profiles import Profile, StaticProfile
 from engines.spec import EngineSpec
 from worker.config import WorkerConfig
@@ -82,8 +83,13 @@ class OpenNsfwGpuModel(OpenNsfwModel):
         if self.pipeline.h2d is not None:  # a performance preference: never worth a stop
             log.warning("gpu_free_sms_ignored", reason="the pipeline's streams exist already")
             return False
-        if not self.runner.use_free_sms(sms):
-            return False
+        try:
+            # Its own graphs (the images the pipeline does not take) go there too; a runner
+            # shared with the caller and active already stays where it is.
+            self.runner.use_free_sms(sms)
+        except RunnerStateError:
+            log.warning("gpu_free_sms_ignored", model=self.name,
+                        reason="its plain runner is active already; the pipeline keeps to them")
         self.pipeline.on_free_sms = sms
         return True
 
