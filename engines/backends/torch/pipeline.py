@@ -132,29 +132,32 @@ class TorchPipeline:
                  list(self.sizes), time.monotonic() - started)
 
     def _streams(self) -> tuple[Stream, Stream, Stream]:
-        if not self.on_free_sms:
+        """The three streams: in the free SMs' green context where asked and the driver makes
+        one, else on every SM at the pipeline's priority."""
+        self.partition = self._free_sms_partition() if self.on_free_sms else None
+        part = self.partition
+        if part is None:
             return Stream(urgent=self.urgent), Stream(urgent=self.urgent), Stream(
                 urgent=self.urgent)
+        priority = greatest_stream_priority() if self.urgent else 0
+        made = [Stream(adopt=part.stream(priority), destroy=part.release) for _ in range(3)]
+        log.info("pipeline_partitioned: %s runs on %d of %d SMs", self.runner.spec.model_id,
+                 part.sms, part.total)
+        return made[0], made[1], made[2]
+
+    def _free_sms_partition(self) -> Any:
         import torch
 
         from engines import gpu_partition
 
         index = torch.device(self.runner.device).index or 0
         try:
-            part = gpu_partition.shared_rest(self.on_free_sms, device=index)
+            return gpu_partition.shared_rest(self.on_free_sms, device=index)
         except EngineError as exc:  # a driver without green contexts: latency, never the start
             self.partition_error = str(exc)
             log.warning("pipeline_partition_refused: %s runs on every SM: %s",
                         self.runner.spec.model_id, exc)
-            self.on_free_sms = 0
-            return self._streams()
-        self.partition = part
-        priority = greatest_stream_priority() if self.urgent else 0
-        h2d, comp, d2h = (Stream(adopt=part.stream(priority), destroy=part.release)
-                          for _ in range(3))
-        log.info("pipeline_partitioned: %s runs on %d of %d SMs", self.runner.spec.model_id,
-                 part.sms, part.total)
-        return h2d, comp, d2h
+            return None
 
     def _forward(self, x: Any) -> Any:
         if self._pixels_to_input is not None:  # uint8 RGB NHWC -> the network's input

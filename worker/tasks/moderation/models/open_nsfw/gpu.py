@@ -73,15 +73,20 @@ class OpenNsfwGpuModel(OpenNsfwModel):
         if own_runner:
             torch_runner.graph_batches = frozenset({self._smallest})
 
+    def _streams_made(self, ignored: str) -> bool:
+        """Whether the pipeline's streams exist already, too late for a setting of where or
+        how they run: a performance preference, so a warning (``ignored``), never a stop."""
+        if self.pipeline.h2d is None:
+            return False
+        log.warning(ignored, reason="the pipeline's streams exist already")
+        return True
+
     def prefer_gpu(self) -> None:
-        if self.pipeline.h2d is not None:  # a performance preference: never worth a stop
-            log.warning("gpu_priority_ignored", reason="the pipeline's streams exist already")
-            return
-        self.pipeline.urgent = True
+        if not self._streams_made("gpu_priority_ignored"):
+            self.pipeline.urgent = True
 
     def use_free_sms(self, sms: int) -> bool:
-        if self.pipeline.h2d is not None:  # a performance preference: never worth a stop
-            log.warning("gpu_free_sms_ignored", reason="the pipeline's streams exist already")
+        if self._streams_made("gpu_free_sms_ignored"):
             return False
         try:
             # Its own graphs (the images the pipeline does not take) go there too; a runner
