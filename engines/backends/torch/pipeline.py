@@ -134,30 +134,41 @@ class TorchPipeline:
     def _streams(self) -> tuple[Stream, Stream, Stream]:
         """The three streams: in the free SMs' green context where asked and the driver makes
         one, else on every SM at the pipeline's priority."""
-        self.partition = self._free_sms_partition() if self.on_free_sms else None
-        part = self.partition
-        if part is None:
+        made = self._partition_streams() if self.on_free_sms else None
+        if made is None:
             return Stream(urgent=self.urgent), Stream(urgent=self.urgent), Stream(
                 urgent=self.urgent)
-        priority = greatest_stream_priority() if self.urgent else 0
-        made = [Stream(adopt=part.stream(priority), destroy=part.release) for _ in range(3)]
-        log.info("pipeline_partitioned: %s runs on %d of %d SMs", self.runner.spec.model_id,
-                 part.sms, part.total)
-        return made[0], made[1], made[2]
+        return made
 
-    def _free_sms_partition(self) -> Any:
+    def _partition_streams(self) -> tuple[Stream, Stream, Stream] | None:
+        """The three streams in the green context of the SMs left free, or None where the
+        driver refuses the context or a stream in it (a driver without green contexts, say):
+        the pipeline then runs on every SM, which costs latency beside generation, never the
+        start."""
         import torch
 
         from engines import gpu_partition
 
         index = torch.device(self.runner.device).index or 0
+        priority = greatest_stream_priority() if self.urgent else 0
+        part: Any = None
+        ptrs: list[int] = []
         try:
-            return gpu_partition.shared_rest(self.on_free_sms, device=index)
-        except EngineError as exc:  # a driver without green contexts: latency, never the start
+            part = gpu_partition.shared_rest(self.on_free_sms, device=index)
+            for _ in range(3):
+                ptrs.append(part.stream(priority))
+        except EngineError as exc:
+            for ptr in ptrs:  # the context is shared: only this pipeline's streams go
+                part.release(ptr)
             self.partition_error = str(exc)
             log.warning("pipeline_partition_refused: %s runs on every SM: %s",
                         self.runner.spec.model_id, exc)
             return None
+        self.partition = part
+        log.info("pipeline_partitioned: %s runs on %d of %d SMs", self.runner.spec.model_id,
+                 part.sms, part.total)
+        h2d, compute, d2h = (Stream(adopt=ptr, destroy=part.release) for ptr in ptrs)
+        return h2d, compute, d2h
 
     def _forward(self, x: Any) -> Any:
         if self._pixels_to_input is not None:  # uint8 RGB NHWC -> the network's input
