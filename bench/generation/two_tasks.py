@@ -36,6 +36,11 @@ python bench/generation/two_tasks.py --tiny --mod-rate 10 --warmup-s 2 --steady-
 python bench/generation/two_tasks.py --mod-rate 200 --yield-ms 0,5 --set model.backend=torch
 python bench/generation/two_tasks.py --mod-rate 2000 --variants 0:off,0:on,5:on ...
 python bench/generation/two_tasks.py --variants 0:on,0:on+batch.max_delay_ms=2 ...
+
+The record's ``targets`` (bench/generation/two_tasks_pool.py) sets each variant against the
+two targets (moderation p99 <= 25 ms beside generation, generation >= 80% of its rate alone);
+generation's share of its rate alone on every SM needs a variant with
+``processing.gpu_free_sms=0`` in the same call (``0:on+processing.gpu_free_sms=0``).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ from bench.cpu_e2e import (
     worker_env,
 )
 from bench.frames_e2e import due_time, one_rate
+from bench.generation.two_tasks_pool import targets
 from worker.devkit.local_kafka.config import free_port
 
 WARMUP_MOD_JOBS = 8
@@ -392,7 +398,8 @@ def main() -> int:
                                  "latency from the scheduled send to the result's arrival",
                    "generation": "closed loop, gen_outstanding jobs unanswered; images/s "
                                  "over the steady window"},
-        "runs": runs, "failure": failure, "wall_s": round(time.monotonic() - started, 1)}
+        "runs": runs, "targets": targets(runs, args.overrides), "failure": failure,
+        "wall_s": round(time.monotonic() - started, 1)}
     name = "two-tasks" + ("-tiny" if args.tiny else "") + (f"-{args.label}" if args.label
                                                             else "")
     path = write(name, record, args.out)
