@@ -73,8 +73,10 @@ class ProcessingSettings(Section):
     # With several tasks and gpu_free_sms: the tasks that do not yield (moderation) run their
     # GPU pipelines on those free SMs only, so the two tasks never share an SM: generation's
     # kernels no longer wait for moderation's either, and moderation's batches run on the
-    # fewer SMs (20 of an H100's 132 with the default 16). Models without a pipeline of their
-    # own (text, CLIP) run on every SM as before. Moot where generation runs on the CPU.
+    # fewer SMs (20 of an H100's 132 with the default 16, too few for 2,000 jobs/s of
+    # thumbnails on an H100; 48 free, 52 SMs, kept p99 under 25 ms there: docs/operations.md),
+    # so size gpu_free_sms to moderation's load. Models without a pipeline of their own
+    # (text, CLIP) run on every SM as before. Moot where generation runs on the CPU.
     gpu_disjoint_sms: bool = False
     # The longest one batch (decode + inference + results) may take. A transaction stays open
     # for about one commit interval plus one batch, so exactly-once requires
