@@ -54,7 +54,7 @@ class ProcessingSettings(Section):
     # waits before each step of its own while another task's batches are in flight
     # (worker.tasks.gpu_share). 0: it never waits (moderation's latency is kept by
     # gpu_free_sms and gpu_priority instead; the 5 ms wait, measured without free SMs, cost
-    # generation 8-26 points of its share: docs/operations.md). Moot with one task.
+    # generation 8-26 points of its share: docs/two-tasks.md). Moot with one task.
     gpu_yield_ms: float = Field(0.0, ge=0, le=1_000)
     # With several tasks: the tasks that do not yield (moderation) put their own CUDA streams
     # at the device's highest priority, so their kernels are dispatched before the queued
@@ -66,15 +66,15 @@ class ProcessingSettings(Section):
     # kernel waits for it. Generation's engines run in a CUDA green context of the rest,
     # rounded down to the device's granularity (8 SMs on Hopper: 16 of an H100's 132 leave
     # it 112); torch and aoti backends on CUDA. On an H100 at 2,000 moderation jobs/s, 16
-    # took moderation's p99 beside generation from 35-194 ms to 17-28 ms, at about a tenth of
-    # generation's images/s (docs/operations.md). 0: generation may use every SM. Moot with
-    # one task, and with generation on the CPU.
+    # took moderation's p99 beside generation from 35-194 ms to 17-28 ms (27-51 ms on
+    # another H100), at about a tenth of generation's images/s (docs/two-tasks.md). 0:
+    # generation may use every SM. Moot with one task, and with generation on the CPU.
     gpu_free_sms: int = Field(16, ge=0, le=1024)
     # With several tasks and gpu_free_sms: the tasks that do not yield (moderation) run their
     # GPU pipelines on those free SMs only, so the two tasks never share an SM: generation's
     # kernels no longer wait for moderation's either, and moderation's batches run on the
     # fewer SMs (20 of an H100's 132 with the default 16, too few for 2,000 jobs/s of
-    # thumbnails on an H100; 48 free, 52 SMs, kept p99 under 25 ms there: docs/operations.md),
+    # thumbnails on an H100; 48 free, 52 SMs, kept p99 under 25 ms there: docs/two-tasks.md),
     # so size gpu_free_sms to moderation's load. Models without a pipeline of their own
     # (text, CLIP) run on every SM as before. Moot where generation runs on the CPU.
     gpu_disjoint_sms: bool = False

@@ -99,7 +99,7 @@ def run(
     bootstrap_servers: BootstrapOpt = None,
     task: Annotated[str | None, typer.Option(
         help="What to serve: moderation or generation, or both in one process "
-             "(moderation,generation: docs/operations.md) (default: processing.task).")] = None,
+             "(moderation,generation: docs/two-tasks.md) (default: processing.task).")] = None,
     gpus: Annotated[str | None, typer.Option(
         help="One worker process per GPU: a count or 'all' (instance ids <id>-gpu<i>, "
              "metrics ports metrics.port + n, n counting the processes); stopped "
