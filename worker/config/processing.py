@@ -66,8 +66,8 @@ class ProcessingSettings(Section):
     # kernel waits for it. Generation's engines run in a CUDA green context of the rest,
     # rounded down to the device's granularity (8 SMs on Hopper: 16 of an H100's 132 leave
     # it 112); torch and aoti backends on CUDA. On an H100 at 2,000 moderation jobs/s, 16
-    # took moderation's p99 beside generation from 35-194 ms to 17-28 ms (27-51 ms on
-    # another H100), at about a tenth of generation's images/s (docs/two-tasks.md). 0:
+    # took moderation's p99 beside generation from 35-194 ms to 17-28 ms (27-51 ms in
+    # later calls), at about a tenth of generation's images/s (docs/two-tasks.md). 0:
     # generation may use every SM. Moot with one task, and with generation on the CPU.
     gpu_free_sms: int = Field(16, ge=0, le=1024)
     # With several tasks and gpu_free_sms: the tasks that do not yield (moderation) run their
