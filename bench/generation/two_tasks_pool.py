@@ -64,11 +64,20 @@ def every_sm_alone(runs: list[dict[str, Any]], common: dict[str, str]) -> list[f
             if on_every_sm(r, common) and r.get("generation_alone")]
 
 
+def _reference(alone_all: list[float], where: str) -> tuple[dict[str, Any], float | None]:
+    """The targets, the every-SM alone figures and their median (the reference a share is
+    read against), or the reason there is none."""
+    ref = statistics.median(alone_all) if alone_all else None
+    return {"p99_target_ms": P99_TARGET_MS, "kept_target": KEPT_TARGET,
+            "every_sm_alone_images_per_s": alone_all,
+            "every_sm_reference": ref if ref is not None else (
+                f"none: no run with {FREE_SMS}=0 in {where}")}, ref
+
+
 def targets(runs: list[dict[str, Any]], common: dict[str, str]) -> dict[str, Any]:
     """Per run: moderation's p99 beside generation and generation's share kept, of its own
     alone and of the median every-SM alone of these runs."""
-    alone_all = every_sm_alone(runs, common)
-    ref = statistics.median(alone_all) if alone_all else None
+    head, ref = _reference(every_sm_alone(runs, common), "this call")
     rows = []
     for r in runs:
         both = r.get("both") or {}
@@ -81,11 +90,7 @@ def targets(runs: list[dict[str, Any]], common: dict[str, str]) -> dict[str, Any
             "kept_of_own_alone": _ratio(gen, (r.get("generation_alone") or {}).get(
                 "images_per_s")),
             "kept_of_every_sm_alone": kept_every, "meets_both": _judge(p99, kept_every)})
-    return {"p99_target_ms": P99_TARGET_MS, "kept_target": KEPT_TARGET,
-            "every_sm_alone_images_per_s": alone_all,
-            "every_sm_reference": ref if ref is not None else (
-                f"none: no run with {FREE_SMS}=0 in this call"),
-            "runs": rows}
+    return {**head, "runs": rows}
 
 
 def pool(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,12 +104,10 @@ def pool(records: list[dict[str, Any]]) -> dict[str, Any]:
     gpus = {r["env"].get("gpu") for r in records}
     if len(gpus) != 1:
         raise ValueError(f"records of one GPU model only, not {sorted(map(str, gpus))}")
-    runs = [(r["params"].get("worker_config_overrides", {}), run) for r in records
-            for run in r["runs"]]
-    alone_all = [x for common, run in runs for x in every_sm_alone([run], common)]
-    ref = statistics.median(alone_all) if alone_all else None
+    head, ref = _reference([x for r in records for x in every_sm_alone(
+        r["runs"], r["params"].get("worker_config_overrides", {}))], "these records")
     out: dict[str, Any] = {}
-    for _common, run in runs:
+    for run in (run for r in records for run in r["runs"]):
         if not run.get("both"):
             continue
         v = out.setdefault(variant_name(run), {
@@ -126,11 +129,7 @@ def pool(records: list[dict[str, Any]]) -> dict[str, Any]:
         v["kept_of_every_sm_alone_median"] = _ratio(beside, ref)
         v["meets_both"] = _judge(v["moderation_beside_pooled"].get("p99_ms"),
                                  v["kept_of_every_sm_alone_median"])
-    return {"gpu": gpus.pop(), "p99_target_ms": P99_TARGET_MS, "kept_target": KEPT_TARGET,
-            "every_sm_alone_images_per_s": alone_all,
-            "every_sm_reference": ref if ref is not None else (
-                f"none: no run with {FREE_SMS}=0 in these records"),
-            "variants": out}
+    return {"gpu": gpus.pop(), **head, "variants": out}
 
 
 def main() -> int:
