@@ -5,8 +5,9 @@ throughput gives up for it, per ``processing.gpu_yield_ms`` (worker/tasks/gpu_sh
 ``processing.gpu_free_sms`` (SMs generation leaves free; the worker's default applies unless a
 variant sets it: ``0:on+processing.gpu_free_sms=0`` is generation on every SM).
 
-Per variant (``--variants YIELD_MS:on|off[+SECTION.KEY=VALUE...],...``, or each ``--yield-ms``
-value with the priority on, the default; a variant's ``+`` settings go to its worker only):
+Per variant (``--variants YIELD_MS:on|off|auto[+SECTION.KEY=VALUE...],...``, or each
+``--yield-ms`` value with the priority "auto", the worker's default: on only where generation
+leaves no SMs free; a variant's ``+`` settings go to its worker only):
 fresh topics and groups, one worker process serving both tasks, a warm-up
 (moderation jobs and one generation job answered), then three phases:
 
@@ -75,7 +76,7 @@ from bench.cpu_e2e import (
     worker_env,
 )
 from bench.frames_e2e import due_time, one_rate
-from bench.generation.two_tasks_pool import targets
+from bench.generation.two_tasks_pool import priority_word, targets
 from worker.devkit.local_kafka.config import free_port
 
 WARMUP_MOD_JOBS = 8
@@ -170,28 +171,29 @@ def _wait(what: str, done: Any, proc: subprocess.Popen[bytes], log_path: Path,
         time.sleep(0.1)
 
 
-Variant = tuple[float, bool, dict[str, str]]  # gpu_yield_ms, gpu_priority, its own settings
+# gpu_yield_ms, gpu_priority (True, False or "auto"), its own settings
+Variant = tuple[float, bool | str, dict[str, str]]
 
 
 def parse_variants(spec: str | None, yield_ms: str) -> list[Variant]:
-    """``--variants`` ("0:off,5:on+batch.max_delay_ms=2"), else each
-    ``--yield-ms`` value with the priority on: (gpu_yield_ms, gpu_priority, settings) per
-    worker process."""
+    """``--variants`` ("0:off,5:on+batch.max_delay_ms=2", "0:auto"), else each
+    ``--yield-ms`` value with the priority "auto", the worker's default: (gpu_yield_ms,
+    gpu_priority, settings) per worker process."""
     if not spec:
-        return [(float(y), True, {}) for y in yield_ms.split(",") if y]
+        return [(float(y), "auto", {}) for y in yield_ms.split(",") if y]
     out = []
     for item in spec.split(","):
         head, *settings = item.split("+")
         y, _, prio = head.partition(":")
-        if prio not in ("on", "off"):
-            raise ValueError(f"variant {item!r}: YIELD_MS:on or YIELD_MS:off")
+        if prio not in ("on", "off", "auto"):
+            raise ValueError(f"variant {item!r}: YIELD_MS:on, YIELD_MS:off or YIELD_MS:auto")
         extra = {}
         for kv in settings:
             key, eq, value = kv.partition("=")
             if not eq or "." not in key:
                 raise ValueError(f"variant {item!r}: +SECTION.KEY=VALUE, not {kv!r}")
             extra[key] = value
-        out.append((float(y), prio == "on", extra))
+        out.append((float(y), "auto" if prio == "auto" else prio == "on", extra))
     return out
 
 
@@ -264,7 +266,7 @@ def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argpa
     env, _dropped = worker_env(bootstrap, mod, f"two-tasks-{tag}", overrides)
     port = free_port()
     env |= {"KTW_METRICS__PORT": str(port), "KTW_METRICS__HOST": "127.0.0.1"}
-    name = f"yield {yield_ms:g} ms, priority {'on' if priority else 'off'}" + "".join(
+    name = f"yield {yield_ms:g} ms, priority {priority_word(priority)}" + "".join(
         f", {k.rsplit('.', 1)[-1]} {v}" for k, v in extra.items())
     log_path = logs / f"worker-{name.replace(' ', '-').replace(',', '')}.log"
     proc: subprocess.Popen[bytes] | None = None
@@ -332,7 +334,7 @@ def main() -> int:
     ap.add_argument("--yield-ms", default="0", help="processing.gpu_yield_ms values, comma "
                                                     "separated: one worker process each")
     ap.add_argument("--variants", default=None,
-                    help="YIELD_MS:on|off[+SECTION.KEY=VALUE...],... (processing.gpu_yield_ms,"
+                    help="YIELD_MS:on|off|auto[+SECTION.KEY=VALUE...],... (processing.gpu_yield_ms,"
                          " processing.gpu_priority, settings of that variant's worker only): "
                          "one worker process each; overrides --yield-ms")
     ap.add_argument("--slow-ms", type=float, default=25.0,

@@ -58,16 +58,22 @@ class ProcessingSettings(Section):
     gpu_yield_ms: float = Field(0.0, ge=0, le=1_000)
     # With several tasks: the tasks that do not yield (moderation) put their own CUDA streams
     # at the device's highest priority, so their kernels are dispatched before the queued
-    # steps of the ones that do. Moot with one task.
-    gpu_priority: bool = True
+    # steps of the ones that do. "auto": only where generation leaves no SMs free
+    # (gpu_free_sms 0, generation on the CPU, or a partition the driver refused). With SMs
+    # free, the priority also sends moderation's blocks onto generation's SMs ahead of its
+    # own: on two H100s at 2,000 jobs/s with 16 free, generation made 3.15-3.2 images/s
+    # with it and 3.2-3.4 without, moderation's p99 no shorter; with none free it kept the
+    # p99 at 40 against 177 ms (docs/two-tasks.md).
+    # Moot with one task.
+    gpu_priority: Literal["auto"] | bool = "auto"
     # With several tasks: SMs the kernels of the tasks that yield (generation) never run on,
     # kept free for the others' (moderation's): a priority only orders kernels that wait, and
     # a running UNet kernel keeps its SMs until it ends, so without free SMs a moderation
     # kernel waits for it. Generation's engines run in a CUDA green context of the rest,
     # rounded down to the device's granularity (8 SMs on Hopper: 16 of an H100's 132 leave
     # it 112); torch and aoti backends on CUDA. On an H100 at 2,000 moderation jobs/s, 16
-    # took moderation's p99 beside generation from 35-194 ms to 17-28 ms (27-51 ms in
-    # later calls), at about a tenth of generation's images/s (docs/two-tasks.md). 0:
+    # took moderation's p99 beside generation from 31-36 ms to 15.5-16.7 ms, generation's
+    # images/s from 84-86% to 76-83% of its rate alone on every SM (docs/two-tasks.md). 0:
     # generation may use every SM. Moot with one task, and with generation on the CPU.
     gpu_free_sms: int = Field(16, ge=0, le=1024)
     # With several tasks and gpu_free_sms: the tasks that do not yield (moderation) run their

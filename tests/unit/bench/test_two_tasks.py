@@ -10,12 +10,17 @@ from bench.generation.two_tasks import parse_variants, timeline, worker_override
 
 
 def test_variants_name_a_yield_and_a_priority_each() -> None:
-    assert parse_variants("0:off,0:on,5:on", "5") == [(0.0, False, {}), (0.0, True, {}),
-                                                      (5.0, True, {})]
+    assert parse_variants("0:off,0:on,5:on,0:auto", "5") == [
+        (0.0, False, {}), (0.0, True, {}), (5.0, True, {}), (0.0, "auto", {})]
 
 
 def test_without_variants_each_yield_runs_with_the_default_priority() -> None:
-    assert parse_variants(None, "0,5") == [(0.0, True, {}), (5.0, True, {})]
+    assert parse_variants(None, "0,5") == [(0.0, "auto", {}), (5.0, "auto", {})]
+
+
+def test_an_auto_priority_reaches_the_worker_as_auto() -> None:
+    (variant,) = parse_variants("0:auto", "0")
+    assert worker_overrides({}, variant, {})["processing.gpu_priority"] == "auto"
 
 
 def test_a_variant_without_on_or_off_is_refused() -> None:

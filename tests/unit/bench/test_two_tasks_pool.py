@@ -67,6 +67,12 @@ def test_without_an_every_sm_run_the_share_is_unknown_not_met() -> None:
     assert [r["meets_both"] for r in out["runs"]] == [None, False]
 
 
+@pytest.mark.parametrize(("priority", "word"), [(True, "on"), (False, "off"), ("auto", "auto")])
+def test_a_variant_names_its_priority(priority: bool | str, word: str) -> None:
+    run = _run(EVERY_SM, alone=4.0, beside=3.4, p99=24.0) | {"gpu_priority": priority}
+    assert variant_name(run) == f"yield 0 ms, priority {word}, processing.gpu_free_sms 0"
+
+
 def test_both_met() -> None:
     out = targets([_run(EVERY_SM, alone=4.0, beside=3.4, p99=24.0)], {})
     assert out["runs"][0]["meets_both"] is True

@@ -99,3 +99,28 @@ def test_every_client_recovers_from_a_stalled_broker_within_seconds() -> None:
                  transactional_producer_settings(cfg)):
         assert conf["metadata.recovery.rebootstrap.trigger.ms"] == 5_000
         assert conf["reconnect.backoff.max.ms"] == 2_000
+
+
+@pytest.mark.parametrize(("given", "parsed"),
+                         [(None, "auto"), ("auto", "auto"), ("true", True), ("false", False),
+                          (True, True)])
+def test_gpu_priority_is_auto_by_default_and_takes_a_boolean_from_env_or_file(
+        monkeypatch: pytest.MonkeyPatch, given: str | bool | None,
+        parsed: str | bool) -> None:
+    """Env and ``--set`` values arrive as strings: "true"/"false" must stay booleans,
+    not fall into the "auto" branch or be refused."""
+    if isinstance(given, str):
+        monkeypatch.setenv("KTW_PROCESSING__GPU_PRIORITY", given)
+        cfg = load_config(None)
+    else:
+        cfg = load_config(None, **({} if given is None else
+                                   {"processing": {"gpu_priority": given}}))
+    assert cfg.processing.gpu_priority == parsed
+    assert type(cfg.processing.gpu_priority) is type(parsed)
+
+
+def test_gpu_priority_refuses_anything_else_naming_the_setting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KTW_PROCESSING__GPU_PRIORITY", "sometimes")
+    with pytest.raises(ConfigError, match="gpu_priority"):
+        load_config(None)

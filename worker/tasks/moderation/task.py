@@ -86,7 +86,12 @@ class ModerationTask(BatchedTask[Part]):
         super().share_gpu(share, yields=yields)
         if yields:
             return
-        if self.cfg.processing.gpu_priority:
+        priority = self.cfg.processing.gpu_priority
+        if priority == "auto":  # (the yielding tasks shared first: left_free is final)
+            priority = not share.left_free
+        log.info("gpu_priority", on=priority, setting=self.cfg.processing.gpu_priority,
+                 free_sms=share.left_free)
+        if priority:
             for model in self.models.values():
                 model.prefer_gpu()
         if share.disjoint and share.left_free:

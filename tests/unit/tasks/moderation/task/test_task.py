@@ -272,12 +272,17 @@ def test_text_and_image_batches_form_and_finish_independently(
         task.close()
 
 
-@pytest.mark.parametrize(("yields", "gpu_priority", "preferred"),
-                         [(False, True, True), (True, True, False), (False, False, False)])
+@pytest.mark.parametrize(("yields", "gpu_priority", "left_free", "preferred"),
+                         [(False, True, 0, True), (True, True, 0, False),
+                          (False, False, 0, False), (False, True, 16, True),
+                          (False, "auto", 0, True), (False, "auto", 16, False),
+                          (True, "auto", 0, False)])
 def test_beside_a_yielding_task_its_models_ask_for_the_gpu_first(
         mm_cfg: WorkerConfig, models: dict[str, ModerationModel],
-        monkeypatch: pytest.MonkeyPatch, yields: bool, gpu_priority: bool,
-        preferred: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, yields: bool, gpu_priority: bool | str,
+        left_free: int, preferred: bool) -> None:
+    """"auto" (the default): the priority only where the yielding task left no SMs free;
+    with SMs free it would send moderation's blocks onto generation's SMs first."""
     from worker.tasks.gpu_share import GpuShare
 
     asked: list[str] = []
@@ -286,8 +291,10 @@ def test_beside_a_yielding_task_its_models_ask_for_the_gpu_first(
     cfg = mm_cfg.model_copy(update={"processing": mm_cfg.processing.model_copy(
         update={"gpu_priority": gpu_priority})})
     t = _task(cfg, models)
+    share = GpuShare(max_wait_s=0.005, free_sms=16)
+    share.left_free = left_free
     try:
-        t.share_gpu(GpuShare(max_wait_s=0.005), yields=yields)
+        t.share_gpu(share, yields=yields)
         assert sorted(asked) == (sorted(models) if preferred else [])
         assert t.gpu_share is not None
     finally:
