@@ -59,7 +59,8 @@ class ProcessingSettings(Section):
     # With several tasks: the tasks that do not yield (moderation) put their own CUDA streams
     # at the device's highest priority, so their kernels are dispatched before the queued
     # steps of the ones that do. "auto": only where generation leaves no SMs free
-    # (gpu_free_sms 0, generation on the CPU, or a partition the driver refused). With SMs
+    # (gpu_free_sms 0, generation on the CPU, or a backend that cannot partition; a green
+    # context the driver refuses later, at the engines' load, is not seen). With SMs
     # free, the priority also sends moderation's blocks onto generation's SMs ahead of its
     # own: on two H100s at 2,000 jobs/s with 16 free, generation made 3.15-3.2 images/s
     # with it and 3.2-3.4 without, moderation's p99 no shorter; with none free it kept the
