@@ -76,7 +76,7 @@ from bench.cpu_e2e import (
     worker_env,
 )
 from bench.frames_e2e import due_time, one_rate
-from bench.generation.two_tasks_pool import priority_word, targets
+from bench.generation.two_tasks_pool import targets, variant_name
 from worker.devkit.local_kafka.config import free_port
 
 WARMUP_MOD_JOBS = 8
@@ -266,12 +266,12 @@ def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argpa
     env, _dropped = worker_env(bootstrap, mod, f"two-tasks-{tag}", overrides)
     port = free_port()
     env |= {"KTW_METRICS__PORT": str(port), "KTW_METRICS__HOST": "127.0.0.1"}
-    name = f"yield {yield_ms:g} ms, priority {priority_word(priority)}" + "".join(
-        f", {k.rsplit('.', 1)[-1]} {v}" for k, v in extra.items())
-    log_path = logs / f"worker-{name.replace(' ', '-').replace(',', '')}.log"
-    proc: subprocess.Popen[bytes] | None = None
     out: dict[str, Any] = {"gpu_yield_ms": yield_ms, "gpu_priority": priority,
-                           "settings": extra, "worker_log": str(log_path)}
+                           "settings": extra}
+    name = variant_name(out)  # the name the record's targets and the pool use
+    log_path = logs / f"worker-{name.replace(' ', '-').replace(',', '')}.log"
+    out["worker_log"] = str(log_path)
+    proc: subprocess.Popen[bytes] | None = None
     try:
         with log_path.open("wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "worker", "run"], cwd=REPO, env=env,

@@ -32,15 +32,12 @@ KEPT_TARGET = 0.80
 FREE_SMS = "processing.gpu_free_sms"
 
 
-def priority_word(priority: bool | str) -> str:
-    """processing.gpu_priority as a variant names it: on, off or auto."""
-    return priority if isinstance(priority, str) else ("on" if priority else "off")
-
-
 def variant_name(run: dict[str, Any]) -> str:
-    """A run's variant as the bench prints it (yield, priority, its own settings)."""
-    return f"yield {run['gpu_yield_ms']:g} ms, priority " + priority_word(
-        run["gpu_priority"]) + "".join(
+    """A run's variant as the bench prints it (yield, priority: on, off or auto, its own
+    settings)."""
+    priority = run["gpu_priority"]
+    word = priority if isinstance(priority, str) else ("on" if priority else "off")
+    return f"yield {run['gpu_yield_ms']:g} ms, priority {word}" + "".join(
         f", {k} {v}" for k, v in sorted(run.get("settings", {}).items()))
 
 

@@ -89,7 +89,8 @@ def build_workers(cfg: WorkerConfig) -> dict[str, Any]:
 
     configs = per_task(cfg)
     share = (GpuShare(cfg.processing.gpu_yield_ms / 1e3, cfg.processing.gpu_free_sms,
-                      disjoint=cfg.processing.gpu_disjoint_sms)
+                      disjoint=cfg.processing.gpu_disjoint_sms,
+                      priority=cfg.processing.gpu_priority)
              if len(configs) > 1 else None)
     workers: dict[str, Any] = {}
     try:

@@ -18,15 +18,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Literal
 
 
 class GpuShare:
-    def __init__(self, max_wait_s: float, free_sms: int = 0, *, disjoint: bool = False) -> None:
+    def __init__(self, max_wait_s: float, free_sms: int = 0, *, disjoint: bool = False,
+                 priority: bool | Literal["auto"] = "auto") -> None:
         self.max_wait_s = max_wait_s
         # SMs the yielding task's engines leave free for the others (processing.gpu_free_sms),
-        # and whether the others keep to them (processing.gpu_disjoint_sms)
+        # whether the others keep to them (processing.gpu_disjoint_sms), and whether the
+        # others' streams go first (processing.gpu_priority: see ``urgent``)
         self.free_sms = free_sms
         self.disjoint = disjoint
+        self.priority = priority
         # Set by the yielding task once its engines do leave free_sms free (on the GPU, with
         # a backend that can): the SMs the others may keep to. 0 until then.
         self.left_free = 0
@@ -34,6 +38,14 @@ class GpuShare:
         self._cond = threading.Condition()
         self.yields = 0  # steps that waited
         self.waited_s = 0.0  # their waits, together
+
+    @property
+    def urgent(self) -> bool:
+        """Whether the tasks that do not yield make their CUDA streams at the device's highest
+        priority. "auto": only where the yielding task left no SMs free (read it after the
+        yielding tasks shared: with SMs free, a priority also sends the others' blocks onto
+        the yielding task's SMs ahead of its own)."""
+        return not self.left_free if self.priority == "auto" else self.priority
 
     @property
     def claims(self) -> int:

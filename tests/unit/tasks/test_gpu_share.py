@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Literal
+
+import pytest
 
 from worker.tasks.gpu_share import GpuShare
 
@@ -60,3 +63,13 @@ def test_zero_max_wait_never_waits() -> None:
     t = time.monotonic()
     assert share.yield_turn() == 0.0
     assert time.monotonic() - t < 0.05
+
+
+@pytest.mark.parametrize(("priority", "left_free", "urgent"),
+                         [("auto", 0, True), ("auto", 16, False), (True, 16, True),
+                          (False, 0, False)])
+def test_auto_priority_only_where_no_sms_were_left_free(
+        priority: bool | Literal["auto"], left_free: int, urgent: bool) -> None:
+    share = GpuShare(max_wait_s=0.0, free_sms=16, priority=priority)
+    share.left_free = left_free
+    assert share.urgent is urgent

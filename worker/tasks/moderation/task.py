@@ -86,12 +86,9 @@ class ModerationTask(BatchedTask[Part]):
         super().share_gpu(share, yields=yields)
         if yields:
             return
-        priority = self.cfg.processing.gpu_priority
-        if priority == "auto":  # (the yielding tasks shared first: left_free is final)
-            priority = not share.left_free
-        log.info("gpu_priority", on=priority, setting=self.cfg.processing.gpu_priority,
+        log.info("gpu_priority", on=share.urgent, setting=share.priority,
                  free_sms=share.left_free)
-        if priority:
+        if share.urgent:
             for model in self.models.values():
                 model.prefer_gpu()
         if share.disjoint and share.left_free:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Hashable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 import pytest
@@ -279,7 +279,7 @@ def test_text_and_image_batches_form_and_finish_independently(
                           (True, "auto", 0, False)])
 def test_beside_a_yielding_task_its_models_ask_for_the_gpu_first(
         mm_cfg: WorkerConfig, models: dict[str, ModerationModel],
-        monkeypatch: pytest.MonkeyPatch, yields: bool, gpu_priority: bool | str,
+        monkeypatch: pytest.MonkeyPatch, yields: bool, gpu_priority: bool | Literal["auto"],
         left_free: int, preferred: bool) -> None:
     """"auto" (the default): the priority only where the yielding task left no SMs free;
     with SMs free it would send moderation's blocks onto generation's SMs first."""
@@ -288,10 +288,8 @@ def test_beside_a_yielding_task_its_models_ask_for_the_gpu_first(
     asked: list[str] = []
     for name, model in models.items():
         monkeypatch.setattr(model, "prefer_gpu", lambda name=name: asked.append(name))
-    cfg = mm_cfg.model_copy(update={"processing": mm_cfg.processing.model_copy(
-        update={"gpu_priority": gpu_priority})})
-    t = _task(cfg, models)
-    share = GpuShare(max_wait_s=0.005, free_sms=16)
+    t = _task(mm_cfg, models)
+    share = GpuShare(max_wait_s=0.005, free_sms=16, priority=gpu_priority)
     share.left_free = left_free
     try:
         t.share_gpu(share, yields=yields)
