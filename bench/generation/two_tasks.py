@@ -323,13 +323,27 @@ def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argpa
     return out
 
 
+def full_load(gen_json: dict[str, Any]) -> int:
+    """One-image generation jobs to keep unanswered so that a full batch always waits while
+    another runs: twice the batch's image budget. Four, the earlier default, left the GPU idle
+    between batches: 4.3 images/s alone on every SM of an H100 where eight made 5.0
+    (bench/NOTES.md)."""
+    from worker.config.generation import GenerationSettings
+
+    budget = gen_json.get("max_images_per_batch",
+                          GenerationSettings.model_fields["max_images_per_batch"].default)
+    return 2 * int(budget)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true",
                     help="tiny random SD engines on the CPU at 64x64: a smoke run")
     ap.add_argument("--mod-rate", type=float, default=100.0, help="moderation jobs/s offered")
-    ap.add_argument("--gen-outstanding", type=int, default=4,
-                    help="generation jobs kept unanswered (full load)")
+    ap.add_argument("--gen-outstanding", type=int, default=None,
+                    help="one-image generation jobs kept unanswered (default: twice the "
+                         "generation batch's image budget, so a full batch waits while one "
+                         "runs: full load)")
     ap.add_argument("--steps", type=int, default=20, help="denoising steps per generation job")
     ap.add_argument("--yield-ms", default="0", help="processing.gpu_yield_ms values, comma "
                                                     "separated: one worker process each")
@@ -358,6 +372,8 @@ def main() -> int:
     if args.tiny and args.steps == 20:
         args.steps = TINY_STEPS
     args.overrides = dict(kv.split("=", 1) for kv in args.overrides)
+    if args.gen_outstanding is None:
+        args.gen_outstanding = full_load(args.gen_json)
     variants = parse_variants(args.variants, args.yield_ms)
     yields = [y for y, _, _ in variants]
 

@@ -99,10 +99,10 @@ class GenerationSettings(Section):
     min_steps: int = Field(1, ge=1, le=150)
     max_steps: int = Field(50, ge=1, le=150)
     max_images_per_job: int = Field(8, ge=1, le=64)
-    # A batch's size in images, for the worst case (every job at max_images_per_job): the
-    # batcher takes max(1, max_images_per_batch // max_images_per_job) jobs (at most
-    # batch.max_batch_size). 16 images = two UNet calls of 8 guidance pairs, ~2 s of SD 1.5 at
-    # 20 steps on an H200: batches stay well inside processing.max_batch_ms.
+    # A batch's image budget: the batcher weighs each job by its images and takes jobs while
+    # they fit (at most batch.max_batch_size of them), so one-image jobs share a batch that
+    # worst-case jobs fill two at a time. 16 images = two UNet calls of 8 guidance pairs, ~2 s
+    # of SD 1.5 at 20 steps on an H200: batches stay well inside processing.max_batch_ms.
     max_images_per_batch: int = Field(16, ge=1, le=1024)
     cuda_graphs: bool = True
     # At start-up: "all_shapes" captures every static shape's CUDA graph before the first poll

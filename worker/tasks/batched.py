@@ -474,10 +474,13 @@ class BatchedTask(abc.ABC, Generic[P]):
 
 
 def make_batcher(b: BatchSettings, profiles: tuple[Profile, ...], *,
-                 max_batch_size: int | None = None, expire_deadlines: bool = True
+                 max_batch_size: int | None = None, expire_deadlines: bool = True,
+                 weight: Callable[[Any], int] | None = None, max_weight: int | None = None
                  ) -> DynamicBatcher[Any]:
     """A batcher over ``profiles`` with the ``[batch]`` settings (``max_batch_size`` overrides
-    the jobs per batch, e.g. generation's image budget)."""
+    the jobs per batch; ``weight`` and ``max_weight`` bound what a batch's jobs weigh, e.g.
+    generation's images)."""
     return DynamicBatcher(profiles, max_batch_size=max_batch_size or b.max_batch_size,
                           max_delay_s=b.max_delay_ms / 1e3, max_pad_fraction=b.max_pad_fraction,
-                          expire_deadlines=expire_deadlines)
+                          expire_deadlines=expire_deadlines, weight=weight,
+                          max_weight=max_weight)

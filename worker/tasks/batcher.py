@@ -9,7 +9,12 @@ Rules (each unit-tested in tests/unit/test_batcher.py):
   more than ``max_pad_fraction`` of it; then the largest full static size is taken instead and
   the rest waits for the next call;
 - fairness: a batch takes jobs round-robin across source partitions, so a hot partition cannot
-  starve a quiet one.
+  starve a quiet one;
+- budget: with ``weight`` and ``max_weight``, a batch's jobs weigh at most ``max_weight``
+  together (a heavier job goes alone; the next job that does not fit waits, none is skipped),
+  and a profile is also due once its queued jobs weigh that much. Generation weighs a job by
+  its images: one-image jobs fill a batch that jobs of the most images would fill two at a
+  time.
 The loop asks ``schedule(now, limit=free slots)`` each step; several batches may be in flight.
 """
 
@@ -64,6 +69,7 @@ class _ProfileQueue(Generic[T]):
     # Partitions with queued items, in round-robin order (served from the left).
     order: deque[Hashable] = field(default_factory=deque)
     count: int = 0
+    weight: int = 0  # of the queued items, under the batcher's ``weight``
 
     def oldest(self) -> float:
         return min(q[0].consumed_at for q in self.by_partition.values())
@@ -78,11 +84,19 @@ class DynamicBatcher(Generic[T]):
         max_delay_s: float,
         max_pad_fraction: float = 0.5,
         expire_deadlines: bool = True,
+        weight: Callable[[T], int] | None = None,
+        max_weight: int | None = None,
     ) -> None:
         if not profiles:
             raise ValueError("at least one profile is required")
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        if (weight is None) != (max_weight is None):
+            raise ValueError("weight and max_weight go together")
+        if max_weight is not None and max_weight < 1:
+            raise ValueError("max_weight must be >= 1")
+        self._weigh: Callable[[T], int] = weight or _one
+        self.max_weight = max_weight
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
         self.max_pad_fraction = max_pad_fraction
@@ -111,6 +125,7 @@ class DynamicBatcher(Generic[T]):
             q.order.append(key)
         q.by_partition[key].append(item)
         q.count += 1
+        q.weight += self._weigh(item)
         return profile
 
     def schedule(self, now: float, now_ms: int, *, limit: int, force: bool = False
@@ -140,12 +155,13 @@ class DynamicBatcher(Generic[T]):
                     del q.by_partition[key]
             q.order = deque(k for k in q.order if k in q.by_partition)
             q.count = sum(len(d) for d in q.by_partition.values())
+            q.weight = sum(self._weigh(i) for d in q.by_partition.values() for i in d)
         return dropped
 
     def _take(self, q: _ProfileQueue[T], now: float, now_ms: int, force: bool,
               expired: list[T]) -> Batch[T] | None:
         cap = min(self.max_batch_size, q.profile.max_batch)
-        full = q.count >= cap
+        full = q.count >= cap or (self.max_weight is not None and q.weight >= self.max_weight)
         if not (force or full or now - q.oldest() >= self.max_delay_s):
             return None
         n = min(q.count, cap)
@@ -159,23 +175,36 @@ class DynamicBatcher(Generic[T]):
             return None
         return Batch(q.profile, items, q.profile.padded(len(items)))
 
-    @staticmethod
-    def _round_robin(q: _ProfileQueue[T], n: int, now_ms: int | None, expired: list[T]
-                     ) -> list[T]:
-        """Up to ``n`` jobs across partitions; past-deadline ones go to ``expired`` (none when
-        ``now_ms`` is None)."""
+    def _round_robin(self, q: _ProfileQueue[T], n: int, now_ms: int | None,
+                     expired: list[T]) -> list[T]:
+        """Up to ``n`` jobs across partitions, within ``max_weight``; past-deadline ones go to
+        ``expired`` (none when ``now_ms`` is None) and weigh nothing in the batch."""
         items: list[T] = []
+        used = 0
         while len(items) < n and q.order:
-            key = q.order.popleft()
+            key = q.order[0]
             dq = q.by_partition[key]
+            w = self._weigh(dq[0])
+            expiring = (now_ms is not None and dq[0].deadline_ms is not None
+                        and now_ms > dq[0].deadline_ms)
+            if (not expiring and items and self.max_weight is not None
+                    and used + w > self.max_weight):
+                break
+            q.order.popleft()
             item = dq.popleft()
             q.count -= 1
+            q.weight -= w
             if dq:
                 q.order.append(key)
             else:
                 del q.by_partition[key]
-            if now_ms is not None and item.deadline_ms is not None and now_ms > item.deadline_ms:
+            if expiring:
                 expired.append(item)
             else:
                 items.append(item)
+                used += w
         return items
+
+
+def _one(_: object) -> int:
+    return 1

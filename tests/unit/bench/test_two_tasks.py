@@ -1,4 +1,5 @@
-"""The two-task bench's variants: a yield and whether moderation's streams are urgent."""
+"""The two-task bench's variants (a yield and whether moderation's streams are urgent) and
+its full generation load."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from bench.generation.two_tasks import parse_variants, timeline, worker_overrides
+from bench.generation.two_tasks import full_load, parse_variants, timeline, worker_overrides
 
 
 def test_variants_name_a_yield_and_a_priority_each() -> None:
@@ -71,3 +72,8 @@ def test_a_variants_generation_settings_go_into_the_generation_section() -> None
     assert out["processing.gpu_yield_ms"] == "5.0" and out["processing.gpu_priority"] == "false"
     assert out["batch.max_delay_ms"] == "2" and out["model.backend"] == "torch"
     assert not any(k.startswith("generation.") for k in out)
+
+
+def test_full_load_keeps_two_batches_of_one_image_jobs_outstanding() -> None:
+    assert full_load({}) == 32  # the default budget, 16 images a batch
+    assert full_load({"max_images_per_batch": 4}) == 8

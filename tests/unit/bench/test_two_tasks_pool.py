@@ -30,9 +30,10 @@ def _run(settings: dict[str, str], *, alone: float, beside: float, p99: float,
 
 
 def _record(runs: list[dict[str, Any]], gpu: str = "H100",
-            common: dict[str, str] | None = None) -> dict[str, Any]:
+            common: dict[str, str] | None = None, gen_outstanding: int = 4) -> dict[str, Any]:
     return {"env": {"gpu": gpu, "commit": "abc"}, "provenance": {"dirty": False},
-            "params": {"worker_config_overrides": common or {}}, "runs": runs}
+            "params": {"worker_config_overrides": common or {}, "mod_rate": 2000.0,
+                       "gen_outstanding": gen_outstanding}, "runs": runs}
 
 
 EVERY_SM = {"processing.gpu_free_sms": "0"}
@@ -97,3 +98,10 @@ def test_pooling_adds_the_latencies_of_each_variant_across_records() -> None:
 def test_records_of_different_gpus_are_not_pooled() -> None:
     with pytest.raises(ValueError, match="one GPU model"):
         pool([_record([], gpu="H100"), _record([], gpu="H200")])
+
+
+def test_records_of_different_loads_are_not_pooled() -> None:
+    # Generation alone is faster with more jobs outstanding: a share read against another
+    # load's reference would be wrong.
+    with pytest.raises(ValueError, match="one load only"):
+        pool([_record([], gen_outstanding=4), _record([], gen_outstanding=8)])

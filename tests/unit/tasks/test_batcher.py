@@ -1,4 +1,5 @@
-"""worker.tasks.batcher.DynamicBatcher: fill, delay, deadline, padding and fairness rules.
+"""worker.tasks.batcher.DynamicBatcher: fill, delay, deadline, padding, fairness and budget
+rules.
 
 Time is passed in explicitly (``now`` monotonic seconds, ``now_ms`` epoch ms); nothing here
 sleeps.
@@ -27,6 +28,7 @@ class Item:
     partition_key: Hashable = ("jobs", 0)
     deadline_ms: int | None = None
     item_shape: tuple[int, ...] = SHAPE
+    weight: int = 1
 
 
 def _batcher(
@@ -362,3 +364,77 @@ def test_remove_matching_nothing_changes_nothing() -> None:
     assert b.remove(lambda i: False) == []
     (batch,) = b.schedule(10.0, NOW_MS, limit=1, force=True).batches
     assert batch.items == items
+
+
+# --- budget -------------------------------------------------------------------------------------
+
+
+def _budgeted(budget: int = 16, size: int = 16, delay: float = 60.0) -> DynamicBatcher[Item]:
+    return DynamicBatcher((RANGE,), max_batch_size=size, max_delay_s=delay,
+                          weight=lambda i: i.weight, max_weight=budget)
+
+
+def _weighed(b: DynamicBatcher[Item], weights: list[int], *, deadline_ms: int | None = None
+             ) -> list[Item]:
+    items = [Item(f"w{k}", 10.0 + k * 1e-4, weight=w, deadline_ms=deadline_ms)
+             for k, w in enumerate(weights)]
+    for item in items:
+        b.add(item)
+    return items
+
+
+def test_light_jobs_fill_a_batch_up_to_the_budget() -> None:
+    b = _budgeted(budget=16, size=16)
+    items = _weighed(b, [1] * 16)
+    (batch,) = b.schedule(10.0, NOW_MS, limit=4).batches
+    assert batch.items == items
+
+
+def test_a_batch_never_weighs_more_than_the_budget_and_the_next_job_waits_in_order() -> None:
+    b = _budgeted(budget=16)
+    items = _weighed(b, [8, 4, 8, 2, 1])
+    out = b.schedule(10.0, NOW_MS, limit=4, force=True)
+    # 8 + 4 = 12; the next (8) would make 20: it starts the next batch, the 2 is not pulled
+    # ahead of it.
+    assert [batch.items for batch in out.batches] == [items[0:2], items[2:5]]
+    assert len(b) == 0
+
+
+def test_a_profile_is_due_once_its_queued_jobs_weigh_the_budget() -> None:
+    b = _budgeted(budget=16, size=16)
+    _weighed(b, [8])
+    assert b.schedule(10.0, NOW_MS, limit=4).batches == []  # young, light: held
+    _weighed(b, [8])
+    (batch,) = b.schedule(10.0, NOW_MS, limit=4).batches  # two jobs, far from size 16
+    assert [i.weight for i in batch.items] == [8, 8]
+
+
+def test_a_job_heavier_than_the_budget_goes_alone() -> None:
+    b = _budgeted(budget=4)
+    items = _weighed(b, [6, 1])
+    out = b.schedule(10.0, NOW_MS, limit=4, force=True)
+    assert [batch.items for batch in out.batches] == [items[0:1], items[1:2]]
+
+
+def test_expired_jobs_weigh_nothing_in_the_batch() -> None:
+    b = _budgeted(budget=8)
+    late = _weighed(b, [8], deadline_ms=NOW_MS - 1)
+    fresh = _weighed(b, [4, 4])
+    out = b.schedule(10.0, NOW_MS, limit=4, force=True)
+    assert out.expired == late
+    assert [batch.items for batch in out.batches] == [fresh]
+
+
+def test_removal_takes_its_weight_off_the_queue() -> None:
+    b = _budgeted(budget=16)
+    _weighed(b, [8, 8])
+    b.remove(lambda i: i.name == "w1")
+    assert b.schedule(10.0, NOW_MS, limit=4).batches == []  # 8 of 16 left: not due
+
+
+def test_weight_and_max_weight_go_together() -> None:
+    with pytest.raises(ValueError, match="go together"):
+        DynamicBatcher((RANGE,), max_batch_size=4, max_delay_s=0.01, max_weight=4)
+    with pytest.raises(ValueError, match="max_weight"):
+        DynamicBatcher((RANGE,), max_batch_size=4, max_delay_s=0.01,
+                       weight=lambda i: 1, max_weight=0)

@@ -93,9 +93,10 @@ def _cache(cfg: WorkerConfig) -> EngineCache | None:
 
 
 def jobs_per_batch(cfg: WorkerConfig) -> int:
-    """Jobs per batch: as many worst-case jobs as ``generation.max_images_per_batch`` holds."""
-    g = cfg.generation
-    return max(1, min(cfg.batch.max_batch_size, g.max_images_per_batch // g.max_images_per_job))
+    """Jobs per batch: ``batch.max_batch_size``, never more than the image budget
+    (``generation.max_images_per_batch``) holds one-image jobs; the batcher weighs each job
+    by its images within that budget (``GenerationPending.images``)."""
+    return max(1, min(cfg.batch.max_batch_size, cfg.generation.max_images_per_batch))
 
 
 def make_generation_task(cfg: WorkerConfig,
