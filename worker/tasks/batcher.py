@@ -1,6 +1,6 @@
 """Dynamic batching per engine profile: pure CPU bookkeeping, no I/O, no clock of its own.
 
-Rules (each unit-tested in tests/unit/test_batcher.py):
+Rules (each unit-tested in tests/unit/tasks/test_batcher.py):
 - fill: a profile's batch is due once ``min(max_batch_size, profile max)`` jobs are queued;
 - delay: ... or once its oldest job has waited ``max_delay_s``;
 - deadline: a job whose deadline has passed is returned as expired, never batched (unless
@@ -95,7 +95,8 @@ class DynamicBatcher(Generic[T]):
             raise ValueError("weight and max_weight go together")
         if max_weight is not None and max_weight < 1:
             raise ValueError("max_weight must be >= 1")
-        self._weigh: Callable[[T], int] = weight or _one
+        # None: every job weighs nothing and no budget applies (moderation's hot path skips it)
+        self._weigh = weight
         self.max_weight = max_weight
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
@@ -125,7 +126,8 @@ class DynamicBatcher(Generic[T]):
             q.order.append(key)
         q.by_partition[key].append(item)
         q.count += 1
-        q.weight += self._weigh(item)
+        if self._weigh is not None:
+            q.weight += self._weigh(item)
         return profile
 
     def schedule(self, now: float, now_ms: int, *, limit: int, force: bool = False
@@ -155,7 +157,8 @@ class DynamicBatcher(Generic[T]):
                     del q.by_partition[key]
             q.order = deque(k for k in q.order if k in q.by_partition)
             q.count = sum(len(d) for d in q.by_partition.values())
-            q.weight = sum(self._weigh(i) for d in q.by_partition.values() for i in d)
+            if self._weigh is not None:
+                q.weight = sum(self._weigh(i) for d in q.by_partition.values() for i in d)
         return dropped
 
     def _take(self, q: _ProfileQueue[T], now: float, now_ms: int, force: bool,
@@ -177,21 +180,44 @@ class DynamicBatcher(Generic[T]):
 
     def _round_robin(self, q: _ProfileQueue[T], n: int, now_ms: int | None,
                      expired: list[T]) -> list[T]:
-        """Up to ``n`` jobs across partitions, within ``max_weight``; past-deadline ones go to
-        ``expired`` (none when ``now_ms`` is None) and weigh nothing in the batch."""
+        """Up to ``n`` jobs across partitions; past-deadline ones go to ``expired`` (none when
+        ``now_ms`` is None)."""
+        if self.max_weight is not None:
+            return self._round_robin_weighed(q, n, now_ms, expired)
+        items: list[T] = []
+        while len(items) < n and q.order:
+            key = q.order.popleft()
+            dq = q.by_partition[key]
+            item = dq.popleft()
+            q.count -= 1
+            if dq:
+                q.order.append(key)
+            else:
+                del q.by_partition[key]
+            if now_ms is not None and item.deadline_ms is not None and now_ms > item.deadline_ms:
+                expired.append(item)
+            else:
+                items.append(item)
+        return items
+
+    def _round_robin_weighed(self, q: _ProfileQueue[T], n: int, now_ms: int | None,
+                             expired: list[T]) -> list[T]:
+        """:meth:`_round_robin` within ``max_weight``; expired jobs weigh nothing in the batch.
+        Apart so that batchers without a budget (moderation's, per job) skip its checks."""
+        assert self._weigh is not None and self.max_weight is not None
         items: list[T] = []
         used = 0
         while len(items) < n and q.order:
             key = q.order[0]
             dq = q.by_partition[key]
-            w = self._weigh(dq[0])
-            expiring = (now_ms is not None and dq[0].deadline_ms is not None
-                        and now_ms > dq[0].deadline_ms)
-            if (not expiring and items and self.max_weight is not None
-                    and used + w > self.max_weight):
-                break
+            head = dq[0]
+            w = self._weigh(head)
+            expiring = (now_ms is not None and head.deadline_ms is not None
+                        and now_ms > head.deadline_ms)
+            if not expiring and items and used + w > self.max_weight:
+                break  # the next job waits for the next batch; none is pulled ahead
             q.order.popleft()
-            item = dq.popleft()
+            dq.popleft()
             q.count -= 1
             q.weight -= w
             if dq:
@@ -199,12 +225,8 @@ class DynamicBatcher(Generic[T]):
             else:
                 del q.by_partition[key]
             if expiring:
-                expired.append(item)
+                expired.append(head)
             else:
-                items.append(item)
+                items.append(head)
                 used += w
         return items
-
-
-def _one(_: object) -> int:
-    return 1
