@@ -72,10 +72,12 @@ class ProcessingSettings(Section):
     # a running UNet kernel keeps its SMs until it ends, so without free SMs a moderation
     # kernel waits for it. Generation's engines run in a CUDA green context of the rest,
     # rounded down to the device's granularity (8 SMs on Hopper: 16 of an H100's 132 leave
-    # it 112); torch and aoti backends on CUDA. On an H100 at 2,000 moderation jobs/s, 16
-    # took moderation's p99 beside generation from 31-36 ms to 15.5-16.7 ms, generation's
-    # images/s from 84-86% to 76-83% of its rate alone on every SM (docs/two-tasks.md). 0:
-    # generation may use every SM. Moot with one task, and with generation on the CPU.
+    # it 112); torch and aoti backends on CUDA. On an H100 at 2,000 moderation jobs/s beside
+    # generation with pauses between its batches, 16 took moderation's p99 from 31-41 ms to
+    # 15.5-23.7 ms, generation's images/s from 84-86% to 76-83% of its rate alone on every SM;
+    # beside generation at full load the p99 was 37-54 ms with 16, 17.7 ms with 32 (generation
+    # at 80% and 72%: docs/two-tasks.md). 0: generation may use every SM. Moot with one
+    # task, and with generation on the CPU.
     gpu_free_sms: int = Field(16, ge=0, le=1024)
     # With several tasks and gpu_free_sms: the tasks that do not yield (moderation) run their
     # GPU pipelines on those free SMs only, so the two tasks never share an SM: generation's
