@@ -325,9 +325,8 @@ def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argpa
 
 def full_load(gen_json: dict[str, Any]) -> int:
     """One-image generation jobs to keep unanswered so that a full batch always waits while
-    another runs: twice the batch's image budget. Four, the earlier default, left the GPU idle
-    between batches: 4.3 images/s alone on every SM of an H100 where eight made 5.0
-    (bench/NOTES.md)."""
+    another runs: twice the batch's image budget. Fewer leave the GPU idle between batches:
+    4.3 images/s alone on every SM of an H100 with four, 5.0 with eight (bench/NOTES.md)."""
     from worker.config.generation import GenerationSettings
 
     budget = gen_json.get("max_images_per_batch",

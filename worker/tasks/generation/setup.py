@@ -96,7 +96,7 @@ def jobs_per_batch(cfg: WorkerConfig) -> int:
     """Jobs per batch: ``batch.max_batch_size``, never more than the image budget
     (``generation.max_images_per_batch``) holds one-image jobs; the batcher weighs each job
     by its images within that budget (``GenerationPending.images``)."""
-    return max(1, min(cfg.batch.max_batch_size, cfg.generation.max_images_per_batch))
+    return min(cfg.batch.max_batch_size, cfg.generation.max_images_per_batch)  # both >= 1
 
 
 def make_generation_task(cfg: WorkerConfig,

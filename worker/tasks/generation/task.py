@@ -65,10 +65,9 @@ class GenerationPending(QueuedJob):
     def item_shape(self) -> tuple[int, ...]:
         return self.latent_shape
 
-    @staticmethod
-    def images(p: GenerationPending) -> int:
+    def images(self) -> int:
         """What the job weighs in a batch's image budget (the batcher's ``weight``)."""
-        return p.job.num_images
+        return self.job.num_images
 
 
 @dataclass(slots=True)

@@ -5,7 +5,6 @@ while jobs of many images never exceed it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -19,8 +18,10 @@ from worker.wire.records import SourceRef
 pytest.importorskip("torch", reason="the generation task's engines need the gen extra (torch)")
 
 
-@pytest.fixture()
-def task(tmp_path: Path) -> Iterator[GenerationTask]:
+@pytest.fixture(scope="module")
+def task(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GenerationTask]:
+    # One task for the module: each test drains the batcher it fills.
+    tmp_path = tmp_path_factory.mktemp("gen-factory")
     cfg = load_config(None, generation={"random_weights": "tiny", "device": "cpu",
                                         "blob": {"local_dir": str(tmp_path / "blobs")}},
                       engines={"cache_dir": str(tmp_path / "engines")})
@@ -43,7 +44,7 @@ def _batches(task: GenerationTask) -> list[list[int]]:
 
 def test_one_image_jobs_share_a_batch_up_to_the_image_budget(task: GenerationTask) -> None:
     # The defaults: 16 images a batch, up to 8 a job. Sized for the worst case, a batch
-    # held two jobs whatever they asked for.
+    # would hold two jobs whatever they asked for.
     _queue(task, [1] * 20)
     assert _batches(task) == [[1] * 16, [1] * 4]
 
