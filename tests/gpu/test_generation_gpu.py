@@ -111,6 +111,39 @@ def test_concurrent_batches_match_sequential_ones(gpu: Any, tmp_path: Path) -> N
     assert concurrent == sequential
 
 
+def _chunks(engines: Any, n: int) -> tuple[list[Any], dict[tuple[int, ...], Any]]:
+    """``n`` full chunks of 64x64 rows (Euler-a, 4 steps) and the VAE profiles by shape."""
+    from worker.tasks.generation import sampler
+    from worker.tasks.generation.schedulers import make_schedule
+
+    emb = sampler.encode_texts(engines.runners["text_encoder"], engines.profiles.text,
+                               engines.tokenizer(["a red car", ""]))
+    shape = engines.dims.latent_shape(64, 64)
+    unet = next(u for u in engines.profiles.unet.values() if u.item_shape == shape)
+    per = unet.max_batch // 2
+    rows = [sampler.RowSpec((0, i), 100 + i, make_schedule("euler_a", 4), 7.5, emb[0], emb[1])
+            for i in range(per * n)]
+    return ([sampler.DenoiseChunk(rows[i:i + per], shape, unet)
+             for i in range(0, len(rows), per)],
+            {v.item_shape: v for v in engines.profiles.vae.values()})
+
+
+def test_chunks_stepped_together_match_each_chunk_stepped_alone(gpu: Any) -> None:
+    """Three chunks of one shape, more than its two graph slots: each chunk's next step is
+    launched while the others' are in flight (worker.tasks.generation.sampler.denoise), and
+    each must still read only its own outputs."""
+    from worker.tasks.generation import sampler
+
+    together, vae = _chunks(gpu, 3)
+    sampler.denoise(gpu.runners["unet"], gpu.runners["vae"], together, vae)
+    alone, _ = _chunks(gpu, 3)
+    for chunk in alone:
+        sampler.denoise(gpu.runners["unet"], gpu.runners["vae"], [chunk], vae)
+    for a, b in zip(together, alone, strict=True):
+        np.testing.assert_array_equal(sampler.images_of(a), sampler.images_of(b))
+    assert len({sampler.images_of(c).tobytes() for c in together}) == 3  # different seeds
+
+
 def test_graphs_match_eager_and_fp16_tracks_the_cpu_fp32_reference(gpu: Any, cache: Any) -> None:
     rng = np.random.default_rng(0)
     feeds = {"sample": rng.standard_normal((4, 4, 8, 16)).astype(np.float32),
