@@ -1,18 +1,16 @@
 """The denoising loop: CFG pairs in one UNet batch, chunks stepped together, VAE on finish.
 
 Rows are images. Rows of one resolution and step count form chunks of at most half the UNet
-profile's largest batch (each row is an unconditional + conditional pair). Every chunk's first
-step is enqueued before any result is read, and each chunk's next step as soon as its last is
-applied, so the device computes the other chunks' steps while the host applies one chunk's
-sampler step; a chunk that finishes has its VAE decode enqueued at once, on the VAE engine's own
-stream, overlapping the other chunks' UNet steps.
+profile's largest batch (each row is an unconditional + conditional pair). Every round enqueues
+one step of every unfinished chunk before reading any result, so the device computes chunk B
+while the host applies chunk A's sampler step; a chunk that finishes has its VAE decode
+enqueued at once, on the VAE engine's own stream, overlapping the other chunks' UNet steps.
 Each row owns a numpy PCG64 generator seeded with its image seed: its initial latents (and the
 ancestral sampler's noise) do not depend on which other rows share its batch.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -120,30 +118,18 @@ def denoise(unet: Runner, vae: Runner, chunks: list[DenoiseChunk],
             vae_profiles: dict[tuple[int, ...], StaticProfile],
             before_step: Callable[[], None] | None = None) -> None:
     """Run every chunk to its last step; enqueue each chunk's VAE decode as it finishes.
-
-    Each chunk's next step is launched as soon as its last one is applied, so while the host
-    reads and applies one chunk's result the device has the other chunks' steps queued. (In
-    rounds, every chunk's step launched and then every result read, the device would idle
-    from the last chunk's result to the next round's first launch, longer when the host's
-    threads wait for the GIL beside another task.) ``before_step`` is called before each
-    UNet launch (another task's batches go first: worker.tasks.gpu_share)."""
-    in_flight: deque[tuple[DenoiseChunk, InferHandle]] = deque()
-
-    def step(c: DenoiseChunk) -> None:
+    ``before_step`` is called before each step's UNet launches (another task's batches go
+    first: worker.tasks.gpu_share)."""
+    active = [c for c in chunks if not c.done]
+    while active:
         if before_step is not None:
             before_step()
-        in_flight.append((c, c.launch(unet)))
-
-    for c in chunks:
-        if not c.done:
-            step(c)
-    while in_flight:
-        c, handle = in_flight.popleft()
-        c.apply(handle.result()["noise_pred"])
-        if c.done:
-            c.decoded = decode_latents(vae, vae_profiles[c.latent_shape], c.x)
-        else:
-            step(c)
+        launched = [(c, c.launch(unet)) for c in active]
+        for c, handle in launched:
+            c.apply(handle.result()["noise_pred"])
+            if c.done:
+                c.decoded = decode_latents(vae, vae_profiles[c.latent_shape], c.x)
+        active = [c for c in active if not c.done]
 
 
 def images_of(chunk: DenoiseChunk) -> np.ndarray:
