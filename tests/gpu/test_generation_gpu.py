@@ -129,9 +129,9 @@ def _chunks(engines: Any, n: int) -> tuple[list[Any], dict[tuple[int, ...], Any]
 
 
 def test_chunks_stepped_together_match_each_chunk_stepped_alone(gpu: Any) -> None:
-    """Three chunks of one shape, more than its two graph slots: each chunk's next step is
-    launched while the others' are in flight (worker.tasks.generation.sampler.denoise), and
-    each must still read only its own outputs."""
+    """Three chunks of one shape, more than its two graph slots: a step's third launch reuses
+    the first's slot while the second is in flight (worker.tasks.generation.sampler.denoise),
+    and each chunk must still read only its own outputs."""
     from worker.tasks.generation import sampler
 
     together, vae = _chunks(gpu, 3)

@@ -75,9 +75,10 @@ class ProcessingSettings(Section):
     # it 112); torch and aoti backends on CUDA. On an H100 at 2,000 moderation jobs/s beside
     # generation with pauses between its batches, 16 took moderation's p99 from 31-41 ms to
     # 15.5-23.7 ms, generation's images/s from 84-86% to 76-83% of its rate alone on every SM;
-    # beside generation at full load the p99 was 37-54 ms with 16, 17.7 ms with 32 (generation
-    # at 80% and 72%: docs/two-tasks.md). 0: generation may use every SM. Moot with one
-    # task, and with generation on the CPU.
+    # beside generation with eight jobs outstanding the p99 was 37-54 ms with 16, 17.7 ms with
+    # 32 (generation at 80% and 72%), and at full load 264-291 ms with 16 (generation at
+    # 75-77%: docs/two-tasks.md). 0: generation may use every SM. Moot with one task, and
+    # with generation on the CPU.
     gpu_free_sms: int = Field(16, ge=0, le=1024)
     # With several tasks and gpu_free_sms: the tasks that do not yield (moderation) run their
     # GPU pipelines on those free SMs only, so the two tasks never share an SM: generation's
