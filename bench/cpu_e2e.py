@@ -189,10 +189,15 @@ class Reader(threading.Thread):
     """Reads the results and DLQ topics from the beginning (assign(), no group join) and keeps,
     per distinct key, the arrival wall time and the record's timestamp."""
 
-    def __init__(self, bootstrap: str, results: str, dlq: str, *, window: bool = False) -> None:
+    def __init__(self, bootstrap: str, results: str, dlq: str, *, window: bool = False,
+                 keep_timings: bool = False) -> None:
         super().__init__(daemon=True, name="results-reader")
         self.bootstrap, self.results_topic, self.dlq_topic = bootstrap, results, dlq
         self.window = window  # the earlier reader, kept to compare with its records (see run)
+        # Each result's own stage timings (``timings_ms``), by key: what the worker was doing
+        # when (bench/generation/two_tasks.py's timeline).
+        self.keep_timings = keep_timings
+        self.timings: dict[str, dict[str, float]] = {}
         self.lock = threading.Lock()
         self.results: dict[str, tuple[float, float | None]] = {}  # key -> (arrival, create)
         self.statuses: collections.Counter[str] = collections.Counter()
@@ -281,6 +286,8 @@ class Reader(threading.Thread):
                 self.statuses[str(value.get("status"))] += 1
                 self.verdicts[str(value.get("verdict"))] += 1
                 self.engines[str(value.get("engine_hash"))] += 1
+                if self.keep_timings and isinstance(value.get("timings_ms"), dict):
+                    self.timings[key] = value["timings_ms"]
 
 
 # -- worker process ----------------------------------------------------------------------------

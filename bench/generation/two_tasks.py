@@ -20,7 +20,9 @@ fresh topics and groups, one worker process serving both tasks, a warm-up
    over the same window (the feeder's window starts when the producer's schedule does);
    ``timeline``: each moderation job of that window slower than ``--slow-ms`` (its due time
    and latency) and each generation result's arrival, in seconds from the window's start, so
-   a tail can be set against generation's batches.
+   a tail can be set against generation's batches; with each batch's stages laid out from its
+   results' ``timings_ms`` (``gen_stages``: text encoding, denoising, VAE, image checks, PNG)
+   and the slow jobs counted by the stage running when they were due (``slow_by_gen_stage``).
 
 In both moderation phases the worker's histograms (bench/worker_metrics.py: per task its hops,
 engine seconds per batch, batch sizes; the collector's pauses) are read at the window's start
@@ -49,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -221,19 +224,40 @@ def _value(text: str) -> Any:
         return text
 
 
+# A generation batch's stages in the order they run (worker/tasks/generation/task.py), each a
+# duration in its results' ``timings_ms``; the last ends about when its results arrive.
+GEN_STAGES = ("prompt_check", "engines_wait", "text", "denoise", "vae", "moderation", "png")
+
+
+def gen_stages(arrival: float, timings: dict[str, float]) -> list[tuple[str, float, float]]:
+    """A generation result's stages as (stage, start, end) wall times, laid back to back from
+    its arrival (the output step and the reader's delivery, a few ms, are not in them)."""
+    out, end = [], arrival
+    for stage in reversed(GEN_STAGES):
+        ms = timings.get(stage)
+        if isinstance(ms, (int, float)) and ms > 0:
+            out.append((stage, end - ms / 1e3, end))
+            end -= ms / 1e3
+    return out[::-1]
+
+
 def timeline(mod: Reader, gen: Reader, mod_prefix: str, gen_prefix: str, start_at: float,
              rate: float, window: tuple[float, float], slow_ms: float, keep: int = 5000
              ) -> dict[str, Any]:
     """The moderation jobs due in ``window`` (wall times) slower than ``slow_ms``, as [due,
     latency ms], and the generation results that arrived in it, as seconds from its start:
-    the slowest ``keep`` jobs if there are more."""
+    the slowest ``keep`` jobs if there are more. Where the generation reader kept its results'
+    stage timings: each batch's stages as [stage, start, end] seconds from the window's start
+    (``gen_stages``), and the slow jobs counted by the stage running when each was due, with
+    their median and largest latency (``slow_by_gen_stage``; "none" between batches)."""
     t0, t1 = window
     with mod.lock:
         jobs = [(k, arrival) for k, (arrival, _) in mod.results.items()
                 if k.startswith(mod_prefix)]
     with gen.lock:
-        arrivals = [arrival for k, (arrival, _) in gen.results.items()
-                    if k.startswith(gen_prefix) and t0 <= arrival < t1]
+        arrived = [(k, arrival) for k, (arrival, _) in gen.results.items()
+                   if k.startswith(gen_prefix) and t0 <= arrival < t1]
+        timings = {k: gen.timings[k] for k, _ in arrived if k in gen.timings}
     slow = []
     for key, arrival in jobs:
         due = due_time(key, mod_prefix, start_at, rate)
@@ -241,8 +265,22 @@ def timeline(mod: Reader, gen: Reader, mod_prefix: str, gen_prefix: str, start_a
         if t0 <= due < t1 and ms > slow_ms:
             slow.append([round(due - t0, 4), round(ms, 2)])
     slow = sorted(sorted(slow, key=lambda x: -x[1])[:keep])
-    return {"slow_ms": slow_ms, "slow_mod_jobs": slow,
-            "gen_results_s": sorted(round(a - t0, 4) for a in arrivals)}
+    out: dict[str, Any] = {"slow_ms": slow_ms, "slow_mod_jobs": slow,
+                           "gen_results_s": sorted(round(a - t0, 4) for _, a in arrived)}
+    if timings:
+        # One entry per batch: its results share their stage timings and arrive together.
+        stages = sorted({tuple((name, round(a - t0, 3), round(b - t0, 3))
+                               for name, a, b in gen_stages(arrival, timings[k]))
+                         for k, arrival in arrived if k in timings})
+        out["gen_stages"] = [[list(st) for st in batch] for batch in stages]
+        by: dict[str, list[float]] = {}
+        for due, ms in slow:
+            running = [name for batch in stages for name, a, b in batch if a <= due < b]
+            by.setdefault(running[0] if running else "none", []).append(ms)
+        out["slow_by_gen_stage"] = {
+            name: {"n": len(v), "p50_ms": round(statistics.median(v), 2), "max_ms": max(v)}
+            for name, v in sorted(by.items())}
+    return out
 
 
 def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argparse.Namespace,
@@ -254,7 +292,7 @@ def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argpa
     create_topics(bootstrap, {mod["jobs"]: args.partitions, gen["jobs"]: args.partitions,
                               **{t[k]: 1 for t in (mod, gen) for k in ("results", "dlq")}})
     readers = {"mod": Reader(bootstrap, mod["results"], mod["dlq"]),
-               "gen": Reader(bootstrap, gen["results"], gen["dlq"])}
+               "gen": Reader(bootstrap, gen["results"], gen["dlq"], keep_timings=True)}
     for r in readers.values():
         r.start()
         if not r.ready.wait(30) or r.error:
@@ -326,7 +364,8 @@ def one_variant(bootstrap: str, pics: list[bytes], variant: Variant, args: argpa
 def full_load(gen_json: dict[str, Any]) -> int:
     """One-image generation jobs to keep unanswered so that a full batch always waits while
     another runs: twice the batch's image budget. Fewer leave the GPU idle between batches:
-    4.3 images/s alone on every SM of an H100 with four, 5.0 with eight (bench/NOTES.md)."""
+    4.3 images/s alone on every SM of an H100 with four, 5.0 with eight, 6.6 with 32
+    (bench/NOTES.md)."""
     from worker.config.generation import GenerationSettings
 
     budget = gen_json.get("max_images_per_batch",

@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from bench.generation.two_tasks import full_load, parse_variants, timeline, worker_overrides
+from bench.generation.two_tasks import (
+    full_load,
+    gen_stages,
+    parse_variants,
+    timeline,
+    worker_overrides,
+)
 
 
 def test_variants_name_a_yield_and_a_priority_each() -> None:
@@ -54,12 +60,60 @@ def test_the_timeline_keeps_slow_moderation_jobs_and_generation_arrivals() -> No
         "mb-250": (1002.600, None),  # due 1002.50, 100 ms: slow
         "mb-400": (1004.500, None),  # due 1004.00: past the window
         "ma-7": (1001.9, None)})     # another phase's job
-    gen = SimpleNamespace(lock=threading.Lock(), results={
+    gen = SimpleNamespace(lock=threading.Lock(), timings={}, results={
         "gb-1": (1001.5, None), "gb-2": (1005.0, None), "ga-1": (1001.2, None)})
     t = timeline(mod, gen, "mb-", "gb-", 1000.0, 100.0,  # type: ignore[arg-type]
                  (1001.0, 1003.0), 25.0)
     assert t["slow_mod_jobs"] == [[0.0, 30.0], [1.5, 100.0]]
     assert t["gen_results_s"] == [0.5]
+
+
+def test_a_batchs_stages_are_laid_back_to_back_from_its_results_arrival() -> None:
+    timings = {"queue": 900.0, "engines_wait": 0.0, "text": 10.0, "denoise": 2000.0,
+               "vae": 400.0, "moderation": 20.0, "png": 70.0, "total": 3400.0}
+    stages = [(name, round(a, 3), round(b, 3)) for name, a, b in gen_stages(100.0, timings)]
+    # queue and total are not stages; a stage of 0 ms takes no time
+    assert stages == [("text", 97.5, 97.51), ("denoise", 97.51, 99.51), ("vae", 99.51, 99.91),
+                      ("moderation", 99.91, 99.93), ("png", 99.93, 100.0)]
+
+
+def test_the_timeline_counts_slow_jobs_by_the_generation_stage_running_when_due() -> None:
+    import threading
+    from types import SimpleNamespace
+
+    # rate 100/s from 1000.0: job i is due at 1000 + i / 100
+    mod = SimpleNamespace(lock=threading.Lock(), results={
+        "mb-120": (1001.4, None),   # due 1001.2 (denoising): 200 ms
+        "mb-165": (1001.95, None),  # due 1001.65 (VAE): 300 ms
+        "mb-175": (1002.05, None),  # due 1001.75 (VAE): 300 ms
+        "mb-195": (1002.05, None),  # due 1001.95 (PNG): 100 ms
+        "mb-250": (1002.55, None),  # due 1002.5, after the batch: 50 ms
+        "mb-130": (1001.31, None)})  # fast
+    timings = {"queue": 50.0, "text": 100.0, "denoise": 500.0, "vae": 300.0, "png": 100.0}
+    gen = SimpleNamespace(lock=threading.Lock(), timings={"gb-1": timings, "gb-2": timings},
+                          results={"gb-1": (1002.0, None), "gb-2": (1002.0, None)})
+    t = timeline(mod, gen, "mb-", "gb-", 1000.0, 100.0,  # type: ignore[arg-type]
+                 (1001.0, 1003.0), 25.0)
+    # one batch (two results arriving together), in seconds from the window's start
+    assert t["gen_stages"] == [[["text", 0.0, 0.1], ["denoise", 0.1, 0.6], ["vae", 0.6, 0.9],
+                                ["png", 0.9, 1.0]]]
+    assert t["slow_by_gen_stage"] == {
+        "denoise": {"n": 1, "p50_ms": 200.0, "max_ms": 200.0},
+        "none": {"n": 1, "p50_ms": 50.0, "max_ms": 50.0},
+        "png": {"n": 1, "p50_ms": 100.0, "max_ms": 100.0},
+        "vae": {"n": 2, "p50_ms": 300.0, "max_ms": 300.0}}
+
+
+def test_the_timeline_without_stage_timings_has_no_stages() -> None:
+    import threading
+    from types import SimpleNamespace
+
+    mod = SimpleNamespace(lock=threading.Lock(), results={"mb-120": (1001.4, None)})
+    gen = SimpleNamespace(lock=threading.Lock(), timings={}, results={"gb-1": (1002.0, None)})
+    t = timeline(mod, gen, "mb-", "gb-", 1000.0, 100.0,  # type: ignore[arg-type]
+                 (1001.0, 1003.0), 25.0)
+    assert "gen_stages" not in t and "slow_by_gen_stage" not in t
+    assert t["gen_results_s"] == [1.0]
 
 
 def test_a_variants_generation_settings_go_into_the_generation_section() -> None:
