@@ -268,14 +268,24 @@ def timeline(mod: Reader, gen: Reader, mod_prefix: str, gen_prefix: str, start_a
     out: dict[str, Any] = {"slow_ms": slow_ms, "slow_mod_jobs": slow,
                            "gen_results_s": sorted(round(a - t0, 4) for _, a in arrived)}
     if timings:
-        # One entry per batch: its results share their stage timings and arrive together.
-        stages = sorted({tuple((name, round(a - t0, 3), round(b - t0, 3))
-                               for name, a, b in gen_stages(arrival, timings[k]))
-                         for k, arrival in arrived if k in timings})
+        # One entry per batch: its results share their stage timings (the same stamps), laid
+        # out from the first of them to arrive.
+        first: dict[tuple[tuple[str, float], ...], float] = {}
+        for k, arrival in arrived:
+            if k in timings:
+                stamps = tuple((st, timings[k][st]) for st in GEN_STAGES if st in timings[k])
+                first[stamps] = min(arrival, first.get(stamps, arrival))
+        laid = [tuple((name, round(a - t0, 3), round(b - t0, 3))
+                      for name, a, b in gen_stages(arrival, dict(stamps)))
+                for stamps, arrival in first.items()]
+        stages = sorted((batch for batch in laid if batch), key=lambda batch: batch[0][1])
         out["gen_stages"] = [[list(st) for st in batch] for batch in stages]
         by: dict[str, list[float]] = {}
         for due, ms in slow:
-            running = [name for batch in stages for name, a, b in batch if a <= due < b]
+            # A batch waiting for the engines (the other batch in flight holds them) is not
+            # what runs then.
+            running = [name for batch in stages for name, a, b in batch
+                       if a <= due < b and name != "engines_wait"]
             by.setdefault(running[0] if running else "none", []).append(ms)
         out["slow_by_gen_stage"] = {
             name: {"n": len(v), "p50_ms": round(statistics.median(v), 2), "max_ms": max(v)}

@@ -83,22 +83,31 @@ def test_the_timeline_counts_slow_jobs_by_the_generation_stage_running_when_due(
 
     # rate 100/s from 1000.0: job i is due at 1000 + i / 100
     mod = SimpleNamespace(lock=threading.Lock(), results={
-        "mb-120": (1001.4, None),   # due 1001.2 (denoising): 200 ms
+        "mb-120": (1001.4, None),   # due 1001.2 (the first batch's denoising): 200 ms
         "mb-165": (1001.95, None),  # due 1001.65 (VAE): 300 ms
         "mb-175": (1002.05, None),  # due 1001.75 (VAE): 300 ms
         "mb-195": (1002.05, None),  # due 1001.95 (PNG): 100 ms
-        "mb-250": (1002.55, None),  # due 1002.5, after the batch: 50 ms
+        "mb-250": (1002.58, None),  # due 1002.5 (the next batch's denoising): 80 ms
+        "mb-280": (1002.85, None),  # due 1002.8, after both batches: 50 ms
         "mb-130": (1001.31, None)})  # fast
     timings = {"queue": 50.0, "text": 100.0, "denoise": 500.0, "vae": 300.0, "png": 100.0}
-    gen = SimpleNamespace(lock=threading.Lock(), timings={"gb-1": timings, "gb-2": timings},
-                          results={"gb-1": (1002.0, None), "gb-2": (1002.0, None)})
+    # the next batch, waiting for the engines while this one's VAE and PNGs run
+    later = {"queue": 10.0, "engines_wait": 600.0, "text": 100.0, "denoise": 500.0}
+    gen = SimpleNamespace(lock=threading.Lock(),
+                          timings={"gb-1": timings, "gb-2": dict(timings, queue=60.0),
+                                   "gb-3": later},
+                          results={"gb-1": (1002.0, None), "gb-2": (1002.003, None),
+                                   "gb-3": (1002.6, None)})
     t = timeline(mod, gen, "mb-", "gb-", 1000.0, 100.0,  # type: ignore[arg-type]
                  (1001.0, 1003.0), 25.0)
-    # one batch (two results arriving together), in seconds from the window's start
-    assert t["gen_stages"] == [[["text", 0.0, 0.1], ["denoise", 0.1, 0.6], ["vae", 0.6, 0.9],
-                                ["png", 0.9, 1.0]]]
+    # one entry per batch (its results share their stages; laid out from the first to
+    # arrive), in seconds from the window's start
+    assert t["gen_stages"] == [
+        [["text", 0.0, 0.1], ["denoise", 0.1, 0.6], ["vae", 0.6, 0.9], ["png", 0.9, 1.0]],
+        [["engines_wait", 0.4, 1.0], ["text", 1.0, 1.1], ["denoise", 1.1, 1.6]]]
+    # the VAE and PNG jobs are the first batch's, though the next one waits for the engines
     assert t["slow_by_gen_stage"] == {
-        "denoise": {"n": 1, "p50_ms": 200.0, "max_ms": 200.0},
+        "denoise": {"n": 2, "p50_ms": 140.0, "max_ms": 200.0},
         "none": {"n": 1, "p50_ms": 50.0, "max_ms": 50.0},
         "png": {"n": 1, "p50_ms": 100.0, "max_ms": 100.0},
         "vae": {"n": 2, "p50_ms": 300.0, "max_ms": 300.0}}
