@@ -241,15 +241,44 @@ def gen_stages(arrival: float, timings: dict[str, float]) -> list[tuple[str, flo
     return out[::-1]
 
 
+def batch_stages(arrived: list[tuple[str, float]], timings: dict[str, dict[str, float]],
+                 t0: float) -> list[list[list[Any]]]:
+    """Each generation batch's stages as [stage, start, end] seconds from ``t0``, batches in
+    time order. A batch's results share their stage timings (the same stamps): it is laid out
+    once, from the first of them to arrive."""
+    first: dict[tuple[tuple[str, float], ...], float] = {}
+    for k, arrival in arrived:
+        if k in timings:
+            stamps = tuple((st, timings[k][st]) for st in GEN_STAGES if st in timings[k])
+            first[stamps] = min(arrival, first.get(stamps, arrival))
+    laid = [[[name, round(a - t0, 3), round(b - t0, 3)]
+             for name, a, b in gen_stages(arrival, dict(stamps))]
+            for stamps, arrival in first.items()]
+    return sorted((batch for batch in laid if batch), key=lambda batch: batch[0][1])
+
+
+def slow_by_stage(slow: list[list[float]], stages: list[list[list[Any]]]
+                  ) -> dict[str, dict[str, float]]:
+    """The slow jobs ([due, ms]) counted by the generation stage running when each was due
+    ("none" between batches), with their median and largest latency. A batch waiting for the
+    engines (the other batch in flight holds them) is not what runs then."""
+    by: dict[str, list[float]] = {}
+    for due, ms in slow:
+        running = [name for batch in stages for name, a, b in batch
+                   if a <= due < b and name != "engines_wait"]
+        by.setdefault(running[0] if running else "none", []).append(ms)
+    return {name: {"n": len(v), "p50_ms": round(statistics.median(v), 2), "max_ms": max(v)}
+            for name, v in sorted(by.items())}
+
+
 def timeline(mod: Reader, gen: Reader, mod_prefix: str, gen_prefix: str, start_at: float,
              rate: float, window: tuple[float, float], slow_ms: float, keep: int = 5000
              ) -> dict[str, Any]:
     """The moderation jobs due in ``window`` (wall times) slower than ``slow_ms``, as [due,
     latency ms], and the generation results that arrived in it, as seconds from its start:
     the slowest ``keep`` jobs if there are more. Where the generation reader kept its results'
-    stage timings: each batch's stages as [stage, start, end] seconds from the window's start
-    (``gen_stages``), and the slow jobs counted by the stage running when each was due, with
-    their median and largest latency (``slow_by_gen_stage``; "none" between batches)."""
+    stage timings, also ``gen_stages`` (:func:`batch_stages`) and ``slow_by_gen_stage``
+    (:func:`slow_by_stage`)."""
     t0, t1 = window
     with mod.lock:
         jobs = [(k, arrival) for k, (arrival, _) in mod.results.items()
@@ -257,7 +286,7 @@ def timeline(mod: Reader, gen: Reader, mod_prefix: str, gen_prefix: str, start_a
     with gen.lock:
         arrived = [(k, arrival) for k, (arrival, _) in gen.results.items()
                    if k.startswith(gen_prefix) and t0 <= arrival < t1]
-        timings = {k: gen.timings[k] for k, _ in arrived if k in gen.timings}
+        timings = dict(gen.timings)
     slow = []
     for key, arrival in jobs:
         due = due_time(key, mod_prefix, start_at, rate)
@@ -267,29 +296,10 @@ def timeline(mod: Reader, gen: Reader, mod_prefix: str, gen_prefix: str, start_a
     slow = sorted(sorted(slow, key=lambda x: -x[1])[:keep])
     out: dict[str, Any] = {"slow_ms": slow_ms, "slow_mod_jobs": slow,
                            "gen_results_s": sorted(round(a - t0, 4) for _, a in arrived)}
-    if timings:
-        # One entry per batch: its results share their stage timings (the same stamps), laid
-        # out from the first of them to arrive.
-        first: dict[tuple[tuple[str, float], ...], float] = {}
-        for k, arrival in arrived:
-            if k in timings:
-                stamps = tuple((st, timings[k][st]) for st in GEN_STAGES if st in timings[k])
-                first[stamps] = min(arrival, first.get(stamps, arrival))
-        laid = [tuple((name, round(a - t0, 3), round(b - t0, 3))
-                      for name, a, b in gen_stages(arrival, dict(stamps)))
-                for stamps, arrival in first.items()]
-        stages = sorted((batch for batch in laid if batch), key=lambda batch: batch[0][1])
-        out["gen_stages"] = [[list(st) for st in batch] for batch in stages]
-        by: dict[str, list[float]] = {}
-        for due, ms in slow:
-            # A batch waiting for the engines (the other batch in flight holds them) is not
-            # what runs then.
-            running = [name for batch in stages for name, a, b in batch
-                       if a <= due < b and name != "engines_wait"]
-            by.setdefault(running[0] if running else "none", []).append(ms)
-        out["slow_by_gen_stage"] = {
-            name: {"n": len(v), "p50_ms": round(statistics.median(v), 2), "max_ms": max(v)}
-            for name, v in sorted(by.items())}
+    stages = batch_stages(arrived, timings, t0)
+    if stages:
+        out["gen_stages"] = stages
+        out["slow_by_gen_stage"] = slow_by_stage(slow, stages)
     return out
 
 

@@ -111,37 +111,21 @@ def test_concurrent_batches_match_sequential_ones(gpu: Any, tmp_path: Path) -> N
     assert concurrent == sequential
 
 
-def _chunks(engines: Any, n: int) -> tuple[list[Any], dict[tuple[int, ...], Any]]:
-    """``n`` full chunks of 64x64 rows (Euler-a, 4 steps) and the VAE profiles by shape."""
-    from worker.tasks.generation import sampler
-    from worker.tasks.generation.schedulers import make_schedule
-
-    emb = sampler.encode_texts(engines.runners["text_encoder"], engines.profiles.text,
-                               engines.tokenizer(["a red car", ""]))
-    shape = engines.dims.latent_shape(64, 64)
-    unet = next(u for u in engines.profiles.unet.values() if u.item_shape == shape)
-    per = unet.max_batch // 2
-    rows = [sampler.RowSpec((0, i), 100 + i, make_schedule("euler_a", 4), 7.5, emb[0], emb[1])
-            for i in range(per * n)]
-    return ([sampler.DenoiseChunk(rows[i:i + per], shape, unet)
-             for i in range(0, len(rows), per)],
-            {v.item_shape: v for v in engines.profiles.vae.values()})
-
-
-def test_chunks_stepped_together_match_each_chunk_stepped_alone(gpu: Any) -> None:
-    """Three chunks of one shape, more than its two graph slots: a step's third launch reuses
-    the first's slot while the second is in flight (worker.tasks.generation.sampler.denoise),
-    and each chunk must still read only its own outputs."""
-    from worker.tasks.generation import sampler
-
-    together, vae = _chunks(gpu, 3)
-    sampler.denoise(gpu.runners["unet"], gpu.runners["vae"], together, vae)
-    alone, _ = _chunks(gpu, 3)
-    for chunk in alone:
-        sampler.denoise(gpu.runners["unet"], gpu.runners["vae"], [chunk], vae)
+def test_chunks_stepped_together_match_each_chunk_stepped_alone(gpu: Any, tmp_path: Path
+                                                               ) -> None:
+    """Three chunks of one shape, more than its two graph slots: three 4-image jobs in one
+    batch (the UNet's 8 rows hold one job's CFG pairs), so a step's third launch reuses the
+    first's slot while the second is in flight (worker.tasks.generation.sampler.denoise), and
+    each chunk must still read only its own outputs."""
+    task = _task(gpu, tmp_path)
+    jobs = [_job(id=f"j{i}", seed=100 + 4 * i, num_images=4, steps=4, scheduler="euler_a")
+            for i in range(3)]
+    together = [o.result.images for o in _run(task, *jobs).result()]
+    alone = [_run(task, j).result()[0].result.images for j in jobs]
+    task.close()
     for a, b in zip(together, alone, strict=True):
-        np.testing.assert_array_equal(sampler.images_of(a), sampler.images_of(b))
-    assert len({sampler.images_of(c).tobytes() for c in together}) == 3  # different seeds
+        assert [im.png for im in a] == [im.png for im in b]
+    assert len({tuple(im.png for im in images) for images in together}) == 3  # different seeds
 
 
 def test_graphs_match_eager_and_fp16_tracks_the_cpu_fp32_reference(gpu: Any, cache: Any) -> None:
