@@ -241,11 +241,12 @@ class BatchedTask(abc.ABC, Generic[P]):
     def gpu_share(self) -> GpuShare | None:
         return self._gpu_share
 
-    def yield_gpu(self) -> None:
+    def yield_gpu(self, max_wait_s: float | None = None) -> None:
         """Before each step of a long batch (a denoising step): let the claimed batches of
-        the other tasks go first (bounded, worker.tasks.gpu_share); a no-op otherwise."""
+        the other tasks go first (bounded by ``max_wait_s``, else by the share's own wait:
+        worker.tasks.gpu_share); a no-op otherwise."""
         if self._gpu_share is not None and self._yields_gpu:
-            self._gpu_share.yield_turn()
+            self._gpu_share.yield_turn(max_wait_s)
 
     def _launch(self, batch: Batch[P], attempt: int = 1) -> None:
         share = self._gpu_share if not self._yields_gpu else None

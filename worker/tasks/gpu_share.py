@@ -69,14 +69,15 @@ class GpuShare:
 
         return release
 
-    def yield_turn(self) -> float:
+    def yield_turn(self, max_wait_s: float | None = None) -> float:
         """Before a step of a yielding task: wait while claims are held, at most
-        ``max_wait_s``; the seconds waited."""
+        ``max_wait_s`` (the share's own when None); the seconds waited."""
+        bound = self.max_wait_s if max_wait_s is None else max_wait_s
         with self._cond:
-            if self._claims == 0 or self.max_wait_s <= 0:
+            if self._claims == 0 or bound <= 0:
                 return 0.0
             t = time.monotonic()
-            self._cond.wait_for(lambda: self._claims == 0, self.max_wait_s)
+            self._cond.wait_for(lambda: self._claims == 0, bound)
             waited = time.monotonic() - t
             self.yields += 1
             self.waited_s += waited

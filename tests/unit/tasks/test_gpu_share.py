@@ -65,6 +65,15 @@ def test_zero_max_wait_never_waits() -> None:
     assert time.monotonic() - t < 0.05
 
 
+def test_a_turn_may_bound_its_own_wait() -> None:
+    share = GpuShare(max_wait_s=0.0)
+    share.claim()  # never released
+    waited = share.yield_turn(0.05)
+    assert 0.04 <= waited < 1.0, "waited its own bound, not the share's zero"
+    assert share.yields == 1
+    assert share.yield_turn() == 0.0, "the share's own bound again"
+
+
 @pytest.mark.parametrize(("priority", "left_free", "urgent"),
                          [("auto", 0, True), ("auto", 16, False), (True, 16, True),
                           (False, 0, False)])

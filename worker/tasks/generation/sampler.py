@@ -4,7 +4,9 @@ Rows are images. Rows of one resolution and step count form chunks of at most ha
 profile's largest batch (each row is an unconditional + conditional pair). Every round enqueues
 one step of every unfinished chunk before reading any result, so the device computes chunk B
 while the host applies chunk A's sampler step; a chunk that finishes has its VAE decode
-enqueued at once, on the VAE engine's own stream, overlapping the other chunks' UNet steps.
+enqueued at once, on the VAE engine's own stream, overlapping the other chunks' UNet steps
+(beside another task with ``generation.vae_yield_ms``, the decodes run one piece at a time
+after the loop instead: :func:`decode_paced`).
 Each row owns a numpy PCG64 generator seeded with its image seed: its initial latents (and the
 ancestral sampler's noise) do not depend on which other rows share its batch.
 """
@@ -103,11 +105,19 @@ class DenoiseChunk:
         self.k += 1
 
 
-def decode_latents(vae: Runner, profile: StaticProfile, x: np.ndarray
+def decode_latents(vae: Runner, profile: StaticProfile, x: np.ndarray,
+                   before_piece: Callable[[], None] | None = None
                    ) -> list[tuple[InferHandle, int]]:
-    """Enqueue the VAE decode of ``x`` in profile-sized pieces: (handle, real rows) each."""
-    handles = []
+    """Enqueue the VAE decode of ``x`` in profile-sized pieces: (handle, real rows) each.
+    With ``before_piece``, one piece at a time: each waits for the one before it and for
+    ``before_piece`` (another task's batches go first), so the other task's kernels run
+    between the pieces instead of beside all of them."""
+    handles: list[tuple[InferHandle, int]] = []
     for i in range(0, len(x), profile.max_batch):
+        if before_piece is not None:
+            if handles:
+                handles[-1][0].result()
+            before_piece()
         part = x[i:i + profile.max_batch]
         feeds = {"latents": pad_rows(part, profile.padded(len(part)))}
         handles.append((vae.infer(feeds), len(part)))
@@ -116,10 +126,11 @@ def decode_latents(vae: Runner, profile: StaticProfile, x: np.ndarray
 
 def denoise(unet: Runner, vae: Runner, chunks: list[DenoiseChunk],
             vae_profiles: dict[tuple[int, ...], StaticProfile],
-            before_step: Callable[[], None] | None = None) -> None:
-    """Run every chunk to its last step; enqueue each chunk's VAE decode as it finishes.
-    ``before_step`` is called before each step's UNet launches (another task's batches go
-    first: worker.tasks.gpu_share)."""
+            before_step: Callable[[], None] | None = None, *, decode: bool = True) -> None:
+    """Run every chunk to its last step; with ``decode``, enqueue each chunk's VAE decode as
+    it finishes (else :func:`decode_paced` does, after the loop). ``before_step`` is called
+    before each step's UNet launches (another task's batches go first:
+    worker.tasks.gpu_share)."""
     active = [c for c in chunks if not c.done]
     while active:
         if before_step is not None:
@@ -127,9 +138,23 @@ def denoise(unet: Runner, vae: Runner, chunks: list[DenoiseChunk],
         launched = [(c, c.launch(unet)) for c in active]
         for c, handle in launched:
             c.apply(handle.result()["noise_pred"])
-            if c.done:
+            if c.done and decode:
                 c.decoded = decode_latents(vae, vae_profiles[c.latent_shape], c.x)
         active = [c for c in active if not c.done]
+
+
+def decode_paced(vae: Runner, chunks: list[DenoiseChunk],
+                 vae_profiles: dict[tuple[int, ...], StaticProfile],
+                 before_piece: Callable[[], None]) -> None:
+    """Every chunk's VAE decode, one piece at a time across the chunks too
+    (:func:`decode_latents`)."""
+    last: InferHandle | None = None
+    for c in chunks:
+        if last is not None:
+            last.result()
+        c.decoded = decode_latents(vae, vae_profiles[c.latent_shape], c.x, before_piece)
+        if c.decoded:
+            last = c.decoded[-1][0]
 
 
 def images_of(chunk: DenoiseChunk) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -269,9 +270,12 @@ class GenerationTask(BatchedTask[GenerationPending]):
             encoded = time.monotonic()
             chunks = self._chunks(items, row_of)
             vae_profiles = {v.item_shape: v for v in e.profiles.vae.values()}
+            pace = self._vae_pace()
             sampler.denoise(e.runners["unet"], e.runners["vae"], chunks, vae_profiles,
-                            before_step=self.yield_gpu)
+                            before_step=self.yield_gpu, decode=pace is None)
             denoised = time.monotonic()
+            if pace is not None:
+                sampler.decode_paced(e.runners["vae"], chunks, vae_profiles, pace)
             pixels = {row.tag: px for c in chunks
                       for row, px in zip(c.rows, sampler.images_of(c), strict=True)}
             decoded = time.monotonic()
@@ -290,6 +294,14 @@ class GenerationTask(BatchedTask[GenerationPending]):
         if self.safety is not None and self.safety.image_policy is not None:
             stamps["moderation"] = moderated - decoded
         return {k: v * 1e3 for k, v in stamps.items()}, pngs, checks
+
+    def _vae_pace(self) -> Callable[[], None] | None:
+        """What runs before each VAE launch when the decode is paced (generation.vae_yield_ms
+        beside another task on the GPU), else None: every launch enqueued at once."""
+        wait_s = self.settings.vae_yield_ms / 1e3
+        if wait_s <= 0 or self.gpu_share is None or not self._yields_gpu:
+            return None
+        return lambda: self.yield_gpu(wait_s)
 
     def _check_images(self, items: list[GenerationPending],
                       pixels: dict[tuple[int, int], np.ndarray]

@@ -181,3 +181,21 @@ def test_before_step_is_called_before_each_steps_unet_launch() -> None:
                     before_step=lambda: log.append(("turn", 0)))
     steps = [what for what, _ in log if what in ("turn", "unet.infer")]
     assert steps == ["turn", "unet.infer"] * 3
+
+
+def test_paced_decode_launches_each_piece_after_the_last_one_ended_and_its_turn() -> None:
+    rows = [row(i) for i in range(5)]
+    log: list[tuple[str, int]] = []
+    chunks = [sampler.DenoiseChunk(rows[i:i + 4], SHAPE, UNET) for i in (0, 4)]
+    sampler.denoise(unet_runner(log), vae_runner(log), chunks, {SHAPE: VAE}, decode=False)
+    assert all(not c.decoded for c in chunks), "no decode enqueued by the loop"
+    del log[:]
+    sampler.decode_paced(vae_runner(log), chunks, {SHAPE: VAE},
+                         lambda: log.append(("turn", 0)))
+    # pieces of 2 (the profile's only size): 4 rows -> 2 + 2, then 1 row -> 1 padded to 2
+    assert [w for w, _ in log] == ["turn", "vae.infer", "result", "turn", "vae.infer",
+                                   "result", "turn", "vae.infer"]
+    paced = [sampler.images_of(c) for c in chunks]
+    whole, _ = run(rows)
+    for a, b in zip(paced, [sampler.images_of(c) for c in whole], strict=True):
+        np.testing.assert_array_equal(a, b)

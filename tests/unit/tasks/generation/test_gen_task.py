@@ -255,6 +255,30 @@ def test_beside_moderation_each_denoising_step_yields_to_its_batches(task: Gener
     assert share.yields == 3, "one wait before each UNet step"
 
 
+def test_beside_moderation_a_paced_vae_decode_waits_its_turn_before_each_launch(
+        torch_engines: SdEngines, blob_dir: Path) -> None:
+    from worker.tasks.gpu_share import GpuShare
+
+    outs, turns = [], []
+    for shared in (False, True):
+        t = make_task(torch_engines, blob_dir, vae_yield_ms=1.0)
+        share = GpuShare(max_wait_s=0.0)  # UNet steps never wait: only the VAE's launches
+        try:
+            if shared:
+                t.share_gpu(share, yields=True)
+                share.claim()  # a moderation batch in flight throughout
+            outs.append(only(t, payload(steps=2, num_images=5)))
+        finally:
+            t.close()
+        turns.append(share.yields)
+    # five images: UNet chunks of 4 and 1 pairs, one VAE launch each (vae_batch_sizes 1, 2, 4)
+    assert turns == [0, 2]
+    alone, paced = outs
+    assert alone.status is paced.status is Status.OK
+    assert [i.png for i in alone.images] == [i.png for i in paced.images]
+    assert all(i.png for i in paced.images)
+
+
 class _Partitionable(Runner):
     """A runner that records the SMs it was asked to leave free (or cannot, or is active)."""
 
