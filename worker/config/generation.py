@@ -112,13 +112,16 @@ class GenerationSettings(Section):
     warm_up: Literal["auto", "all_shapes", "first_use"] = "auto"
     compile: bool = False  # torch.compile the UNet (minutes per shape; cached beside the engine)
     # Beside another task on the GPU (processing.task = "moderation,generation"): above 0, a
-    # batch's VAE decode runs one launch (vae_batch_sizes' largest) at a time after its last
-    # denoising step, each launch after the other task's batches in flight ended, waiting at
-    # most this long for them. 0: every launch is enqueued at once, as alone. At full load on
-    # an H100 moderation's slowest jobs came at the end of each generation batch, whose VAE
-    # decode of 16 512x512 images moves far more memory than a UNet step while a partition of
-    # SMs does not divide memory bandwidth (docs/two-tasks.md).
-    vae_yield_ms: float = Field(0.0, ge=0, le=1_000)
+    # batch's VAE decode runs after its last denoising step one launch of at most
+    # vae_yield_images images at a time, each launch after the other task's batches in
+    # flight ended, waiting at most this long for them. 0: every launch is enqueued at once,
+    # as alone. The VAE decode of 16 512x512 images moves far more memory than a UNet step,
+    # and a partition of SMs does not divide memory bandwidth: on an H200 at full load the
+    # slowest moderation jobs came at the end of each generation batch, and pacing its VAE
+    # took moderation's p99 from 182-237 ms to 55-171 ms (22 ms with batch.max_delay_ms at
+    # its default) at the same images/s (docs/two-tasks.md).
+    vae_yield_ms: float = Field(5.0, ge=0, le=1_000)
+    vae_yield_images: int = Field(2, ge=1, le=64)
     png_compress_level: int = Field(6, ge=0, le=9)
     png_threads: int = Field(4, ge=1, le=64)
     # Kafka's default message.max.bytes is 1048588; keep headroom for headers and framing.

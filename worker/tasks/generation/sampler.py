@@ -106,19 +106,21 @@ class DenoiseChunk:
 
 
 def decode_latents(vae: Runner, profile: StaticProfile, x: np.ndarray,
-                   before_piece: Callable[[], None] | None = None
+                   before_piece: Callable[[], None] | None = None, piece: int | None = None
                    ) -> list[tuple[InferHandle, int]]:
-    """Enqueue the VAE decode of ``x`` in profile-sized pieces: (handle, real rows) each.
+    """Enqueue the VAE decode of ``x`` in pieces of ``piece`` rows (the profile's largest
+    batch when None or larger), each padded to a profile size: (handle, real rows) each.
     With ``before_piece``, one piece at a time: each waits for the one before it and for
     ``before_piece`` (another task's batches go first), so the other task's kernels run
     between the pieces instead of beside all of them."""
+    step = min(piece or profile.max_batch, profile.max_batch)
     handles: list[tuple[InferHandle, int]] = []
-    for i in range(0, len(x), profile.max_batch):
+    for i in range(0, len(x), step):
         if before_piece is not None:
             if handles:
                 handles[-1][0].result()
             before_piece()
-        part = x[i:i + profile.max_batch]
+        part = x[i:i + step]
         feeds = {"latents": pad_rows(part, profile.padded(len(part)))}
         handles.append((vae.infer(feeds), len(part)))
     return handles
@@ -145,14 +147,15 @@ def denoise(unet: Runner, vae: Runner, chunks: list[DenoiseChunk],
 
 def decode_paced(vae: Runner, chunks: list[DenoiseChunk],
                  vae_profiles: dict[tuple[int, ...], StaticProfile],
-                 before_piece: Callable[[], None]) -> None:
-    """Every chunk's VAE decode, one piece at a time across the chunks too
-    (:func:`decode_latents`)."""
+                 before_piece: Callable[[], None], piece: int) -> None:
+    """Every chunk's VAE decode, one piece of at most ``piece`` rows at a time across the
+    chunks too (:func:`decode_latents`)."""
     last: InferHandle | None = None
     for c in chunks:
         if last is not None:
             last.result()
-        c.decoded = decode_latents(vae, vae_profiles[c.latent_shape], c.x, before_piece)
+        c.decoded = decode_latents(vae, vae_profiles[c.latent_shape], c.x, before_piece,
+                                   piece)
         if c.decoded:
             last = c.decoded[-1][0]
 

@@ -275,7 +275,8 @@ class GenerationTask(BatchedTask[GenerationPending]):
                             before_step=self.yield_gpu, decode=pace is None)
             denoised = time.monotonic()
             if pace is not None:
-                sampler.decode_paced(e.runners["vae"], chunks, vae_profiles, pace)
+                sampler.decode_paced(e.runners["vae"], chunks, vae_profiles, pace,
+                                     self.settings.vae_yield_images)
             pixels = {row.tag: px for c in chunks
                       for row, px in zip(c.rows, sampler.images_of(c), strict=True)}
             decoded = time.monotonic()

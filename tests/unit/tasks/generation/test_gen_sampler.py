@@ -191,11 +191,31 @@ def test_paced_decode_launches_each_piece_after_the_last_one_ended_and_its_turn(
     assert all(not c.decoded for c in chunks), "no decode enqueued by the loop"
     del log[:]
     sampler.decode_paced(vae_runner(log), chunks, {SHAPE: VAE},
-                         lambda: log.append(("turn", 0)))
+                         lambda: log.append(("turn", 0)), piece=8)
     # pieces of 2 (the profile's only size): 4 rows -> 2 + 2, then 1 row -> 1 padded to 2
     assert [w for w, _ in log] == ["turn", "vae.infer", "result", "turn", "vae.infer",
                                    "result", "turn", "vae.infer"]
     paced = [sampler.images_of(c) for c in chunks]
     whole, _ = run(rows)
+    for a, b in zip(paced, [sampler.images_of(c) for c in whole], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_paced_pieces_are_at_most_the_piece_size_padded_to_a_profile_size() -> None:
+    vae = StaticProfile("vae", SHAPE, (1, 2, 4))
+    rows = [row(i) for i in range(4)]
+    log: list[tuple[str, int]] = []
+    chunks = [sampler.DenoiseChunk(rows[:3], SHAPE, UNET), sampler.DenoiseChunk(rows[3:], SHAPE,
+                                                                                 UNET)]
+    sampler.denoise(unet_runner(log), vae_runner(log), chunks, {SHAPE: vae}, decode=False)
+    del log[:]
+    turns: list[int] = []
+    sampler.decode_paced(vae_runner(log), chunks, {SHAPE: vae}, lambda: turns.append(1),
+                         piece=2)
+    # 3 rows -> 2 + 1, then 1 row: every launch of at most 2 real rows, one turn each
+    assert [n for w, n in log if w == "vae.infer"] == [2, 1, 1]
+    assert len(turns) == 3
+    paced = [sampler.images_of(c) for c in chunks]
+    whole, _ = run(rows, per_chunk=3)
     for a, b in zip(paced, [sampler.images_of(c) for c in whole], strict=True):
         np.testing.assert_array_equal(a, b)
