@@ -286,7 +286,7 @@ def timeline(mod: Reader, gen: Reader, mod_prefix: str, gen_prefix: str, start_a
     with gen.lock:
         arrived = [(k, arrival) for k, (arrival, _) in gen.results.items()
                    if k.startswith(gen_prefix) and t0 <= arrival < t1]
-        timings = dict(gen.timings)
+        timings = {k: gen.timings[k] for k, _ in arrived if k in gen.timings}
     slow = []
     for key, arrival in jobs:
         due = due_time(key, mod_prefix, start_at, rate)

@@ -105,22 +105,12 @@ class DenoiseChunk:
         self.k += 1
 
 
-def decode_latents(vae: Runner, profile: StaticProfile, x: np.ndarray,
-                   before_piece: Callable[[], None] | None = None, piece: int | None = None
+def decode_latents(vae: Runner, profile: StaticProfile, x: np.ndarray
                    ) -> list[tuple[InferHandle, int]]:
-    """Enqueue the VAE decode of ``x`` in pieces of ``piece`` rows (the profile's largest
-    batch when None or larger), each padded to a profile size: (handle, real rows) each.
-    With ``before_piece``, one piece at a time: each waits for the one before it and for
-    ``before_piece`` (another task's batches go first), so the other task's kernels run
-    between the pieces instead of beside all of them."""
-    step = min(piece or profile.max_batch, profile.max_batch)
-    handles: list[tuple[InferHandle, int]] = []
-    for i in range(0, len(x), step):
-        if before_piece is not None:
-            if handles:
-                handles[-1][0].result()
-            before_piece()
-        part = x[i:i + step]
+    """Enqueue the VAE decode of ``x`` in profile-sized pieces: (handle, real rows) each."""
+    handles = []
+    for i in range(0, len(x), profile.max_batch):
+        part = x[i:i + profile.max_batch]
         feeds = {"latents": pad_rows(part, profile.padded(len(part)))}
         handles.append((vae.infer(feeds), len(part)))
     return handles
@@ -148,15 +138,20 @@ def denoise(unet: Runner, vae: Runner, chunks: list[DenoiseChunk],
 def decode_paced(vae: Runner, chunks: list[DenoiseChunk],
                  vae_profiles: dict[tuple[int, ...], StaticProfile],
                  before_piece: Callable[[], None], piece: int) -> None:
-    """Every chunk's VAE decode, one piece of at most ``piece`` rows at a time across the
-    chunks too (:func:`decode_latents`)."""
+    """Every chunk's VAE decode in pieces of at most ``piece`` rows, one at a time across
+    the chunks: each piece waits for the one before it and for ``before_piece`` (another
+    task's batches go first), so the other task's kernels run between the pieces instead of
+    beside all of them."""
     last: InferHandle | None = None
     for c in chunks:
-        if last is not None:
-            last.result()
-        c.decoded = decode_latents(vae, vae_profiles[c.latent_shape], c.x, before_piece,
-                                   piece)
-        if c.decoded:
+        profile = vae_profiles[c.latent_shape]
+        step = min(piece, profile.max_batch)
+        c.decoded = []
+        for i in range(0, len(c.x), step):
+            if last is not None:
+                last.result()
+            before_piece()
+            c.decoded += decode_latents(vae, profile, c.x[i:i + step])
             last = c.decoded[-1][0]
 
 
